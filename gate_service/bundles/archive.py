@@ -1,0 +1,375 @@
+"""Reading untrusted bundle archives (.tar.gz / .zip) without trusting anything they claim.
+
+Both formats go through one walk: every entry's name is checked before anything is read,
+only regular files and directories are accepted, and sizes are counted from the bytes
+actually decompressed, never from headers. Extraction writes only below a fresh directory,
+creating each file with O_EXCL so nothing already there can be followed or overwritten.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import re
+import stat
+import tarfile
+import zipfile
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path, PurePosixPath
+from typing import IO
+
+from ..errors import PayloadTooLarge, UnsafeArchive, UnsupportedMediaType
+
+MIB = 1024 * 1024
+TOTAL_LIMIT_BYTES = 25 * MIB  # spec §1: everything together
+CODE_LIMIT_BYTES = 5 * MIB  # spec §1: everything outside tests/files/
+# What skipped entries (hidden files, caches) may add on top before we stop decompressing.
+SKIPPED_LIMIT_BYTES = 25 * MIB
+MAX_ENTRIES = 10_000
+MAX_DEPTH = 32
+MAX_PATH_CHARS = 1024
+MAX_NAME_CHARS = 255
+CHUNK = 64 * 1024
+
+UPLOAD_ROOTS = ("agents", "tools", "middleware", "schemas", "guardrails", "hooks", "tests")
+ROOT_FILES = ("requirements.txt",)
+CODE_EXTENSIONS = frozenset(
+    {".py", ".yaml", ".yml", ".txt", ".json", ".csv", ".md", ".toml", ".jsonl"}
+)
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+@dataclass
+class Manifest:
+    archive_format: str
+    files: dict[str, int] = field(default_factory=dict)  # kept path -> bytes
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def fixture_bytes(self) -> int:
+        return sum(n for p, n in self.files.items() if p.startswith("tests/files/"))
+
+    @property
+    def code_bytes(self) -> int:
+        return sum(n for p, n in self.files.items() if not p.startswith("tests/files/"))
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.files.values())
+
+    def largest(self, *, code_only: bool = False, n: int = 5) -> list[dict[str, int | str]]:
+        items = [
+            (p, b)
+            for p, b in self.files.items()
+            if not (code_only and p.startswith("tests/files/"))
+        ]
+        items.sort(key=lambda item: -item[1])
+        return [{"path": p, "bytes": b} for p, b in items[:n]]
+
+
+def detect_format(head: bytes) -> str:
+    """Tell the format from the first bytes; a file name or content type proves nothing."""
+    if head.startswith(b"\x1f\x8b"):
+        return "tar.gz"
+    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        return "zip"
+    raise UnsupportedMediaType(
+        "the bundle is neither a gzip-compressed tar (.tar.gz/.tgz) nor a zip archive; "
+        f"it starts with {head[:8]!r}"
+    )
+
+
+def check_name(raw: str) -> PurePosixPath:
+    """Refuse names that could point anywhere but below the extraction root."""
+    if not raw or "\x00" in raw:
+        raise UnsafeArchive(f"entry with an empty or NUL-containing name: {raw!r}")
+    if "\\" in raw:
+        raise UnsafeArchive(f"entry {raw!r} contains a backslash")
+    if raw.startswith("/") or _DRIVE.match(raw):
+        raise UnsafeArchive(f"entry {raw!r} has an absolute path")
+    if len(raw) > MAX_PATH_CHARS:
+        raise UnsafeArchive(f"entry name is {len(raw)} characters; the limit is {MAX_PATH_CHARS}")
+    parts = [p for p in raw.split("/") if p not in ("", ".")]
+    if not parts:
+        raise UnsafeArchive(f"entry {raw!r} names the archive root")
+    if ".." in parts:
+        raise UnsafeArchive(f"entry {raw!r} contains '..'")
+    if len(parts) > MAX_DEPTH:
+        raise UnsafeArchive(f"entry {raw!r} is {len(parts)} levels deep; the limit is {MAX_DEPTH}")
+    for part in parts:
+        if len(part) > MAX_NAME_CHARS:
+            raise UnsafeArchive(f"a path component of {raw!r} exceeds {MAX_NAME_CHARS} characters")
+    return PurePosixPath(*parts)
+
+
+def _upload_decision(path: PurePosixPath) -> str | None:
+    """None to keep the file; otherwise why it is left out of the upload set (spec §1)."""
+    parts = path.parts
+    if any(p.startswith(".") for p in parts) or "__pycache__" in parts or path.suffix == ".pyc":
+        return "hidden or cache file"
+    if len(parts) == 1:
+        return None if parts[0] in ROOT_FILES else "outside the upload set"
+    if parts[0] not in UPLOAD_ROOTS:
+        return "outside the upload set"
+    return None
+
+
+def _check_extension(path: PurePosixPath) -> str | None:
+    text = path.as_posix()
+    if text.startswith("tests/files/"):
+        return None
+    if text.startswith("tests/builders/") and path.suffix != ".py":
+        return f"{text}: builders must be .py files"
+    if path.suffix.lower() not in CODE_EXTENSIONS:
+        allowed = " ".join(sorted(CODE_EXTENSIONS))
+        ext = path.suffix or "(none)"
+        return f"{text}: extension {ext!r} is not allowed outside tests/files/ ({allowed})"
+    return None
+
+
+@dataclass(frozen=True)
+class _Entry:
+    name: str
+    kind: str  # "file" | "dir" | a refusal label
+    open: Callable[[], IO[bytes]] | None
+
+
+class _CappedStream(io.RawIOBase):
+    """A decompressed stream that refuses to yield more than ``cap`` bytes (bomb guard)."""
+
+    def __init__(self, inner: IO[bytes], cap: int) -> None:
+        self.inner, self.cap, self.count = inner, cap, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self.inner.read(size if size >= 0 else CHUNK)
+        self.count += len(chunk)
+        if self.count > self.cap:
+            raise PayloadTooLarge(
+                f"the archive decompresses to more than {self.cap} bytes; "
+                f"the limit is {TOTAL_LIMIT_BYTES} bytes of files (compression bomb?)"
+            )
+        return chunk
+
+
+# Files plus what skipped entries may hold, plus room for tar headers and padding.
+DECOMPRESSED_CAP_BYTES = TOTAL_LIMIT_BYTES + SKIPPED_LIMIT_BYTES + 16 * MIB
+
+
+def _opener(archive: tarfile.TarFile, member: tarfile.TarInfo) -> Callable[[], IO[bytes]]:
+    def open_member() -> IO[bytes]:
+        handle = archive.extractfile(member)
+        if handle is None:  # pragma: no cover - isreg() members always have data
+            raise UnsafeArchive(f"entry {member.name!r} has no data")
+        return handle
+
+    return open_member
+
+
+def _tar_entries(data: bytes) -> Iterator[_Entry]:
+    gz: IO[bytes] = gzip.GzipFile(fileobj=io.BytesIO(data))  # type: ignore[assignment]
+    stream = _CappedStream(gz, DECOMPRESSED_CAP_BYTES)
+    try:
+        archive = tarfile.open(fileobj=stream, mode="r|")
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        raise UnsafeArchive(f"not a readable .tar.gz: {exc}") from None
+    with archive:
+        try:
+            for member in archive:
+                if member.isreg():
+                    yield _Entry(member.name, "file", _opener(archive, member))
+                elif member.isdir():
+                    yield _Entry(member.name, "dir", None)
+                elif member.issym():
+                    yield _Entry(member.name, "symbolic link", None)
+                elif member.islnk():
+                    yield _Entry(member.name, "hard link", None)
+                elif member.isdev():
+                    yield _Entry(member.name, "device node", None)
+                elif member.isfifo():
+                    yield _Entry(member.name, "FIFO", None)
+                else:
+                    yield _Entry(member.name, f"tar member of type {member.type!r}", None)
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+            raise UnsafeArchive(f"the .tar.gz is truncated or corrupt: {exc}") from None
+
+
+def _zip_entries(data: bytes) -> Iterator[_Entry]:
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise UnsafeArchive(f"not a readable .zip: {exc}") from None
+    with archive:
+        for info in archive.infolist():
+            mode = info.external_attr >> 16
+            if info.flag_bits & 0x1:
+                yield _Entry(info.filename, "encrypted entry", None)
+            elif stat.S_ISLNK(mode):
+                yield _Entry(info.filename, "symbolic link", None)
+            elif mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                yield _Entry(info.filename, "special file", None)
+            elif info.is_dir():
+                yield _Entry(info.filename, "dir", None)
+            else:
+                yield _Entry(info.filename, "file", partial(archive.open, info))
+
+
+def _strip_wrapper(names: list[str]) -> str:
+    """A bundle made with `tar czf x.tgz myproject/` has one wrapping folder; see through it."""
+    tops = {n.strip("/").split("/", 1)[0] for n in names if n.strip("/")}
+    if len(tops) == 1:
+        (top,) = tops
+        if top not in UPLOAD_ROOTS and top not in ROOT_FILES:
+            return top + "/"
+    return ""
+
+
+def read_archive(data: bytes, dest: Path | None = None) -> Manifest:
+    """Walk the archive, enforce every rule and limit, and extract below ``dest`` if given.
+
+    Raises UnsupportedMediaType, UnsafeArchive or PayloadTooLarge with what was wrong.
+    """
+    fmt = detect_format(data[:8])
+    entries = _tar_entries if fmt == "tar.gz" else _zip_entries
+    # The wrapper folder is found on a first pass over names only (cheap for both formats).
+    names = [e.name for e in entries(data)] if fmt == "zip" else _tar_names(data)
+    if len(names) > MAX_ENTRIES:
+        raise UnsafeArchive(f"the archive has {len(names)} entries; the limit is {MAX_ENTRIES}")
+    prefix = _strip_wrapper(names)
+    manifest = Manifest(archive_format=fmt)
+    seen: set[str] = set()
+    problems: list[str] = []
+    skipped_bytes = 0
+    for entry in entries(data):
+        path = check_name(entry.name)
+        key = path.as_posix()
+        if key in seen:
+            raise UnsafeArchive(f"the archive holds {key!r} more than once")
+        seen.add(key)
+        if entry.kind == "dir":
+            continue
+        if entry.kind != "file" or entry.open is None:
+            raise UnsafeArchive(
+                f"entry {key!r} is a {entry.kind}; only regular files and folders are allowed"
+            )
+        if prefix:
+            if not key.startswith(prefix):
+                raise UnsafeArchive(f"entry {key!r} is outside the bundle's folder {prefix!r}")
+            path = PurePosixPath(key[len(prefix) :])
+        why_skipped = _upload_decision(path)
+        target = None
+        if why_skipped is None:
+            bad_ext = _check_extension(path)
+            if bad_ext:
+                problems.append(bad_ext)
+            elif dest is not None:
+                target = _create(dest, path)
+        size = _copy_counted(
+            entry.open, target, budget=_budget(manifest, path, why_skipped, skipped_bytes)
+        )
+        if why_skipped is None:
+            manifest.files[path.as_posix()] = size
+            _check_limits(manifest)
+        else:
+            manifest.skipped.append(path.as_posix())
+            skipped_bytes += size
+            if skipped_bytes > SKIPPED_LIMIT_BYTES:
+                raise PayloadTooLarge(
+                    f"left-out entries (hidden files, caches, files outside the upload set) "
+                    f"hold more than {SKIPPED_LIMIT_BYTES} bytes"
+                )
+    if problems:
+        raise UnsafeArchive(
+            f"{len(problems)} file(s) are not allowed in a bundle",
+            problems=[{"file": p.split(":", 1)[0], "message": p} for p in problems],
+        )
+    return manifest
+
+
+def _tar_names(data: bytes) -> list[str]:
+    names = []
+    for entry in _tar_entries(data):
+        names.append(entry.name)
+        if len(names) > MAX_ENTRIES:
+            break
+    return names
+
+
+def _budget(
+    manifest: Manifest, path: PurePosixPath, skipped: str | None, skipped_bytes: int
+) -> int:
+    """Bytes this entry may decompress to before the archive is refused, +1 to detect excess."""
+    if skipped is not None:
+        return SKIPPED_LIMIT_BYTES - skipped_bytes + 1
+    if path.as_posix().startswith("tests/files/"):
+        return TOTAL_LIMIT_BYTES - manifest.total_bytes + 1
+    return min(TOTAL_LIMIT_BYTES - manifest.total_bytes, CODE_LIMIT_BYTES - manifest.code_bytes) + 1
+
+
+def _check_limits(manifest: Manifest) -> None:
+    if manifest.total_bytes > TOTAL_LIMIT_BYTES:
+        raise PayloadTooLarge(
+            f"the bundle's files total more than {TOTAL_LIMIT_BYTES} bytes (25 MiB) uncompressed",
+            problems=[
+                {
+                    "limit_bytes": TOTAL_LIMIT_BYTES,
+                    "measured_bytes": manifest.total_bytes,
+                    "largest": manifest.largest(),
+                }
+            ],
+        )
+    if manifest.code_bytes > CODE_LIMIT_BYTES:
+        raise PayloadTooLarge(
+            f"files outside tests/files/ total more than {CODE_LIMIT_BYTES} bytes (5 MiB)",
+            problems=[
+                {
+                    "limit_bytes": CODE_LIMIT_BYTES,
+                    "measured_bytes": manifest.code_bytes,
+                    "largest": manifest.largest(code_only=True),
+                }
+            ],
+        )
+
+
+def _create(dest: Path, path: PurePosixPath) -> int:
+    parent = dest
+    for part in path.parts[:-1]:
+        parent = parent / part
+        try:
+            parent.mkdir(mode=0o755)
+        except FileExistsError:
+            if parent.is_symlink() or not parent.is_dir():
+                raise UnsafeArchive(f"{path} collides with a file of the same name") from None
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        return os.open(parent / path.name, flags, 0o644)
+    except FileExistsError:
+        raise UnsafeArchive(f"{path} collides with another entry") from None
+
+
+def _copy_counted(opener: Callable[[], IO[bytes]], fd: int | None, *, budget: int) -> int:
+    """Decompress one entry, counting real bytes; stop at ``budget`` (a bomb never finishes)."""
+    total = 0
+    try:
+        with opener() as src:
+            while True:
+                chunk = src.read(CHUNK)
+                if not chunk:
+                    break
+                total += len(chunk)
+                if total >= budget:
+                    break
+                if fd is not None:
+                    os.write(fd, chunk)
+    except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+        raise UnsafeArchive(f"the archive is truncated or corrupt: {exc}") from None
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return total

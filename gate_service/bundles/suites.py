@@ -1,0 +1,153 @@
+"""Suite discovery and fail-fast validation on the host, before any image is built.
+
+Nothing here executes user code: suites are YAML read with safe_load and checked with the
+connic-composer-sdk schema, and agents are read by the SDK's loader in validation-only mode
+(which parses Python with `ast` instead of importing it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from connic import ProjectLoader
+from connic.test_schema import TestFile
+from pydantic import ValidationError
+
+# Folders under tests/ that hold support files, not suites (spec §13.1, decided: skip them).
+NON_SUITE_DIRS = ("files", "builders", "mocks", "models", "recordings")
+
+
+@dataclass(frozen=True)
+class CaseRef:
+    suite: str
+    agent_name: str
+    test_name: str
+    runs: int
+    success_threshold: int
+    timeout_s: int
+
+
+@dataclass
+class ProjectReport:
+    cases: list[CaseRef] = field(default_factory=list)
+    problems: list[dict[str, Any]] = field(default_factory=list)
+    agents: set[str] = field(default_factory=set)
+
+    def add(self, file: str, message: str, case: str | None = None) -> None:
+        self.problems.append({"file": file, "case": case, "message": message})
+
+
+def discover_suites(root: Path) -> list[Path]:
+    tests = root / "tests"
+    if not tests.is_dir():
+        return []
+    found = []
+    for path in sorted(tests.rglob("*")):
+        rel = path.relative_to(tests)
+        if rel.parts and rel.parts[0] in NON_SUITE_DIRS:
+            continue
+        if path.is_file() and path.suffix in (".yaml", ".yml"):
+            found.append(path)
+    return found
+
+
+def _load_agents(root: Path, report: ProjectReport) -> None:
+    loader = ProjectLoader(str(root), validation_only=True)
+    try:
+        agents = loader.load_agents()
+    except FileNotFoundError:
+        report.add("agents/", "the bundle has no agents/ folder")
+        return
+    report.agents = {a.config.name for a in agents}
+    for message in getattr(loader, "_load_errors", []):
+        report.add("agents/", str(message))
+
+
+def _schema_problems(exc: ValidationError, raw: Any) -> list[tuple[str | None, str]]:
+    out: list[tuple[str | None, str]] = []
+    for err in exc.errors():
+        loc = err.get("loc", ())
+        case = None
+        if len(loc) >= 2 and loc[0] == "tests" and isinstance(loc[1], int):
+            try:
+                case = str(raw["tests"][loc[1]].get("name"))
+            except (KeyError, IndexError, TypeError, AttributeError):
+                case = f"#{loc[1] + 1}"
+        where = ".".join(str(p) for p in loc)
+        out.append((case, f"{where}: {err.get('msg', '')}" if where else str(err.get("msg", ""))))
+    return out
+
+
+def _check_references(root: Path, rel: str, case: dict[str, Any], report: ProjectReport) -> None:
+    name = case["name"]
+    for fixture in case.get("files") or []:
+        if not (root / "tests" / "files" / fixture).is_file():
+            report.add(rel, f"fixture tests/files/{fixture} does not exist", name)
+    builder = case.get("builder")
+    if (
+        builder
+        and not (root / "tests" / "builders" / f"{builder.removesuffix('.py')}.py").is_file()
+    ):
+        report.add(
+            rel, f"builder tests/builders/{builder.removesuffix('.py')}.py does not exist", name
+        )
+    mocks = case.get("mocks")
+    if mocks and not (root / "tests" / "mocks" / f"{mocks.removesuffix('.py')}.py").is_file():
+        report.add(
+            rel, f"mocks module tests/mocks/{mocks.removesuffix('.py')}.py does not exist", name
+        )
+
+
+def validate_project(root: Path, name_filter: str | None = None) -> ProjectReport:
+    """Every problem with the bundle's suites, not only the first, and the cases to run."""
+    report = ProjectReport()
+    _load_agents(root, report)
+    suites = discover_suites(root)
+    if not suites:
+        report.add("tests/", "no test suites found under tests/ (a gate needs at least one case)")
+        return report
+    for path in suites:
+        rel = path.relative_to(root).as_posix()
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            report.add(rel, f"not valid YAML: {exc}")
+            continue
+        try:
+            test_file = TestFile.model_validate(raw)
+        except ValidationError as exc:
+            for case, message in _schema_problems(exc, raw):
+                report.add(rel, message, case)
+            continue
+        agent = (
+            test_file.agent if isinstance(test_file.agent, str) and test_file.agent else path.stem
+        )
+        for case in test_file.tests:
+            resolved = test_file.resolved(case)
+            if agent not in report.agents:
+                known = ", ".join(sorted(report.agents)) or "none"
+                report.add(
+                    rel,
+                    f"suite {rel} targets agent {agent!r}, which does not exist (agents: {known})",
+                    case.name,
+                )
+                continue
+            _check_references(root, rel, resolved, report)
+            if name_filter and name_filter not in case.name:
+                continue
+            report.cases.append(
+                CaseRef(
+                    suite=rel,
+                    agent_name=agent,
+                    test_name=case.name,
+                    runs=resolved["runs"],
+                    success_threshold=resolved["success_threshold"],
+                    timeout_s=resolved["timeout_s"],
+                )
+            )
+    if not report.problems and not report.cases:
+        report.add("tests/", f"no case name contains the filter {name_filter!r}")
+    return report

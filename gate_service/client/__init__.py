@@ -1,0 +1,1 @@
+"""A typed client of the gate's REST API, used by `gate submit` and by pipelines."""

@@ -1,0 +1,87 @@
+"""All settings, read once from the environment with the GATE_ prefix."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIB = 1024 * 1024
+
+
+class Environment(StrEnum):
+    development = "development"
+    testing = "testing"
+    production = "production"
+
+
+class BaseImageSource(StrEnum):
+    auto = "auto"  # use GATE_BASE_IMAGE if present or pullable, else bootstrap one
+    pull = "pull"  # GATE_BASE_IMAGE must be present or pullable
+    debootstrap = "debootstrap"  # always build the base from Debian packages
+
+
+class Settings(BaseSettings):
+    """Every knob of the service. Units are part of each name."""
+
+    model_config = SettingsConfigDict(env_prefix="GATE_", extra="ignore")
+
+    env: Environment = Environment.development
+    database_url: str | None = Field(
+        default=None,
+        description="PostgreSQL URL; unset means an embedded server under GATE_DATA_DIR.",
+    )
+    data_dir: Path = Field(default=Path("~/.local/share/gate").expanduser())
+    host: str = "127.0.0.1"
+    port: int = 8080
+
+    # Images
+    base_image: str = "python:3.11-slim"
+    base_image_source: BaseImageSource = BaseImageSource.auto
+    debootstrap_mirror: str | None = Field(
+        default=None, description="Debian mirror for debootstrap; default: apt's own mirror."
+    )
+    runner_source_dir: Path = Field(
+        default=Path(__file__).resolve().parent.parent / "runner_image",
+        description="Where the runner package and its Dockerfile live.",
+    )
+    wheelhouse_dir: Path | None = Field(
+        default=None,
+        description="Extra wheels (--find-links) for the runner and bundle requirements.",
+    )
+    pip_index_url: str | None = Field(
+        default=None, description="Package index for bundle requirements; default: pip's own."
+    )
+    pip_offline: bool = Field(
+        default=False, description="Install only from GATE_WHEELHOUSE_DIR, never an index."
+    )
+
+    # Worker
+    embedded_workers: int = Field(default=1, ge=0, description="Worker threads in `gate serve`.")
+    case_concurrency: int = Field(default=2, ge=1, description="Case containers run at once.")
+    job_lease_seconds: int = Field(default=60, ge=5)
+    job_max_attempts: int = Field(default=3, ge=1)
+    worker_poll_seconds: float = Field(default=0.5, gt=0)
+
+    # Case containers; the runner's own timeout_s applies inside these limits.
+    case_memory_mb: int = 512
+    case_cpus: float = 1.0
+    case_pids_limit: int = 256
+    case_tmpfs_mb: int = 64
+    # Added to runs * timeout_s for container start and verdict writing.
+    case_deadline_slack_seconds: int = 60
+    case_output_limit_bytes: int = 32 * MIB
+    case_network: str = Field(
+        default="none", description="Docker network for case containers; 'none' cuts them off."
+    )
+
+    # Intake
+    upload_limit_bytes: int = 25 * MIB
+    long_poll_max_seconds: int = 60
+
+    def runtime_dir(self) -> Path:
+        path = self.data_dir.expanduser()
+        path.mkdir(parents=True, exist_ok=True)
+        return path

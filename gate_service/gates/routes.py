@@ -1,0 +1,151 @@
+"""HTTP routes for gates and runs: thin, everything decided in the service layer."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, File, Form, Header, Query, Request, Response, UploadFile
+from fastapi.responses import JSONResponse
+
+from ..bundles.archive import read_archive
+from ..db import session_scope
+from ..deps import SessionDep, SessionFactoryDep, SettingsDep
+from ..errors import BadRequest, PayloadTooLarge
+from ..models import GateStatus
+from . import service
+from .schemas import GateList, GateRead, RunRead
+
+router = APIRouter(prefix="/v1")
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "Bad request"},
+    404: {"description": "Not found"},
+    409: {"description": "Conflict"},
+    413: {"description": "Bundle over the size limits"},
+    415: {"description": "Not a .tar.gz or .zip"},
+    422: {"description": "Unsafe archive or invalid request"},
+}
+READ_CHUNK = 1024 * 1024
+
+
+def _etag(gate_id: uuid.UUID, revision: int) -> str:
+    return f'W/"{gate_id}.{revision}"'
+
+
+def _read_capped(upload: UploadFile, limit: int) -> bytes:
+    chunks, total = [], 0
+    while chunk := upload.file.read(READ_CHUNK):
+        total += len(chunk)
+        if total > limit:
+            raise PayloadTooLarge(
+                f"the bundle is larger than the upload limit of {limit} bytes",
+                problems=[{"limit_bytes": limit, "measured_bytes_at_least": total}],
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse_labels(raw: str | None) -> dict[str, Any]:
+    if not raw:
+        return {}
+    try:
+        labels = json.loads(raw)
+    except ValueError as exc:
+        raise BadRequest(f"labels must be a JSON object: {exc}") from None
+    if not isinstance(labels, dict):
+        raise BadRequest(f"labels must be a JSON object, got {type(labels).__name__}")
+    return labels
+
+
+@router.post("/gates", status_code=202, response_model=GateRead, responses=ERRORS)
+def create_gate(
+    session: SessionDep,
+    settings: SettingsDep,
+    response: Response,
+    bundle: Annotated[UploadFile, File(description="The project as .tar.gz/.tgz or .zip")],
+    filter: Annotated[
+        str | None, Form(description="Run only cases whose name contains this")
+    ] = None,
+    labels: Annotated[str | None, Form(description='JSON object, e.g. {"commit": "abc"}')] = None,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> GateRead:
+    """Queue a bundle for judging; poll the Location it answers with."""
+    data = _read_capped(bundle, settings.upload_limit_bytes)
+    if not data:
+        raise BadRequest("the bundle file is empty")
+    manifest = read_archive(data)
+    gate, created = service.create_gate(
+        session,
+        sha256=hashlib.sha256(data).hexdigest(),
+        data=data,
+        manifest=manifest,
+        name_filter=filter,
+        labels=_parse_labels(labels),
+        idempotency_key=idempotency_key,
+    )
+    response.headers["Location"] = f"/v1/gates/{gate.id}"
+    if not created:
+        response.status_code = 200
+    return service.read_gate(session, gate.id)
+
+
+@router.get("/gates", response_model=GateList, responses=ERRORS)
+def list_gates(
+    session: SessionDep,
+    status: Annotated[GateStatus | None, Query()] = None,
+    label: Annotated[list[str] | None, Query(description="key=value, repeatable")] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> GateList:
+    """List gates, newest first."""
+    wanted: dict[str, str] = {}
+    for item in label or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise BadRequest(f"label filter {item!r} must look like key=value")
+        wanted[key] = value
+    return service.list_gates(
+        session, status=status, label=wanted or None, limit=limit, offset=offset
+    )
+
+
+@router.get("/gates/{gate_id}", response_model=GateRead, responses=ERRORS)
+def get_gate(
+    gate_id: uuid.UUID,
+    request: Request,
+    factory: SessionFactoryDep,
+    settings: SettingsDep,
+    wait: Annotated[int, Query(ge=0, description="Long-poll up to N seconds for a change")] = 0,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
+    """Read a gate; with ?wait=N and If-None-Match, wait for it to change."""
+    deadline = time.monotonic() + min(wait, settings.long_poll_max_seconds)
+    while True:
+        # A fresh short transaction per look, so a long-poll holds no snapshot or lock.
+        with session_scope(factory) as session:
+            revision = service.gate_revision(session, gate_id)
+            etag = _etag(gate_id, revision)
+            if etag != if_none_match:
+                view = service.read_gate(session, gate_id)
+                break
+        if time.monotonic() >= deadline:
+            return Response(status_code=304, headers={"ETag": etag})
+        time.sleep(0.25)
+    return JSONResponse(view.model_dump(mode="json"), headers={"ETag": etag})
+
+
+@router.post("/gates/{gate_id}/cancel", response_model=GateRead, responses=ERRORS)
+def cancel_gate(gate_id: uuid.UUID, session: SessionDep) -> GateRead:
+    """Cancel a gate; a running gate stops before its next case."""
+    service.request_cancel(session, gate_id)
+    return service.read_gate(session, gate_id)
+
+
+@router.get("/runs/{run_id}", response_model=RunRead, responses=ERRORS)
+def get_run(run_id: uuid.UUID, session: SessionDep) -> RunRead:
+    """One invocation of a case, with its trace."""
+    return RunRead.model_validate(service.get_run(session, run_id))

@@ -1,0 +1,99 @@
+"""The REST shapes of gates, cases and runs (design: REST contract v1)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Schema(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class BundleRead(Schema):
+    sha256: str
+    size_bytes: int
+    code_bytes: int
+    fixture_bytes: int
+
+
+class CaseRead(Schema):
+    id: uuid.UUID
+    suite: str
+    agent_name: str
+    test_name: str
+    status: str
+    passed: bool | None
+    successes: int
+    runs: int
+    success_threshold: int
+    duration_ms: int | None
+    failure_reason: str | None
+    agent_run_ids: list[uuid.UUID]
+    agent_run_passed: list[bool]
+
+
+class GateRead(Schema):
+    id: uuid.UUID
+    status: str
+    phase: str
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    filter: str | None
+    labels: dict[str, Any]
+    bundle: BundleRead
+    total_cases: int
+    passed_cases: int
+    failed_cases: int
+    error: str | None
+    failure_reason: str | None
+    problems: list[dict[str, Any]]
+    cases: list[CaseRead]
+
+
+class GateSummary(Schema):
+    id: uuid.UUID
+    status: str
+    phase: str
+    created_at: datetime
+    finished_at: datetime | None
+    labels: dict[str, Any]
+    failure_reason: str | None
+
+
+class GateList(Schema):
+    items: list[GateSummary]
+    total: int
+    limit: int
+    offset: int
+
+
+class SpanRead(Schema):
+    span_id: str
+    parent_span_id: str | None
+    span_order: int
+    type: str
+    name: str
+    status: str
+    duration_ms: int
+    metadata: dict[str, Any]
+
+
+class RunRead(Schema):
+    id: uuid.UUID
+    case_id: uuid.UUID
+    index: int
+    status: str
+    passed: bool
+    input: Any
+    output: Any
+    error: str | None
+    failure_reason: str | None
+    failed_assertions: list[str]
+    run_context: dict[str, Any]
+    duration_ms: int
+    traces: list[SpanRead]

@@ -1,0 +1,325 @@
+"""Gate lifecycle: creation with its job, reads, cancellation, and the worker's state changes.
+
+Functions take the session first and never commit: the request or the job owns the
+transaction. Every visible change bumps ``Gate.revision``, which the ETag and long-poll use.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from ..bundles.archive import Manifest
+from ..bundles.suites import CaseRef
+from ..errors import Conflict, NotFound
+from ..models import Bundle, Case, CaseStatus, Gate, GateStatus, Phase, Run, utcnow
+from ..runner_contract import CaseResult
+from ..worker import queue
+from .schemas import BundleRead, CaseRead, GateList, GateRead, GateSummary
+
+
+def create_gate(
+    session: Session,
+    *,
+    sha256: str,
+    data: bytes,
+    manifest: Manifest,
+    name_filter: str | None,
+    labels: dict[str, Any],
+    idempotency_key: str | None,
+) -> tuple[Gate, bool]:
+    """Store the bundle (once per hash), the gate and its job; returns (gate, created)."""
+    if idempotency_key:
+        existing = session.scalar(select(Gate).where(Gate.idempotency_key == idempotency_key))
+        if existing is not None:
+            if existing.bundle_sha256 != sha256:
+                raise Conflict(
+                    f"Idempotency-Key {idempotency_key!r} was used for a different bundle "
+                    f"(gate {existing.id})"
+                )
+            return existing, False
+    session.execute(
+        insert(Bundle)
+        .values(
+            sha256=sha256,
+            data=data,
+            archive_format=manifest.archive_format,
+            size_bytes=len(data),
+            code_bytes=manifest.code_bytes,
+            fixture_bytes=manifest.fixture_bytes,
+            created_at=utcnow(),
+        )
+        .on_conflict_do_nothing(index_elements=["sha256"])
+    )
+    gate = Gate(
+        bundle_sha256=sha256,
+        filter=name_filter or None,
+        labels=labels,
+        idempotency_key=idempotency_key,
+        status=GateStatus.queued,
+        phase=Phase.queued,
+        problems=[],
+        revision=0,
+        created_at=utcnow(),
+    )
+    session.add(gate)
+    session.flush()
+    queue.enqueue(session, gate.id)
+    session.flush()
+    return gate, True
+
+
+def get_gate(session: Session, gate_id: uuid.UUID, *, for_update: bool = False) -> Gate:
+    stmt = select(Gate).where(Gate.id == gate_id)
+    if for_update:
+        stmt = stmt.with_for_update()
+    gate = session.scalar(stmt)
+    if gate is None:
+        raise NotFound(f"no gate with id {gate_id}")
+    return gate
+
+
+def gate_revision(session: Session, gate_id: uuid.UUID) -> int:
+    rev = session.scalar(select(Gate.revision).where(Gate.id == gate_id))
+    if rev is None:
+        raise NotFound(f"no gate with id {gate_id}")
+    return rev
+
+
+def read_gate(session: Session, gate_id: uuid.UUID) -> GateRead:
+    gate = get_gate(session, gate_id)
+    bundle = session.get_one(Bundle, gate.bundle_sha256)
+    cases = session.scalars(
+        select(Case).where(Case.gate_id == gate.id).order_by(Case.position)
+    ).all()
+    runs_by_case: dict[uuid.UUID, list[tuple[uuid.UUID, bool]]] = {c.id: [] for c in cases}
+    if cases:
+        rows = session.execute(
+            select(Run.case_id, Run.id, Run.passed)
+            .where(Run.case_id.in_([c.id for c in cases]))
+            .order_by(Run.case_id, Run.index)
+        ).all()
+        for case_id, run_id, passed in rows:
+            runs_by_case[case_id].append((run_id, passed))
+    case_views = [
+        CaseRead(
+            id=c.id,
+            suite=c.suite,
+            agent_name=c.agent_name,
+            test_name=c.test_name,
+            status=c.status,
+            passed=c.passed,
+            successes=c.successes,
+            runs=c.runs,
+            success_threshold=c.success_threshold,
+            duration_ms=c.duration_ms,
+            failure_reason=c.failure_reason,
+            agent_run_ids=[r for r, _ in runs_by_case[c.id]],
+            agent_run_passed=[p for _, p in runs_by_case[c.id]],
+        )
+        for c in cases
+    ]
+    return GateRead(
+        id=gate.id,
+        status=gate.status,
+        phase=gate.phase,
+        created_at=gate.created_at,
+        started_at=gate.started_at,
+        finished_at=gate.finished_at,
+        filter=gate.filter,
+        labels=gate.labels,
+        bundle=BundleRead.model_validate(bundle),
+        total_cases=len(cases),
+        passed_cases=sum(1 for c in cases if c.passed is True),
+        failed_cases=sum(1 for c in cases if c.status == CaseStatus.failed),
+        error=gate.error,
+        failure_reason=gate.failure_reason,
+        problems=gate.problems,
+        cases=case_views,
+    )
+
+
+def list_gates(
+    session: Session,
+    *,
+    status: str | None,
+    label: dict[str, str] | None,
+    limit: int,
+    offset: int,
+) -> GateList:
+    stmt = select(Gate)
+    if status:
+        stmt = stmt.where(Gate.status == status)
+    if label:
+        stmt = stmt.where(Gate.labels.contains(label))
+    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
+    gates = session.scalars(stmt.order_by(Gate.created_at.desc()).limit(limit).offset(offset)).all()
+    return GateList(
+        items=[GateSummary.model_validate(g) for g in gates],
+        total=total,
+        limit=limit,
+        offset=offset,
+    )
+
+
+def get_run(session: Session, run_id: uuid.UUID) -> Run:
+    run = session.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"no run with id {run_id}")
+    return run
+
+
+def request_cancel(session: Session, gate_id: uuid.UUID) -> Gate:
+    """Cancel a queued gate at once; a running one stops before its next case."""
+    gate = get_gate(session, gate_id, for_update=True)
+    if GateStatus(gate.status).terminal:
+        raise Conflict(f"gate {gate_id} has already ended with status {gate.status}")
+    gate.cancel_requested = True
+    if gate.status == GateStatus.queued:
+        _end(gate, GateStatus.cancelled, phase=Phase.done, reason="cancelled before it started")
+        queue.drop_queued(session, gate.id)
+    gate.revision += 1
+    return gate
+
+
+# -- the worker's side -------------------------------------------------------------------
+
+
+def _end(gate: Gate, status: GateStatus, *, phase: Phase, reason: str | None) -> None:
+    gate.status = status
+    gate.phase = phase
+    gate.failure_reason = reason
+    gate.finished_at = utcnow()
+    gate.revision += 1
+
+
+def start_gate(gate: Gate) -> None:
+    gate.status = GateStatus.running
+    gate.phase = Phase.validating
+    gate.started_at = gate.started_at or utcnow()
+    gate.revision += 1
+
+
+def set_phase(gate: Gate, phase: Phase) -> None:
+    gate.phase = phase
+    gate.revision += 1
+
+
+def fail_gate(
+    gate: Gate, *, reason: str, problems: Sequence[dict[str, Any]] = (), error: str | None = None
+) -> None:
+    """End the gate `error`: it could not be judged. The phase stays where it stopped."""
+    phase = Phase(gate.phase) if gate.phase != Phase.queued else Phase.validating
+    _end(gate, GateStatus.error, phase=phase, reason=reason)
+    gate.error = error or reason
+    gate.problems = list(problems)
+
+
+def cancel_gate(gate: Gate) -> None:
+    _end(gate, GateStatus.cancelled, phase=Phase.done, reason="cancelled on request")
+
+
+def save_cases(session: Session, gate: Gate, refs: Sequence[CaseRef]) -> list[Case]:
+    """Create the gate's case rows once; a retried job finds and keeps them."""
+    existing = {
+        (c.suite, c.test_name): c
+        for c in session.scalars(select(Case).where(Case.gate_id == gate.id))
+    }
+    cases = []
+    for position, ref in enumerate(refs):
+        case = existing.get((ref.suite, ref.test_name))
+        if case is None:
+            case = Case(
+                gate_id=gate.id,
+                position=position,
+                suite=ref.suite,
+                agent_name=ref.agent_name,
+                test_name=ref.test_name,
+                status=CaseStatus.queued,
+                runs=ref.runs,
+                success_threshold=ref.success_threshold,
+                timeout_s=ref.timeout_s,
+                successes=0,
+            )
+            session.add(case)
+        cases.append(case)
+    gate.revision += 1
+    session.flush()
+    return cases
+
+
+def save_case_result(session: Session, gate: Gate, case: Case, result: CaseResult) -> None:
+    """Store a judged case and each of its invocations."""
+    session.query(Run).filter(Run.case_id == case.id).delete()
+    if result.case_error:
+        case.status = CaseStatus.error
+        case.passed = None
+    else:
+        case.status = CaseStatus.passed if result.passed else CaseStatus.failed
+        case.passed = result.passed
+    case.successes = result.successes
+    case.runs = result.runs or case.runs
+    case.success_threshold = result.success_threshold
+    case.duration_ms = result.duration_ms
+    case.failure_reason = result.failure_reason
+    for inv in result.invocations:
+        session.add(
+            Run(
+                case_id=case.id,
+                index=inv.index,
+                status=inv.status,
+                passed=inv.passed,
+                input=inv.input,
+                output=inv.output,
+                error=inv.error,
+                failure_reason=inv.failure_reason,
+                failed_assertions=inv.failed_assertions,
+                run_context=inv.run_context,
+                duration_ms=inv.duration_ms,
+                traces=[s.model_dump() for s in inv.traces],
+            )
+        )
+    gate.revision += 1
+
+
+def save_case_outcome(
+    gate: Gate, case: Case, *, status: CaseStatus, reason: str, duration_ms: int | None = None
+) -> None:
+    """A case the runner could not report on: failed (the bundle's fault) or error (ours)."""
+    case.status = status
+    case.passed = False if status == CaseStatus.failed else None
+    case.successes = 0
+    case.failure_reason = reason
+    case.duration_ms = duration_ms
+    gate.revision += 1
+
+
+def finish_gate(session: Session, gate: Gate) -> None:
+    """Decide the verdict from the cases: error > failed > passed."""
+    cases = session.scalars(
+        select(Case).where(Case.gate_id == gate.id).order_by(Case.position)
+    ).all()
+    errored = [c for c in cases if c.status == CaseStatus.error]
+    failed = [c for c in cases if c.status == CaseStatus.failed]
+    if errored:
+        first = errored[0]
+        reason = (
+            f"{len(errored)} of {len(cases)} case(s) could not be judged; "
+            f"{first.suite}::{first.test_name}: {first.failure_reason}"
+        )
+        _end(gate, GateStatus.error, phase=Phase.done, reason=reason)
+        gate.error = reason
+    elif failed:
+        first = failed[0]
+        reason = (
+            f"{len(failed)} of {len(cases)} case(s) failed; "
+            f"{first.agent_name}::{first.test_name}: {first.failure_reason}"
+        )
+        _end(gate, GateStatus.failed, phase=Phase.done, reason=reason)
+    else:
+        _end(gate, GateStatus.passed, phase=Phase.done, reason=None)

@@ -1,0 +1,93 @@
+"""The FastAPI application: built by create_app, with engines made in the lifespan."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from . import __version__
+from .config import Settings
+from .db import make_engine, make_sessionmaker, session_scope
+from .deps import SessionFactoryDep
+from .errors import error_body, install_handlers
+from .gates.routes import router as gates_router
+
+# Room for the multipart envelope and the form fields around the bundle itself.
+MULTIPART_OVERHEAD_BYTES = 64 * 1024
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class DeclaredSizeLimit:
+    """Refuse a request whose Content-Length already says it is over the limit, unread."""
+
+    def __init__(self, app: ASGIApp, limit_bytes: int) -> None:
+        self.app, self.limit = app, limit_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            declared = headers.get(b"content-length")
+            if declared and declared.isdigit() and int(declared) > self.limit:
+                response = JSONResponse(
+                    error_body(
+                        "PayloadTooLarge",
+                        f"the request declares {int(declared)} bytes; the upload limit is "
+                        f"{self.limit - MULTIPART_OVERHEAD_BYTES} bytes",
+                    ),
+                    status_code=413,
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(settings: Settings) -> FastAPI:
+    if not settings.database_url:
+        raise ValueError("create_app needs settings.database_url (gate serve provides one)")
+    database_url = settings.database_url
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(database_url)
+        app.state.settings = settings
+        app.state.engine = engine
+        app.state.sessionmaker = make_sessionmaker(engine)
+        try:
+            yield
+        finally:
+            engine.dispose()
+
+    app = FastAPI(
+        title="Agent deploy gate",
+        version=__version__,
+        lifespan=lifespan,
+        description="Judges agent-project bundles against their Connic-format test suites.",
+    )
+    install_handlers(app)
+    app.include_router(gates_router)
+    app.add_middleware(
+        DeclaredSizeLimit, limit_bytes=settings.upload_limit_bytes + MULTIPART_OVERHEAD_BYTES
+    )
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        """The process is up."""
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    def readyz(factory: SessionFactoryDep) -> dict[str, str]:
+        """The database answers."""
+        with session_scope(factory) as session:
+            session.execute(text("SELECT 1"))
+        return {"status": "ready"}
+
+    return app

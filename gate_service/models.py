@@ -1,0 +1,182 @@
+"""Every table, in one place so that Alembic sees them all and domains cannot import-cycle."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class GateStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    passed = "passed"
+    failed = "failed"
+    error = "error"
+    cancelled = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (
+            GateStatus.passed,
+            GateStatus.failed,
+            GateStatus.error,
+            GateStatus.cancelled,
+        )
+
+
+class Phase(StrEnum):
+    queued = "queued"
+    validating = "validating"
+    building = "building"
+    starting_container = "starting_container"
+    running_tests = "running_tests"
+    done = "done"
+    error = "error"
+
+
+class CaseStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    passed = "passed"
+    failed = "failed"
+    error = "error"
+    cancelled = "cancelled"
+
+
+class JobState(StrEnum):
+    queued = "queued"
+    running = "running"
+    done = "done"
+
+
+class Bundle(Base):
+    """Uploaded archive bytes, stored once per content hash so any worker can fetch them."""
+
+    __tablename__ = "bundles"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
+    archive_format: Mapped[str] = mapped_column(String(16))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    code_bytes: Mapped[int] = mapped_column(BigInteger)
+    fixture_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Gate(Base):
+    __tablename__ = "gates"
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    status: Mapped[str] = mapped_column(String(16), default=GateStatus.queued, index=True)
+    phase: Mapped[str] = mapped_column(String(32), default=Phase.queued)
+    bundle_sha256: Mapped[str] = mapped_column(ForeignKey("bundles.sha256"), index=True)
+    filter: Mapped[str | None] = mapped_column(Text)
+    labels: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    error: Mapped[str | None] = mapped_column(Text)
+    failure_reason: Mapped[str | None] = mapped_column(Text)
+    problems: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, default=list)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Bumped on every visible change; the ETag and long-poll compare it.
+    revision: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Job(Base):
+    """The queue: one row per gate, claimed with FOR UPDATE SKIP LOCKED under a lease."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    gate_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("gates.id", ondelete="CASCADE"), unique=True
+    )
+    state: Mapped[str] = mapped_column(String(16), default=JobState.queued, index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, server_default=func.now()
+    )
+
+
+class Case(Base):
+    __tablename__ = "cases"
+    __table_args__ = (UniqueConstraint("gate_id", "suite", "test_name"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    gate_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("gates.id", ondelete="CASCADE"), index=True
+    )
+    position: Mapped[int] = mapped_column(Integer)
+    suite: Mapped[str] = mapped_column(Text)
+    agent_name: Mapped[str] = mapped_column(Text)
+    test_name: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), default=CaseStatus.queued)
+    passed: Mapped[bool | None] = mapped_column(Boolean)
+    successes: Mapped[int] = mapped_column(Integer, default=0)
+    runs: Mapped[int] = mapped_column(Integer)
+    success_threshold: Mapped[int] = mapped_column(Integer)
+    timeout_s: Mapped[int] = mapped_column(Integer)
+    duration_ms: Mapped[int | None] = mapped_column(Integer)
+    failure_reason: Mapped[str | None] = mapped_column(Text)
+
+
+class Run(Base):
+    """One invocation of a case: what went in, what came out, and its trace."""
+
+    __tablename__ = "runs"
+    __table_args__ = (UniqueConstraint("case_id", "index"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    case_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("cases.id", ondelete="CASCADE"), index=True
+    )
+    index: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(32))
+    passed: Mapped[bool] = mapped_column(Boolean)
+    input: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    output: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text)
+    failure_reason: Mapped[str | None] = mapped_column(Text)
+    failed_assertions: Mapped[list[str]] = mapped_column(JSONB, default=list)
+    run_context: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+    duration_ms: Mapped[int] = mapped_column(Integer, default=0)
+    traces: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, default=list)

@@ -1,0 +1,95 @@
+"""The worker loop: reap expired leases, claim a job, heartbeat while judging it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+
+from ..db import session_scope
+from ..gates import service
+from . import queue
+from .handler import WorkerContext, judge_gate
+from .queue import ClaimedJob
+
+log = logging.getLogger(__name__)
+REAP_EVERY_SECONDS = 10.0
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Worker:
+    def __init__(self, ctx: WorkerContext, name: str | None = None) -> None:
+        self.ctx = ctx
+        self.name = name or worker_name()
+        self._last_reap = 0.0
+
+    def run(self) -> None:
+        """Work until ctx.stop is set; the job in hand is finished or handed back first."""
+        log.info("worker %s started", self.name)
+        while not self.ctx.stop.is_set():
+            try:
+                worked = self.run_once()
+            except Exception:
+                log.exception("worker %s: unexpected error; backing off", self.name)
+                worked = False
+            if not worked:
+                self.ctx.stop.wait(self.ctx.settings.worker_poll_seconds)
+        log.info("worker %s stopped", self.name)
+
+    def run_once(self) -> bool:
+        """Claim and judge one job; False when the queue was empty."""
+        now = time.monotonic()
+        if now - self._last_reap >= REAP_EVERY_SECONDS:
+            self._last_reap = now
+            self.reap_expired()
+        with session_scope(self.ctx.sessions) as session:
+            job = queue.claim(
+                session, owner=self.name, lease_seconds=self.ctx.settings.job_lease_seconds
+            )
+        if job is None:
+            return False
+        log.info("worker %s judging gate %s (attempt %s)", self.name, job.gate_id, job.attempts)
+        done = threading.Event()
+        beat = threading.Thread(target=self._heartbeat, args=(job, done), daemon=True)
+        beat.start()
+        try:
+            judge_gate(self.ctx, job)
+        finally:
+            done.set()
+            beat.join()
+        return True
+
+    def _heartbeat(self, job: ClaimedJob, done: threading.Event) -> None:
+        lease = self.ctx.settings.job_lease_seconds
+        while not done.wait(lease / 3):
+            try:
+                with session_scope(self.ctx.sessions) as session:
+                    if not queue.heartbeat(session, job, lease_seconds=lease):
+                        log.warning("job %s: lease lost", job.id)
+                        return
+            except Exception:
+                log.exception("job %s: heartbeat failed; will retry", job.id)
+
+    def reap_expired(self) -> None:
+        """Requeue jobs of dead workers, or end their gates once attempts are used up."""
+        max_attempts = self.ctx.settings.job_max_attempts
+        with session_scope(self.ctx.sessions) as session:
+            for expired in queue.take_expired(session):
+                note = f"the lease of worker {expired.owner} expired"
+                if expired.attempts < max_attempts:
+                    log.warning("job %s: %s; requeueing", expired.id, note)
+                    queue.requeue_expired(session, expired.id, note=note)
+                    continue
+                queue.close_expired(session, expired.id, note=note)
+                gate = service.get_gate(session, expired.gate_id, for_update=True)
+                service.fail_gate(
+                    gate,
+                    reason=f"no worker finished the gate in {expired.attempts} attempt(s); "
+                    f"last: {note}" + (f" ({expired.last_error})" if expired.last_error else ""),
+                )

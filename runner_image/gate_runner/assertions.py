@@ -1,0 +1,225 @@
+"""Assertions of one invocation (spec §6.3, §6.4): expected_result and the tool-call checks.
+
+Everything here runs in the runner's parent process on plain data the invocation produced;
+no user code runs while a verdict is formed.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .expr import EvaluationError, Expression, ExpressionError, accessor_values, compile_expression
+
+RESULT_NAMES = ("output", "error", "status", "context")
+TOOL_CALL_NAMES = ("params", "invocations", "context")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str  # bare function name
+    ref: str  # qualified ref, e.g. math.calculator.add
+    params: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolExpectation:
+    tool: str
+    filters: tuple[Expression, ...]
+    counts: tuple[Expression, ...]
+    source: str | None
+
+
+@dataclass(frozen=True)
+class CompiledAssertions:
+    expected_result: Expression | None
+    expected_tool_calls: tuple[ToolExpectation, ...]
+    expected_tool_call_order: tuple[str, ...]
+    expected_no_tool_calls: tuple[str, ...]
+
+
+def _split_and(tree: ast.expr) -> list[ast.expr]:
+    if isinstance(tree, ast.BoolOp) and isinstance(tree.op, ast.And):
+        return list(tree.values)
+    return [tree]
+
+
+def compile_tool_expectation(entry: str | Mapping[str, str]) -> ToolExpectation:
+    """Split a mapping entry's expression at top-level `and` into filters and count predicates."""
+    if isinstance(entry, str):
+        return ToolExpectation(tool=entry, filters=(), counts=(), source=None)
+    ((tool, source),) = entry.items()
+    whole = compile_expression(source, TOOL_CALL_NAMES)
+    filters: list[Expression] = []
+    counts: list[Expression] = []
+    for part in _split_and(whole.tree):
+        text = ast.unparse(part)
+        sub = compile_expression(text, TOOL_CALL_NAMES)
+        if "invocations" in sub.names and "params" in sub.names:
+            raise ExpressionError(
+                "a conjunct may use `params` or `invocations`, not both", expression=source
+            )
+        (counts if "invocations" in sub.names else filters).append(sub)
+    return ToolExpectation(tool=tool, filters=tuple(filters), counts=tuple(counts), source=source)
+
+
+def compile_assertions(case: Mapping[str, Any]) -> CompiledAssertions:
+    """Compile every expression of a resolved case; raises ExpressionError on the first bad one."""
+    result = case.get("expected_result")
+    return CompiledAssertions(
+        expected_result=compile_expression(result, RESULT_NAMES) if result else None,
+        expected_tool_calls=tuple(
+            compile_tool_expectation(e) for e in case.get("expected_tool_calls") or []
+        ),
+        expected_tool_call_order=tuple(case.get("expected_tool_call_order") or []),
+        expected_no_tool_calls=tuple(case.get("expected_no_tool_calls") or []),
+    )
+
+
+def decode_output(output: Any) -> Any:
+    """A string holding valid JSON is decoded; anything else stays as it is (spec §6.2)."""
+    if isinstance(output, str):
+        try:
+            return json.loads(output)
+        except ValueError:
+            return output
+    return output
+
+
+def _matches(name: str, call: ToolCall) -> bool:
+    return name in (call.name, call.ref)
+
+
+def _seen(expr: Expression, bindings: Mapping[str, Any]) -> str:
+    values = accessor_values(expr, bindings)
+    return "; ".join(f"{label} = {value}" for label, value in values) or "nothing"
+
+
+def check_result(
+    expr: Expression | None,
+    *,
+    status: str,
+    output: Any,
+    error: str | None,
+    context: Mapping[str, Any],
+) -> str | None:
+    """expected_result with the short-circuit rule of spec §6.4; None when it holds."""
+    bad_status = status != "completed"
+    if expr is None:
+        return _status_failure(status, error) if bad_status else None
+    # An expression that reads `error` or `status` decides alone (spec §6.4).
+    if bad_status and not ({"error", "status"} & expr.names):
+        return _status_failure(status, error)
+    bindings = {
+        "output": decode_output(output),
+        "error": error,
+        "status": status,
+        "context": context,
+    }
+    try:
+        holds = expr.holds(bindings)
+    except EvaluationError as exc:
+        return f"expected_result `{expr.source}` could not be evaluated: {exc}"
+    if holds:
+        return None
+    return f"expected_result `{expr.source}` was false (seen: {_seen(expr, bindings)})"
+
+
+def _status_failure(status: str, error: str | None) -> str:
+    if status == "failed":
+        return f"agent error: {error or 'the run failed without a message'}"
+    return f"the run ended with status {status!r}, expected 'completed'"
+
+
+def _filter_passes(exp: ToolExpectation, call: ToolCall, context: Mapping[str, Any]) -> bool:
+    for f in exp.filters:
+        try:
+            if not f.holds({"params": call.params, "context": context}):
+                return False
+        except EvaluationError:
+            return False
+    return True
+
+
+def check_tool_calls(
+    assertions: CompiledAssertions,
+    calls: Sequence[ToolCall],
+    context: Mapping[str, Any],
+) -> list[str]:
+    """expected_tool_calls, expected_tool_call_order and expected_no_tool_calls."""
+    failures: list[str] = []
+    # Which calls each entry may claim; an entry with only count predicates claims none,
+    # because it speaks of how many calls there were, not of one of them.
+    candidates: list[list[int]] = []
+    for exp in assertions.expected_tool_calls:
+        eligible = [
+            i
+            for i, c in enumerate(calls)
+            if _matches(exp.tool, c) and _filter_passes(exp, c, context)
+        ]
+        if exp.counts:
+            bindings = {"invocations": len(eligible), "context": context}
+            for pred in exp.counts:
+                try:
+                    ok = pred.holds(bindings)
+                except EvaluationError as exc:
+                    failures.append(f"expected_tool_calls {exp.tool}: `{pred.source}`: {exc}")
+                    continue
+                if not ok:
+                    failures.append(
+                        f"expected_tool_calls {exp.tool}: `{exp.source}` was false "
+                        f"(invocations = {len(eligible)})"
+                    )
+            candidates.append([])
+        else:
+            candidates.append(eligible)
+    needing = [i for i, exp in enumerate(assertions.expected_tool_calls) if not exp.counts]
+    unmatched = _unmatched_entries(needing, candidates)
+    for i in unmatched:
+        exp = assertions.expected_tool_calls[i]
+        total = sum(1 for c in calls if _matches(exp.tool, c))
+        if exp.source is None:
+            what = f"expected a call to {exp.tool}"
+        else:
+            what = f"expected a call to {exp.tool} with `{exp.source}`"
+        failures.append(f"{what}; saw {total} call(s) to it and none left unclaimed")
+    order = list(assertions.expected_tool_call_order)
+    if order:
+        pos = 0
+        for call in calls:
+            if pos < len(order) and _matches(order[pos], call):
+                pos += 1
+        if pos < len(order):
+            seen = ", ".join(c.ref for c in calls) or "no calls"
+            failures.append(
+                f"expected_tool_call_order {order} not met: {order[pos]} missing after "
+                f"{order[:pos] or 'the start'} (calls: {seen})"
+            )
+    for name in assertions.expected_no_tool_calls:
+        hits = sum(1 for c in calls if _matches(name, c))
+        if hits:
+            failures.append(f"expected no call to {name}, saw {hits}")
+    return failures
+
+
+def _unmatched_entries(entries: list[int], candidates: list[list[int]]) -> list[int]:
+    """Maximum bipartite matching of entries to distinct calls (Kuhn's augmenting paths).
+
+    Returns the entries left without a call; repeated entries for one tool need distinct calls.
+    """
+    owner: dict[int, int] = {}
+
+    def augment(entry: int, visited: set[int]) -> bool:
+        for call in candidates[entry]:
+            if call in visited:
+                continue
+            visited.add(call)
+            if call not in owner or augment(owner[call], visited):
+                owner[call] = entry
+                return True
+        return False
+
+    return [e for e in entries if not augment(e, set())]

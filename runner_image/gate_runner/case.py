@@ -1,0 +1,372 @@
+"""Run one test case: its `runs` invocations, each in a forked process, then the verdict.
+
+The parent never imports user code. Each invocation forks a child that loads the project
+afresh (so module state never carries over between invocations), runs the agent, and writes
+plain data to a file; the parent kills the child's whole process group at `timeout_s` and
+forms every assertion itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import mimetypes
+import os
+import signal
+import tempfile
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from connic.test_schema import TestFile
+from pydantic import ValidationError
+
+from . import SCHEMA_VERSION
+from .assertions import (
+    CompiledAssertions,
+    ToolCall,
+    check_result,
+    check_tool_calls,
+    compile_assertions,
+)
+from .expr import ExpressionError
+from .verdict import case_failure_reason, case_passes
+
+MAX_LOG_LINES = 500
+MAX_LOG_LINE_CHARS = 2000
+
+
+class CaseError(Exception):
+    """The case cannot be judged at all (bad reference, unknown agent, bad expression)."""
+
+
+@dataclass(frozen=True)
+class PreparedCase:
+    suite: str
+    agent_name: str
+    resolved: dict[str, Any]
+    assertions: CompiledAssertions
+    payload: dict[str, Any]
+
+
+def suite_agent(suite_path: Path, test_file: TestFile) -> str:
+    return (
+        test_file.agent if isinstance(test_file.agent, str) and test_file.agent else suite_path.stem
+    )
+
+
+def load_suite(project: Path, suite: str) -> TestFile:
+    path = project / suite
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise CaseError(f"{suite}: cannot read suite: {exc}") from None
+    try:
+        return TestFile.model_validate(raw)
+    except ValidationError as exc:
+        raise CaseError(f"{suite}: invalid suite: {exc}") from None
+
+
+def build_payload(project: Path, case: Mapping[str, Any]) -> dict[str, Any]:
+    """The payload an agent receives for a static `payload` plus `files` (spec §7).
+
+    A JSON object's keys go to the top level; other JSON becomes {"input": value}; text that
+    is not JSON becomes {"message": text}. Files are base64 with the MIME type from the name.
+    """
+    text = case.get("payload")
+    payload: dict[str, Any]
+    if text is None:
+        payload = {}
+    else:
+        try:
+            decoded = json.loads(text)
+        except ValueError:
+            payload = {"message": text}
+        else:
+            payload = decoded if isinstance(decoded, dict) else {"input": decoded}
+    files = []
+    for name in case.get("files") or []:
+        path = project / "tests" / "files" / name
+        if not path.is_file():
+            raise CaseError(f"fixture tests/files/{name} does not exist")
+        mime = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        files.append(
+            {
+                "data": base64.b64encode(path.read_bytes()).decode("ascii"),
+                "mime_type": mime,
+                "name": name,
+            }
+        )
+    if files:
+        payload["files"] = list(payload.get("files") or []) + files
+    return payload
+
+
+def project_agents(project: Path) -> tuple[set[str], list[str]]:
+    """Agent names and load errors, read without executing any user code."""
+    from connic import ProjectLoader
+
+    loader = ProjectLoader(str(project), validation_only=True)
+    try:
+        agents = loader.load_agents()
+    except FileNotFoundError as exc:
+        return set(), [str(exc)]
+    return {a.config.name for a in agents}, list(getattr(loader, "_load_errors", []))
+
+
+def prepare(project: Path, suite: str, case_name: str) -> PreparedCase:
+    test_file = load_suite(project, suite)
+    matches = [c for c in test_file.tests if c.name == case_name]
+    if not matches:
+        raise CaseError(f"{suite}: no case named {case_name!r}")
+    resolved = test_file.resolved(matches[0])
+    agent = suite_agent(Path(suite), test_file)
+    names, _errors = project_agents(project)
+    if agent not in names:
+        known = ", ".join(sorted(names)) or "none"
+        raise CaseError(f"{suite}: agent {agent!r} does not exist (agents: {known})")
+    if resolved.get("builder"):
+        raise CaseError(
+            f"{suite}: case {case_name!r}: builders are not supported by this runner yet"
+        )
+    try:
+        assertions = compile_assertions(resolved)
+    except ExpressionError as exc:
+        raise CaseError(f"{suite}: case {case_name!r}: {exc}") from None
+    return PreparedCase(
+        suite=suite,
+        agent_name=agent,
+        resolved=resolved,
+        assertions=assertions,
+        payload=build_payload(project, resolved),
+    )
+
+
+def _child_run(project: Path, prepared: PreparedCase, workdir: Path) -> None:
+    """Body of the forked invocation process. Never returns."""
+    code = 0
+    try:
+        os.setsid()
+        # User output goes to files that become log spans, never to the result channel.
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            out = os.open(workdir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(out, fd)
+            os.close(out)
+        from connic import ProjectLoader
+
+        from .runtime import Runtime, Trace, jsonable
+
+        trace = Trace()
+        loader = ProjectLoader(str(project))
+        agents = {a.config.name: a for a in loader.load_agents()}
+        load_errors = list(getattr(loader, "_load_errors", []))
+        if prepared.agent_name not in agents:
+            raise RuntimeError("; ".join(load_errors) or f"agent {prepared.agent_name} not loaded")
+        outcome = Runtime(agents).run(prepared.agent_name, prepared.payload, trace)
+        data = {
+            "status": outcome.status,
+            "output": jsonable(outcome.output),
+            "error": outcome.error,
+            "run_context": jsonable(outcome.run_context),
+            "traces": [s.as_json() for s in trace.spans],
+        }
+    except BaseException as exc:
+        data = {
+            "status": "failed",
+            "output": None,
+            "error": f"{type(exc).__name__}: {exc}",
+            "run_context": {},
+            "traces": [],
+            "traceback": traceback.format_exc(),
+        }
+    try:
+        tmp = workdir / "result.json.tmp"
+        tmp.write_text(json.dumps(data, default=repr), encoding="utf-8")
+        tmp.rename(workdir / "result.json")
+    except BaseException:
+        code = 70
+    os._exit(code)
+
+
+def _read_logs(workdir: Path) -> list[dict[str, Any]]:
+    spans: list[dict[str, Any]] = []
+    for stream, level in (("stdout", "INFO"), ("stderr", "ERROR")):
+        path = workdir / stream
+        if not path.exists():
+            continue
+        with path.open("rb") as fh:
+            for raw in fh:
+                if len(spans) >= MAX_LOG_LINES:
+                    return spans
+                line = raw[:MAX_LOG_LINE_CHARS].decode("utf-8", "replace").rstrip("\n")
+                spans.append({"stream": stream, "level": level, "message": line})
+    return spans
+
+
+def _run_invocation(project: Path, prepared: PreparedCase, index: int) -> dict[str, Any]:
+    timeout_s = int(prepared.resolved["timeout_s"])
+    with tempfile.TemporaryDirectory(prefix=f"inv{index}-") as tmp:
+        workdir = Path(tmp)
+        started = time.monotonic()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child leaves through os._exit
+            _child_run(project, prepared, workdir)
+        deadline = started + timeout_s
+        timed_out = False
+        status_code = 0
+        while True:
+            done, status_code = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() >= deadline:
+                timed_out = True
+                _kill_group(pid)
+                os.waitpid(pid, 0)
+                break
+            time.sleep(0.005)
+        _kill_group(pid)  # user code may have left background processes behind
+        duration_ms = int((time.monotonic() - started) * 1000)
+        result_file = workdir / "result.json"
+        if timed_out:
+            data: dict[str, Any] = {
+                "status": "failed",
+                "output": None,
+                "error": f"timed out after {timeout_s} s (timeout_s)",
+                "run_context": {},
+                "traces": [],
+            }
+        elif result_file.exists():
+            data = json.loads(result_file.read_text(encoding="utf-8"))
+        else:
+            how = (
+                f"was killed by signal {os.WTERMSIG(status_code)}"
+                if os.WIFSIGNALED(status_code)
+                else f"exited with code {os.WEXITSTATUS(status_code)}"
+            )
+            data = {
+                "status": "failed",
+                "output": None,
+                "error": f"the invocation process {how} before reporting (out of memory?)",
+                "run_context": {},
+                "traces": [],
+            }
+        logs = _read_logs(workdir)
+    traces = list(data.get("traces") or [])
+    parent = traces[0]["span_id"] if traces else None
+    for line in logs:
+        traces.append(
+            {
+                "span_id": f"s{len(traces) + 1}",
+                "parent_span_id": parent,
+                "span_order": len(traces) + 1,
+                "type": "log",
+                "name": line["stream"],
+                "status": "ok",
+                "duration_ms": 0,
+                "metadata": {"level": line["level"], "message": line["message"]},
+            }
+        )
+    data["traces"] = traces
+    data["duration_ms"] = duration_ms
+    return data
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def judge_invocation(prepared: PreparedCase, data: Mapping[str, Any]) -> list[str]:
+    """Every failed assertion of one invocation, in the order the spec lists them."""
+    builder_context: dict[str, Any] = {}
+    failures: list[str] = []
+    result_failure = check_result(
+        prepared.assertions.expected_result,
+        status=data["status"],
+        output=data.get("output"),
+        error=data.get("error"),
+        context=builder_context,
+    )
+    if result_failure:
+        failures.append(result_failure)
+    calls = [
+        ToolCall(
+            name=str(s["metadata"].get("tool_name", s["name"])),
+            ref=str(s["metadata"].get("tool_ref", s["name"])),
+            params=s["metadata"].get("params") or {},
+        )
+        for s in data.get("traces") or []
+        if s.get("type") == "tool_call"
+    ]
+    failures.extend(check_tool_calls(prepared.assertions, calls, builder_context))
+    return failures
+
+
+def run_case(project: Path, suite: str, case_name: str) -> dict[str, Any]:
+    """Run a case and return the result document of the runner contract."""
+    started = time.monotonic()
+    base: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "suite": suite,
+        "test_name": case_name,
+    }
+    try:
+        prepared = prepare(project, suite, case_name)
+    except CaseError as exc:
+        return {
+            **base,
+            "agent_name": None,
+            "runs": 0,
+            "success_threshold": 100,
+            "successes": 0,
+            "passed": False,
+            "case_error": str(exc),
+            "failure_reason": str(exc),
+            "duration_ms": int((time.monotonic() - started) * 1000),
+            "invocations": [],
+        }
+    runs = int(prepared.resolved["runs"])
+    threshold = int(prepared.resolved["success_threshold"])
+    invocations: list[dict[str, Any]] = []
+    reasons: list[str | None] = []
+    for index in range(runs):
+        data = _run_invocation(project, prepared, index)
+        failures = judge_invocation(prepared, data)
+        reason = "; ".join(failures) if failures else None
+        reasons.append(reason)
+        invocations.append(
+            {
+                "index": index,
+                "status": data["status"],
+                "passed": not failures,
+                "input": prepared.payload,
+                "output": data.get("output"),
+                "error": data.get("error"),
+                "failure_reason": reason,
+                "failed_assertions": failures,
+                "run_context": data.get("run_context") or {},
+                "duration_ms": data["duration_ms"],
+                "traces": data["traces"],
+            }
+        )
+    successes = sum(1 for r in reasons if r is None)
+    return {
+        **base,
+        "agent_name": prepared.agent_name,
+        "runs": runs,
+        "success_threshold": threshold,
+        "successes": successes,
+        "passed": case_passes(successes, runs, threshold),
+        "case_error": None,
+        "failure_reason": case_failure_reason(
+            runs=runs, success_threshold=threshold, invocation_reasons=reasons
+        ),
+        "duration_ms": int((time.monotonic() - started) * 1000),
+        "invocations": invocations,
+    }

@@ -1,0 +1,311 @@
+"""The assertion expression language (spec §6.1): a whitelisted Python AST, never eval/exec.
+
+An expression is parsed once with :func:`compile_expression`, which refuses every construct
+outside the grammar with its position, and evaluated any number of times against a mapping of
+bindings. Evaluation walks the tree by hand, so nothing in an expression can reach Python's
+object model: there are no calls, no attribute lookups on objects, and no names but the
+bindings of the place the expression appears in.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_EXPRESSION_CHARS = 2000
+
+# Both spellings are accepted: the vendor's own examples write `True` in tool conditions.
+CONSTANT_NAMES: dict[str, Any] = {
+    "true": True,
+    "false": False,
+    "null": None,
+    "True": True,
+    "False": False,
+    "None": None,
+}
+
+_COMPARE_OPS = (
+    ast.Eq,
+    ast.NotEq,
+    ast.Lt,
+    ast.LtE,
+    ast.Gt,
+    ast.GtE,
+    ast.In,
+    ast.NotIn,
+    ast.Is,
+    ast.IsNot,
+)
+
+
+class ExpressionError(Exception):
+    """An expression is not in the language; ``position`` is the 1-based column."""
+
+    def __init__(self, message: str, *, expression: str, position: int | None = None) -> None:
+        where = f" at column {position}" if position is not None else ""
+        super().__init__(f"{message}{where} in `{expression}`")
+        self.reason = message
+        self.expression = expression
+        self.position = position
+
+
+class EvaluationError(Exception):
+    """A valid expression failed at run time (missing key, type mismatch, ...)."""
+
+
+@dataclass(frozen=True)
+class Expression:
+    """A parsed, validated expression and the root names it uses."""
+
+    source: str
+    tree: ast.expr
+    names: frozenset[str] = field(default_factory=frozenset)
+
+    def evaluate(self, bindings: Mapping[str, Any]) -> Any:
+        return _eval(self.tree, bindings)
+
+    def holds(self, bindings: Mapping[str, Any]) -> bool:
+        return bool(self.evaluate(bindings))
+
+
+def compile_expression(source: str, allowed_names: Sequence[str]) -> Expression:
+    """Parse ``source`` and refuse anything outside the grammar or the allowed root names."""
+    if not isinstance(source, str) or not source.strip():
+        raise ExpressionError("an expression must be a non-empty string", expression=str(source))
+    if len(source) > MAX_EXPRESSION_CHARS:
+        raise ExpressionError(
+            f"expression is {len(source)} characters; the limit is {MAX_EXPRESSION_CHARS}",
+            expression=source[:80] + "...",
+        )
+    try:
+        # Newlines inside a YAML block scalar are layout, not syntax.
+        tree = ast.parse(" ".join(source.strip().splitlines()), mode="eval")
+    except SyntaxError as exc:
+        raise ExpressionError(
+            f"syntax error: {exc.msg}", expression=source, position=exc.offset
+        ) from None
+    names: set[str] = set()
+    _validate(tree.body, source, frozenset(allowed_names), names)
+    return Expression(source=source, tree=tree.body, names=frozenset(names))
+
+
+def _refuse(node: ast.AST, what: str, source: str) -> ExpressionError:
+    col = getattr(node, "col_offset", None)
+    return ExpressionError(
+        f"{what} not allowed", expression=source, position=None if col is None else col + 1
+    )
+
+
+def _validate(node: ast.AST, source: str, allowed: frozenset[str], names: set[str]) -> None:
+    match node:
+        case ast.BoolOp(values=values):
+            for value in values:
+                _validate(value, source, allowed, names)
+        case ast.UnaryOp(op=ast.Not(), operand=operand):
+            _validate(operand, source, allowed, names)
+        case ast.UnaryOp(op=ast.USub() | ast.UAdd(), operand=ast.Constant(value=v)) if isinstance(
+            v, int | float
+        ) and not isinstance(v, bool):
+            pass
+        case ast.UnaryOp():
+            raise _refuse(node, "arithmetic", source)
+        case ast.Compare(left=left, ops=ops, comparators=comparators):
+            for op in ops:
+                if not isinstance(op, _COMPARE_OPS):
+                    raise _refuse(node, f"operator {type(op).__name__}", source)
+            for part in (left, *comparators):
+                _validate(part, source, allowed, names)
+        case ast.Attribute(value=value, attr=attr):
+            if attr.startswith("_"):
+                raise _refuse(node, f"attribute {attr!r} (names starting with _)", source)
+            _validate(value, source, allowed, names)
+        case ast.Subscript(value=value, slice=index):
+            if isinstance(index, ast.Slice):
+                raise _refuse(node, "slicing", source)
+            _validate(value, source, allowed, names)
+            _validate(index, source, allowed, names)
+        case ast.Name(id=name):
+            if name.startswith("_"):
+                raise _refuse(node, f"name {name!r} (names starting with _)", source)
+            if name in CONSTANT_NAMES:
+                return
+            if name not in allowed:
+                known = ", ".join(sorted(allowed)) or "none"
+                raise _refuse(node, f"unknown name {name!r} (known here: {known});", source)
+            names.add(name)
+        case ast.Constant(value=value):
+            if not isinstance(value, str | int | float | bool) and value is not None:
+                raise _refuse(node, f"constant of type {type(value).__name__}", source)
+        case ast.List(elts=elts) | ast.Tuple(elts=elts) | ast.Set(elts=elts):
+            for elt in elts:
+                _validate(elt, source, allowed, names)
+        case ast.Dict(keys=keys, values=values):
+            for key in keys:
+                if key is None:
+                    raise _refuse(node, "dict unpacking", source)
+                _validate(key, source, allowed, names)
+            for value in values:
+                _validate(value, source, allowed, names)
+        case ast.Call():
+            raise _refuse(node, "function and method calls", source)
+        case ast.BinOp():
+            raise _refuse(node, "arithmetic", source)
+        case ast.Lambda():
+            raise _refuse(node, "lambda", source)
+        case ast.ListComp() | ast.SetComp() | ast.DictComp() | ast.GeneratorExp():
+            raise _refuse(node, "comprehensions", source)
+        case _:
+            raise _refuse(node, type(node).__name__, source)
+
+
+def describe(value: Any) -> str:
+    """Render a value the way a person reading a failure reason wants to see it."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=repr)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
+    match node:
+        case ast.Constant(value=value):
+            return value
+        case ast.Name(id=name):
+            if name in CONSTANT_NAMES:
+                return CONSTANT_NAMES[name]
+            if name not in env:
+                raise EvaluationError(f"{name!r} is not bound here")
+            return env[name]
+        case ast.UnaryOp(op=ast.Not(), operand=operand):
+            return not _eval(operand, env)
+        case ast.UnaryOp(op=ast.USub(), operand=operand):
+            return -_eval(operand, env)
+        case ast.UnaryOp(op=ast.UAdd(), operand=operand):
+            return _eval(operand, env)
+        case ast.BoolOp(op=ast.And(), values=values):
+            result: Any = True
+            for value in values:
+                result = _eval(value, env)
+                if not result:
+                    return result
+            return result
+        case ast.BoolOp(op=ast.Or(), values=values):
+            result = False
+            for value in values:
+                result = _eval(value, env)
+                if result:
+                    return result
+            return result
+        case ast.Compare(left=left, ops=ops, comparators=comparators):
+            current = _eval(left, env)
+            for op, right_node in zip(ops, comparators, strict=True):
+                right = _eval(right_node, env)
+                if not _compare(op, current, right):
+                    return False
+                current = right
+            return True
+        case ast.Attribute(value=value, attr=attr):
+            return _lookup(_eval(value, env), attr, f".{attr}")
+        case ast.Subscript(value=value, slice=index):
+            key = _eval(index, env)
+            return _lookup(_eval(value, env), key, f"[{describe(key)}]")
+        case ast.List(elts=elts):
+            return [_eval(e, env) for e in elts]
+        case ast.Tuple(elts=elts):
+            return tuple(_eval(e, env) for e in elts)
+        case ast.Set(elts=elts):
+            return {_hashable(_eval(e, env)) for e in elts}
+        case ast.Dict(keys=keys, values=values):
+            return {
+                _hashable(_eval(k, env)): _eval(v, env)
+                for k, v in zip(keys, values, strict=True)
+                if k is not None
+            }
+    raise EvaluationError(f"cannot evaluate {type(node).__name__}")  # pragma: no cover
+
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+    except TypeError:
+        raise EvaluationError(f"{describe(value)} cannot be a set member or dict key") from None
+    return value
+
+
+def _lookup(container: Any, key: Any, label: str) -> Any:
+    if isinstance(container, Mapping):
+        if key in container:
+            return container[key]
+        raise EvaluationError(f"no key {label.lstrip('.[').rstrip(']')} in {describe(container)}")
+    if isinstance(container, list | tuple | str):
+        if isinstance(key, int) and not isinstance(key, bool):
+            try:
+                return container[key]
+            except IndexError:
+                raise EvaluationError(
+                    f"index {key} out of range for length {len(container)}"
+                ) from None
+        raise EvaluationError(f"cannot look up {label} on a {type(container).__name__}")
+    raise EvaluationError(f"cannot look up {label} on {describe(container)}")
+
+
+def _compare(op: ast.cmpop, left: Any, right: Any) -> bool:
+    try:
+        match op:
+            case ast.Eq():
+                return bool(left == right)
+            case ast.NotEq():
+                return bool(left != right)
+            case ast.Lt():
+                return bool(left < right)
+            case ast.LtE():
+                return bool(left <= right)
+            case ast.Gt():
+                return bool(left > right)
+            case ast.GtE():
+                return bool(left >= right)
+            # Spec §6.1: `"x" in error` with a null error is false rather than an error.
+            case ast.In():
+                return False if right is None else bool(left in right)
+            case ast.NotIn():
+                return True if right is None else bool(left not in right)
+            case ast.Is():
+                return left is right if left is None or right is None else bool(left == right)
+            case ast.IsNot():
+                return left is not right if left is None or right is None else bool(left != right)
+    except TypeError as exc:
+        raise EvaluationError(
+            f"cannot compare {describe(left)} with {describe(right)}: {exc}"
+        ) from None
+    raise EvaluationError(f"unsupported operator {type(op).__name__}")  # pragma: no cover
+
+
+def accessor_values(expr: Expression, bindings: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The values of each accessor (``output.total``, ``status``...) an expression reads.
+
+    Used to say *what was seen* when an assertion fails, without re-running user code.
+    """
+    seen: list[tuple[str, str]] = []
+    labels: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.Name | ast.Attribute | ast.Subscript) and not (
+            isinstance(node, ast.Name) and node.id in CONSTANT_NAMES
+        ):
+            label = ast.unparse(node)
+            if label not in labels:
+                labels.add(label)
+                try:
+                    seen.append((label, describe(_eval(node, bindings))))
+                except EvaluationError as exc:
+                    seen.append((label, f"<{exc}>"))
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(expr.tree)
+    return seen
