@@ -13,6 +13,7 @@ import json
 import mimetypes
 import os
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -156,6 +157,9 @@ def _child_run(project: Path, prepared: PreparedCase, workdir: Path) -> None:
             out = os.open(workdir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             os.dup2(out, fd)
             os.close(out)
+        # Rebind the Python-level streams too, whatever they were (a test harness, say).
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
         from connic import ProjectLoader
 
         from .runtime import Runtime, Trace, jsonable
@@ -183,6 +187,11 @@ def _child_run(project: Path, prepared: PreparedCase, workdir: Path) -> None:
             "traces": [],
             "traceback": traceback.format_exc(),
         }
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # user code may have closed or replaced it
+            pass
     try:
         tmp = workdir / "result.json.tmp"
         tmp.write_text(json.dumps(data, default=repr), encoding="utf-8")

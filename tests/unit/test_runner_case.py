@@ -1,0 +1,99 @@
+"""The runner judging whole cases in-process (forked invocations, no Docker)."""
+
+from pathlib import Path
+
+import pytest
+
+from gate_runner.__main__ import main as runner_main
+from gate_runner.case import run_case
+from gate_service.runner_contract import CaseResult, parse_runner_output
+from tests.fixtures.projects import calculator_project, unknown_agent_project
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    return calculator_project(tmp_path / "proj", failing=True)
+
+
+def judged(project: Path, suite: str, case: str) -> CaseResult:
+    # Every result must satisfy the service's mirror of the contract.
+    return CaseResult.model_validate(run_case(project, suite, case))
+
+
+def test_passing_case_counts_every_run(project: Path) -> None:
+    result = judged(project, "tests/calc.yaml", "adds_two_numbers")
+    assert (result.passed, result.successes, result.runs) == (True, 2, 2)
+    assert result.failure_reason is None
+    inv = result.invocations[0]
+    assert inv.output == {"sum": 5}
+    assert inv.input == {"a": 2, "b": 3}
+    tool_spans = [s for s in inv.traces if s.type == "tool_call"]
+    assert tool_spans[0].metadata["tool_ref"] == "math_ops.add"
+    logs = [s.metadata["message"] for s in inv.traces if s.type == "log"]
+    assert logs == ["adding 2 3"]
+
+
+def test_failing_case_reason_names_assertion_value_and_count(project: Path) -> None:
+    result = judged(project, "tests/calc-wrong.yaml", "expects_the_wrong_sum")
+    assert (result.passed, result.successes) == (False, 0)
+    assert result.failure_reason is not None
+    assert "2 of 2 invocation(s) failed" in result.failure_reason
+    assert "`output.sum == 5`" in result.failure_reason
+    assert "output.sum = 4" in result.failure_reason
+
+
+def test_timeout_is_a_failed_status_with_timed_out_in_error(project: Path) -> None:
+    result = judged(project, "tests/calc.yaml", "slow_call_times_out")
+    assert result.passed
+    inv = result.invocations[0]
+    assert inv.status == "failed"
+    assert inv.error is not None and "timed out" in inv.error
+    assert inv.duration_ms < 10_000  # killed at timeout_s, not after the 30 s sleep
+
+
+@pytest.mark.parametrize(
+    ("suite", "case", "passes"),
+    [
+        ("tests/flaky-lenient.yaml", "two_of_three_at_66_percent", True),
+        ("tests/flaky.yaml", "two_of_three_at_67_percent", False),
+    ],
+)
+def test_threshold_is_exact_over_real_invocations(
+    project: Path, tmp_path: Path, suite: str, case: str, passes: bool
+) -> None:
+    suite_path = project / suite
+    suite_path.write_text(suite_path.read_text().replace("'{}'", f'\'{{"dir": "{tmp_path}"}}\''))
+    result = judged(project, suite, case)
+    assert result.successes == 2
+    assert result.passed is passes
+
+
+def test_sequential_chain_passes_values_between_stages(project: Path) -> None:
+    result = judged(project, "tests/pipeline.yaml", "adds_then_doubles")
+    assert result.passed, result.failure_reason
+    assert result.invocations[0].output == {"value": 6}
+
+
+def test_unknown_agent_is_a_case_error_naming_suite_and_agent(tmp_path: Path) -> None:
+    project = unknown_agent_project(tmp_path / "p")
+    result = judged(project, "tests/ghost.yaml", "talks_to_nobody")
+    assert result.case_error is not None
+    assert "tests/ghost.yaml" in result.case_error and "'ghost'" in result.case_error
+
+
+def test_cli_prints_one_marked_document(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = runner_main(
+        [
+            "run-case",
+            "--project",
+            str(project),
+            "--suite",
+            "tests/calc.yaml",
+            "--case",
+            "adds_two_numbers",
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    result = parse_runner_output(out.encode())
+    assert result.passed and result.test_name == "adds_two_numbers"
