@@ -1,0 +1,23 @@
+"""The README stays true: every setting is documented, and the runner contract agrees."""
+
+from pathlib import Path
+
+from gate_runner import SCHEMA_VERSION as RUNNER_SCHEMA_VERSION
+from gate_runner.__main__ import BEGIN_MARKER, END_MARKER
+from gate_service import runner_contract
+from gate_service.config import Settings
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+
+
+def test_every_setting_is_in_the_readme_table() -> None:
+    missing = [
+        f"GATE_{name.upper()}" for name in Settings.model_fields if f"`GATE_{name.upper()}" not in README
+    ]
+    assert missing == []
+
+
+def test_runner_and_service_share_the_contract_version_and_markers() -> None:
+    assert RUNNER_SCHEMA_VERSION == runner_contract.SCHEMA_VERSION
+    assert BEGIN_MARKER.encode() == runner_contract.BEGIN_MARKER
+    assert END_MARKER.encode() == runner_contract.END_MARKER
