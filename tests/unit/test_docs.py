@@ -12,7 +12,9 @@ README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
 def test_every_setting_is_in_the_readme_table() -> None:
     missing = [
-        f"GATE_{name.upper()}" for name in Settings.model_fields if f"`GATE_{name.upper()}" not in README
+        f"GATE_{name.upper()}"
+        for name in Settings.model_fields
+        if f"`GATE_{name.upper()}" not in README
     ]
     assert missing == []
 
