@@ -1,4 +1,4 @@
-"""A real `gate serve` (embedded Postgres, real Docker) for end-to-end tests."""
+"""Real `gate` processes (real Postgres, real Docker) for end-to-end tests."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.fixtures.projects import make_wheel
+
 STARTUP_SECONDS = 900  # a first start bootstraps the base image and builds the runner
 
 
@@ -22,42 +24,61 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def gate_url(docker_engine: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    data_dir = tmp_path_factory.mktemp("gate-data")
-    log_path = Path(data_dir) / "serve.log"
+def start(command: str, data_dir: Path, **settings: str) -> tuple[subprocess.Popen[bytes], Path]:
+    """`gate <command>` in a subprocess with only the GATE_ settings given here."""
+    log_path = data_dir / f"{command}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATE_")}
-    env.update({"GATE_DATA_DIR": str(data_dir), "GATE_PORT": str(port), "GATE_ENV": "testing"})
+    env.update({"GATE_DATA_DIR": str(data_dir), "GATE_ENV": "testing", **settings})
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gate_service.cli", "serve"],
+            [sys.executable, "-m", "gate_service.cli", command],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+    return proc, log_path
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(
+                f"{proc.args} exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}"
+            )
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"not ready in {STARTUP_SECONDS} s:\n{log_path.read_text()[-4000:]}")
+        time.sleep(0.5)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="session")
+def gate_url(docker_engine: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`gate serve` on its embedded default: its own Postgres, images, one worker."""
+    port = free_port()
+    wheelhouse = Path(tmp_path_factory.mktemp("wheelhouse"))
+    make_wheel(wheelhouse)
+    proc, log_path = start(
+        "serve",
+        Path(tmp_path_factory.mktemp("serve")),
+        GATE_PORT=str(port),
+        GATE_WHEELHOUSE_DIR=str(wheelhouse),
+    )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(
-                    f"gate serve exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}"
-                )
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"gate serve not ready in {STARTUP_SECONDS} s:\n{log_path.read_text()[-4000:]}"
-                )
-            time.sleep(0.5)
+        wait_ready(url, proc, log_path)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)

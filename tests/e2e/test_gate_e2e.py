@@ -9,7 +9,13 @@ import httpx
 import pytest
 
 from gate_service.client.api import GateClient
-from tests.fixtures.projects import bundle_of, calculator_project, unknown_agent_project, write
+from tests.fixtures.projects import (
+    bundle_of,
+    calculator_project,
+    requirements_project,
+    unknown_agent_project,
+    write,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -167,3 +173,15 @@ def test_hostile_code_is_contained_and_judged(gate_url: str, tmp_path: Path) -> 
     assert (bomb["passed"], bomb["status"]) == (False, "failed")
     assert "timed out after 5 s" in bomb["failure_reason"]
     assert gate["status"] == "failed"
+
+
+def test_requirements_install_from_the_configured_wheelhouse(gate_url: str, tmp_path: Path) -> None:
+    gate = judge(gate_url, bundle_of(requirements_project(tmp_path / "p", "gate-e2e-demo==1.0\n")))
+    assert gate["status"] == "passed", gate["failure_reason"]
+
+
+def test_requirement_options_are_refused(gate_url: str, tmp_path: Path) -> None:
+    reqs = "--index-url http://127.0.0.1:9/simple\ngate-e2e-demo==1.0\n"
+    gate = judge(gate_url, bundle_of(requirements_project(tmp_path / "p", reqs)))
+    assert (gate["status"], gate["phase"]) == ("error", "building")
+    assert "requirements.txt line 1" in gate["failure_reason"]
