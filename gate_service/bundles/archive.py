@@ -190,10 +190,10 @@ def _tar_entries(data: bytes) -> Iterator[_Entry]:
                     yield _Entry(member.name, "symbolic link", None)
                 elif member.islnk():
                     yield _Entry(member.name, "hard link", None)
+                elif member.isfifo():  # before isdev(), which counts FIFOs as devices
+                    yield _Entry(member.name, "FIFO", None)
                 elif member.isdev():
                     yield _Entry(member.name, "device node", None)
-                elif member.isfifo():
-                    yield _Entry(member.name, "FIFO", None)
                 else:
                     yield _Entry(member.name, f"tar member of type {member.type!r}", None)
         except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
@@ -220,10 +220,15 @@ def _zip_entries(data: bytes) -> Iterator[_Entry]:
                 yield _Entry(info.filename, "file", partial(archive.open, info))
 
 
-def _strip_wrapper(names: list[str]) -> str:
+def _is_root(raw: str) -> bool:
+    """`./` (what `tar -C dir -czf x.tgz .` writes first) names the root itself."""
+    return all(part in ("", ".") for part in raw.split("/"))
+
+
+def _strip_wrapper(paths: list[PurePosixPath]) -> str:
     """A bundle made with `tar czf x.tgz myproject/` has one wrapping folder; see through it."""
-    tops = {n.strip("/").split("/", 1)[0] for n in names if n.strip("/")}
-    if len(tops) == 1:
+    tops = {p.parts[0] for p in paths}
+    if len(tops) == 1 and any(len(p.parts) > 1 for p in paths):
         (top,) = tops
         if top not in UPLOAD_ROOTS and top not in ROOT_FILES:
             return top + "/"
@@ -236,17 +241,22 @@ def read_archive(data: bytes, dest: Path | None = None) -> Manifest:
     Raises UnsupportedMediaType, UnsafeArchive or PayloadTooLarge with what was wrong.
     """
     fmt = detect_format(data[:8])
+    if dest is not None:
+        dest.mkdir(parents=True, exist_ok=True)
     entries = _tar_entries if fmt == "tar.gz" else _zip_entries
-    # The wrapper folder is found on a first pass over names only (cheap for both formats).
+    # A first pass over names only: every name is checked before any content is read, and
+    # the wrapper folder (if any) is found.
     names = [e.name for e in entries(data)] if fmt == "zip" else _tar_names(data)
     if len(names) > MAX_ENTRIES:
         raise UnsafeArchive(f"the archive has {len(names)} entries; the limit is {MAX_ENTRIES}")
-    prefix = _strip_wrapper(names)
+    prefix = _strip_wrapper([check_name(n) for n in names if not _is_root(n)])
     manifest = Manifest(archive_format=fmt)
     seen: set[str] = set()
     problems: list[str] = []
     skipped_bytes = 0
     for entry in entries(data):
+        if _is_root(entry.name) and entry.kind == "dir":
+            continue
         path = check_name(entry.name)
         key = path.as_posix()
         if key in seen:

@@ -79,8 +79,8 @@ def test_image_tag(sha256: str, runner_tag: str) -> str:
 def requirement_lines(path: Path) -> list[str]:
     """The requirement specifiers of a bundle's requirements.txt; pip options are refused.
 
-    An option line could point pip at another index or a local path on the host, so only
-    plain specifiers (name, extras, version, markers) are accepted.
+    An option line could point pip at another index, and a URL or path at anything on the
+    host, so only plain specifiers (name, extras, version, markers) are accepted.
     """
     if not path.is_file():
         return []
@@ -93,7 +93,8 @@ def requirement_lines(path: Path) -> list[str]:
             continue
         if (
             _REQUIREMENT_OPTION.match(line)
-            or "://" in line
+            or "/" in line
+            or "\\" in line
             or " @ " in line
             or line.startswith(".")
         ):
