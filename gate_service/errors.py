@@ -38,6 +38,12 @@ class BadRequest(GateError):
     status_code = 400
 
 
+class RequestInvalid(GateError):
+    """The request is well-formed HTTP but misses or mangles a field."""
+
+    status_code = 422
+
+
 class PayloadTooLarge(GateError):
     status_code = 413
 

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, File, Form, Header, Query, Request, Response, UploadFile
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session, sessionmaker
 
 from ..bundles.archive import read_archive
 from ..db import session_scope
 from ..deps import SessionDep, SessionFactoryDep, SettingsDep
-from ..errors import BadRequest, PayloadTooLarge
+from ..errors import BadRequest
 from ..models import GateStatus
 from . import service
 from .schemas import GateList, GateRead, RunRead
+from .upload import Upload, receive_upload
 
 router = APIRouter(prefix="/v1")
 
@@ -29,24 +31,10 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     415: {"description": "Not a .tar.gz or .zip"},
     422: {"description": "Unsafe archive or invalid request"},
 }
-READ_CHUNK = 1024 * 1024
 
 
 def _etag(gate_id: uuid.UUID, revision: int) -> str:
     return f'W/"{gate_id}.{revision}"'
-
-
-def _read_capped(upload: UploadFile, limit: int) -> bytes:
-    chunks, total = [], 0
-    while chunk := upload.file.read(READ_CHUNK):
-        total += len(chunk)
-        if total > limit:
-            raise PayloadTooLarge(
-                f"the bundle is larger than the upload limit of {limit} bytes",
-                problems=[{"limit_bytes": limit, "measured_bytes_at_least": total}],
-            )
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _parse_labels(raw: str | None) -> dict[str, Any]:
@@ -61,36 +49,80 @@ def _parse_labels(raw: str | None) -> dict[str, Any]:
     return labels
 
 
-@router.post("/gates", status_code=202, response_model=GateRead, responses=ERRORS)
-def create_gate(
-    session: SessionDep,
-    settings: SettingsDep,
-    response: Response,
-    bundle: Annotated[UploadFile, File(description="The project as .tar.gz/.tgz or .zip")],
-    filter: Annotated[
-        str | None, Form(description="Run only cases whose name contains this")
-    ] = None,
-    labels: Annotated[str | None, Form(description='JSON object, e.g. {"commit": "abc"}')] = None,
-    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
-) -> GateRead:
-    """Queue a bundle for judging; poll the Location it answers with."""
-    data = _read_capped(bundle, settings.upload_limit_bytes)
-    if not data:
-        raise BadRequest("the bundle file is empty")
+UPLOAD_SCHEMA: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["bundle"],
+                    "properties": {
+                        "bundle": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "The project as .tar.gz/.tgz or .zip",
+                        },
+                        "filter": {
+                            "type": "string",
+                            "description": "Run only cases whose name contains this",
+                        },
+                        "labels": {
+                            "type": "string",
+                            "description": 'JSON object, e.g. {"commit": "abc"}',
+                        },
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+def _store_upload(
+    factory: sessionmaker[Session], upload: Upload, idempotency_key: str | None
+) -> tuple[GateRead, bool]:
+    labels = _parse_labels(upload.fields.get("labels"))
+    data = upload.read()
     manifest = read_archive(data)
-    gate, created = service.create_gate(
-        session,
-        sha256=hashlib.sha256(data).hexdigest(),
-        data=data,
-        manifest=manifest,
-        name_filter=filter,
-        labels=_parse_labels(labels),
-        idempotency_key=idempotency_key,
+    with session_scope(factory) as session:
+        gate, created = service.create_gate(
+            session,
+            sha256=upload.sha256,
+            data=data,
+            manifest=manifest,
+            name_filter=upload.fields.get("filter"),
+            labels=labels,
+            idempotency_key=idempotency_key,
+        )
+        return service.read_gate(session, gate.id), created
+
+
+@router.post(
+    "/gates",
+    status_code=202,
+    response_model=GateRead,
+    responses=ERRORS,
+    openapi_extra=UPLOAD_SCHEMA,
+)
+async def create_gate(
+    request: Request,
+    factory: SessionFactoryDep,
+    settings: SettingsDep,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> Response:
+    """Queue a bundle for judging; poll the Location it answers with."""
+    upload = await receive_upload(request, limit_bytes=settings.upload_limit_bytes)
+    try:
+        # Archive scanning and the database are blocking work: keep them off the event loop.
+        view, created = await run_in_threadpool(_store_upload, factory, upload, idempotency_key)
+    finally:
+        upload.close()
+    return JSONResponse(
+        view.model_dump(mode="json"),
+        status_code=202 if created else 200,
+        headers={"Location": f"/v1/gates/{view.id}"},
     )
-    response.headers["Location"] = f"/v1/gates/{gate.id}"
-    if not created:
-        response.status_code = 200
-    return service.read_gate(session, gate.id)
 
 
 @router.get("/gates", response_model=GateList, responses=ERRORS)

@@ -79,11 +79,18 @@ def test_idempotency_key_returns_the_same_gate(
 def test_missing_bundle_field_is_a_4xx_saying_what_was_expected(
     client: TestClient, sessions: sessionmaker[Session]
 ) -> None:
-    response = client.post("/v1/gates", data={"filter": "x"})
+    response = client.post("/v1/gates", files={"archive": ("p.tgz", b"x")}, data={"filter": "x"})
     assert response.status_code == 422
     body = response.json()
     assert body["error"] == "RequestInvalid"
     assert "file field named 'bundle'" in body["detail"]
+    assert counts(sessions) == (0, 0, 0)
+
+
+def test_wrong_content_type_is_415(client: TestClient, sessions: sessionmaker[Session]) -> None:
+    response = client.post("/v1/gates", data={"filter": "x"})
+    assert response.status_code == 415
+    assert "multipart/form-data" in response.json()["detail"]
     assert counts(sessions) == (0, 0, 0)
 
 
