@@ -7,13 +7,14 @@ connic-composer-sdk schema, and agents are read by the SDK's loader in validatio
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 from connic import ProjectLoader
-from connic.test_schema import TestFile
+from connic.test_schema import TestCase, TestFile
 from pydantic import ValidationError
 
 # Folders under tests/ that hold support files, not suites (spec §13.1, decided: skip them).
@@ -66,6 +67,48 @@ def _load_agents(root: Path, report: ProjectReport) -> None:
         report.add("agents/", str(message))
 
 
+def _errors(exc: ValidationError, prefix: str = "") -> list[str]:
+    out = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in (prefix, *err.get("loc", ())) if p != "")
+        msg = str(err.get("msg", "")).removeprefix("Value error, ")
+        out.append(f"{where}: {msg}" if where else msg)
+    return out
+
+
+def suite_problems(raw: Any) -> list[tuple[str | None, str]]:
+    """Every schema problem of one suite, each with its case, not only pydantic's first.
+
+    The SDK's TestFile stops at the first duplicate name and checks cases only once the file
+    is otherwise valid; validating each part on its own finds all of them in one go.
+    """
+    if not isinstance(raw, dict):
+        return [(None, "a suite must be a YAML mapping with a `tests:` list of cases")]
+    out: list[tuple[str | None, str]] = []
+    try:  # file-level keys (version, agent, defaults), with a stand-in case list
+        TestFile.model_validate({**raw, "tests": [{"name": "stand-in", "payload": "x"}]})
+    except ValidationError as exc:
+        out += [(None, message) for message in _errors(exc)]
+    tests = raw.get("tests")
+    if not isinstance(tests, list) or not tests:
+        out.append((None, "`tests` must be a non-empty list of cases"))
+        return out
+    names: Counter[str] = Counter()
+    for index, item in enumerate(tests):
+        name = item.get("name") if isinstance(item, dict) else None
+        label = name if isinstance(name, str) and name else f"#{index + 1}"
+        if isinstance(name, str):
+            names[name] += 1
+        try:
+            TestCase.model_validate(item)
+        except ValidationError as exc:
+            out += [(label, message) for message in _errors(exc)]
+    for name, count in names.items():
+        if count > 1:
+            out.append((name, f"duplicate case name {name!r}: {count} cases in this suite use it"))
+    return out
+
+
 def _schema_problems(exc: ValidationError, raw: Any) -> list[tuple[str | None, str]]:
     out: list[tuple[str | None, str]] = []
     for err in exc.errors():
@@ -116,10 +159,14 @@ def validate_project(root: Path, name_filter: str | None = None) -> ProjectRepor
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             report.add(rel, f"not valid YAML: {exc}")
             continue
-        try:
-            test_file = TestFile.model_validate(raw)
-        except ValidationError as exc:
-            for case, message in _schema_problems(exc, raw):
+        problems = suite_problems(raw)
+        if not problems:
+            try:
+                test_file = TestFile.model_validate(raw)
+            except ValidationError as exc:  # a rule only the whole file can break
+                problems = _schema_problems(exc, raw)
+        if problems:
+            for case, message in problems:
                 report.add(rel, message, case)
             continue
         agent = (
@@ -127,6 +174,7 @@ def validate_project(root: Path, name_filter: str | None = None) -> ProjectRepor
         )
         for case in test_file.tests:
             resolved = test_file.resolved(case)
+            _check_references(root, rel, resolved, report)
             if agent not in report.agents:
                 known = ", ".join(sorted(report.agents)) or "none"
                 report.add(
@@ -135,7 +183,6 @@ def validate_project(root: Path, name_filter: str | None = None) -> ProjectRepor
                     case.name,
                 )
                 continue
-            _check_references(root, rel, resolved, report)
             if name_filter and name_filter not in case.name:
                 continue
             report.cases.append(

@@ -60,8 +60,10 @@ class PeakSampler:
 def bundle(fixture_bytes: int) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
-        for name, data in (("agents/a.yaml", b"name: a\n"),
-                           ("tests/files/blob.bin", os.urandom(fixture_bytes))):
+        for name, data in (
+            ("agents/a.yaml", b"name: a\n"),
+            ("tests/files/blob.bin", os.urandom(fixture_bytes)),
+        ):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -80,8 +82,12 @@ def main() -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATE_")}
     env.update({"GATE_DATABASE_URL": database, "GATE_PORT": str(port)})
-    proc = subprocess.Popen([sys.executable, "-m", "gate_service.cli", "api"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gate_service.cli", "api"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(200):
@@ -91,12 +97,12 @@ def main() -> None:
             except httpx.HTTPError:
                 time.sleep(0.1)
         rows = []
-        for label, size in (("baseline: accepted 1 MiB", 1 * MIB),
-                            ("accepted 24 MiB", 24 * MIB)):
+        for label, size in (("baseline: accepted 1 MiB", 1 * MIB), ("accepted 24 MiB", 24 * MIB)):
             data = bundle(size)
             with PeakSampler(proc.pid) as sampler:
-                status = httpx.post(f"{url}/v1/gates", files={"bundle": ("b.tgz", data)},
-                                    timeout=120).status_code
+                status = httpx.post(
+                    f"{url}/v1/gates", files={"bundle": ("b.tgz", data)}, timeout=120
+                ).status_code
             rows.append((label, len(data), status, sampler.growth))
         with PeakSampler(proc.pid) as sampler:
             sent, status, _ = stream_upload("127.0.0.1", port, total_bytes=200 * MIB)
@@ -108,9 +114,13 @@ def main() -> None:
         if embedded is not None:
             embedded.stop()
     base = max(rows[0][3], 1)
-    print(f"{'upload':34} {'bytes sent':>12} {'status':>6} {'peak RSS growth':>16} {'vs baseline':>12}")
+    print(
+        f"{'upload':34} {'bytes sent':>12} {'status':>6} {'peak RSS growth':>16} {'vs baseline':>12}"
+    )
     for label, sent_bytes, status, growth in rows:
-        print(f"{label:34} {sent_bytes:>12} {status:>6} {growth / MIB:>13.1f} MiB {growth / base:>11.2f}x")
+        print(
+            f"{label:34} {sent_bytes:>12} {status:>6} {growth / MIB:>13.1f} MiB {growth / base:>11.2f}x"
+        )
 
 
 if __name__ == "__main__":
