@@ -212,7 +212,9 @@ def _zip_entries(data: bytes) -> Iterator[_Entry]:
                 yield _Entry(info.filename, "encrypted entry", None)
             elif stat.S_ISLNK(mode):
                 yield _Entry(info.filename, "symbolic link", None)
-            elif mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            # Writers often leave the type bits at zero (plain file); only a set, non-file,
+            # non-folder type is refused.
+            elif stat.S_IFMT(mode) not in (0, stat.S_IFREG, stat.S_IFDIR):
                 yield _Entry(info.filename, "special file", None)
             elif info.is_dir():
                 yield _Entry(info.filename, "dir", None)
@@ -252,6 +254,8 @@ def read_archive(data: bytes, dest: Path | None = None) -> Manifest:
     prefix = _strip_wrapper([check_name(n) for n in names if not _is_root(n)])
     manifest = Manifest(archive_format=fmt)
     seen: set[str] = set()
+    file_keys: set[str] = set()
+    dir_keys: set[str] = set()
     problems: list[str] = []
     skipped_bytes = 0
     for entry in entries(data):
@@ -262,8 +266,17 @@ def read_archive(data: bytes, dest: Path | None = None) -> Manifest:
         if key in seen:
             raise UnsafeArchive(f"the archive holds {key!r} more than once")
         seen.add(key)
+        # A path may not be a file in one entry and a folder in another, whatever the order.
+        parents = {p.as_posix() for p in path.parents if p.parts}
+        if entry.kind != "dir" and key in dir_keys:
+            raise UnsafeArchive(f"{key!r} is both a file and a folder in the archive")
+        if parents & file_keys:
+            raise UnsafeArchive(f"{key!r} lies under {sorted(parents & file_keys)[0]!r}, a file")
+        dir_keys.update(parents)
         if entry.kind == "dir":
+            dir_keys.add(key)
             continue
+        file_keys.add(key)
         if entry.kind != "file" or entry.open is None:
             raise UnsafeArchive(
                 f"entry {key!r} is a {entry.kind}; only regular files and folders are allowed"
@@ -296,7 +309,7 @@ def read_archive(data: bytes, dest: Path | None = None) -> Manifest:
                 )
     if problems:
         raise UnsafeArchive(
-            f"{len(problems)} file(s) are not allowed in a bundle",
+            f"{len(problems)} file(s) are not allowed in a bundle; first: {problems[0]}",
             problems=[{"file": p.split(":", 1)[0], "message": p} for p in problems],
         )
     return manifest
