@@ -1,0 +1,197 @@
+"""Invalid suites end the gate `error` in `validating`, before any image is built, with a
+`problems` list that names every problem with its file and case."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from gate_service.config import Settings
+from gate_service.worker.handler import WorkerContext
+from gate_service.worker.loop import Worker
+from tests.fixtures.projects import AGENTS, bundle_of, write
+from tests.fixtures.sandbox import FakeSandbox
+
+
+@pytest.fixture
+def judge(
+    client: TestClient, settings: Settings, sessions: sessionmaker[Session], tmp_path: Path
+) -> Any:
+    sandbox = FakeSandbox()
+    worker = Worker(
+        WorkerContext(settings=settings, sessions=sessions, sandbox=sandbox, stop=threading.Event())
+    )
+
+    def run(files: dict[str, str]) -> dict[str, Any]:
+        root = write(tmp_path / f"p{len(list(tmp_path.iterdir()))}", {**AGENTS, **files})
+        response = client.post("/v1/gates", files={"bundle": ("b.tgz", bundle_of(root))})
+        assert response.status_code == 202, response.text
+        worker.run_once()
+        gate: dict[str, Any] = client.get(f"/v1/gates/{response.json()['id']}").json()
+        return gate
+
+    run.sandbox = sandbox  # type: ignore[attr-defined]
+    return run
+
+
+def problems(gate: dict[str, Any]) -> list[tuple[str, str | None, str]]:
+    assert (gate["status"], gate["phase"]) == ("error", "validating"), gate
+    return [(p["file"], p["case"], p["message"]) for p in gate["problems"]]
+
+
+SUITE_ERRORS = {
+    "yaml_syntax_error": ("tests/calc.yaml", "tests: [\n  - name: x\n", None, "not valid YAML"),
+    "suite_not_a_mapping": (
+        "tests/calc.yaml",
+        "- just\n- a list\n",
+        None,
+        "must be a YAML mapping",
+    ),
+    "empty_tests_list": ("tests/calc.yaml", "tests: []\n", None, "non-empty list"),
+    "case_without_name": (
+        "tests/calc.yaml",
+        "tests:\n  - payload: x\n",
+        "#1",
+        "name: Field required",
+    ),
+    "neither_payload_nor_builder": (
+        "tests/calc.yaml",
+        "tests:\n  - name: a\n",
+        "a",
+        "either `payload` or `builder`",
+    ),
+    "file_with_a_path": (
+        "tests/calc.yaml",
+        "tests:\n  - name: a\n    payload: x\n    files: [../secret.txt]\n",
+        "a",
+        "bare filename",
+    ),
+    "repeated_file": (
+        "tests/calc.yaml",
+        "tests:\n  - name: a\n    payload: x\n    files: [f.txt, f.txt]\n",
+        "a",
+        "files",
+    ),
+    "runs_out_of_range": (
+        "tests/calc.yaml",
+        "tests:\n  - name: a\n    payload: x\n    runs: 101\n",
+        "a",
+        "runs: Input should be less than or equal to 100",
+    ),
+    "threshold_out_of_range": (
+        "tests/calc.yaml",
+        "defaults: {success_threshold: 0}\ntests:\n  - name: a\n    payload: x\n",
+        None,
+        "defaults.success_threshold",
+    ),
+    "timeout_out_of_range": (
+        "tests/calc.yaml",
+        "tests:\n  - name: a\n    payload: x\n    timeout_s: 0\n",
+        "a",
+        "timeout_s",
+    ),
+    "two_key_tool_call_mapping": (
+        "tests/calc.yaml",
+        "tests:\n  - name: a\n    payload: x\n    expected_tool_calls: [{add: 'invocations == 1', sub: 'invocations == 1'}]\n",
+        "a",
+        "exactly one key",
+    ),
+    "approval_decision_extra_key": (
+        "tests/calc.yaml",
+        "tests:\n  - name: a\n    payload: x\n    approval_decisions: [{tool: t.f, decision: approve, color: red}]\n",
+        "a",
+        "Extra inputs are not permitted",
+    ),
+    "missing_fixture": (
+        "tests/calc.yaml",
+        "tests:\n  - name: a\n    payload: x\n    files: [invoice.pdf]\n",
+        "a",
+        "tests/files/invoice.pdf does not exist",
+    ),
+    "missing_builder": (
+        "tests/calc.yaml",
+        "tests:\n  - name: a\n    builder: make_charge\n",
+        "a",
+        "tests/builders/make_charge.py does not exist",
+    ),
+    "missing_mocks_module": (
+        "tests/calc.yaml",
+        "defaults: {mocks: billing}\ntests:\n  - name: a\n    payload: x\n",
+        "a",
+        "tests/mocks/billing.py does not exist",
+    ),
+    "unknown_agent": (
+        "tests/ghost.yaml",
+        "tests:\n  - name: a\n    payload: x\n",
+        "a",
+        "agent 'ghost', which does not exist",
+    ),
+    "unknown_agent_by_agent_key": (
+        "tests/x.yaml",
+        "agent: nobody\ntests:\n  - name: a\n    payload: x\n",
+        "a",
+        "agent 'nobody'",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SUITE_ERRORS))
+def test_suite_error_is_reported_with_file_and_case(name: str, judge: Any) -> None:
+    path, body, case, fragment = SUITE_ERRORS[name]
+    found = problems(judge({path: body}))
+    assert any(f == path and c == case and fragment in m for f, c, m in found), found
+    assert judge.sandbox.images == {}, "no image may be built for an invalid bundle"
+
+
+def test_every_problem_is_listed_not_only_the_first(judge: Any) -> None:
+    gate = judge(
+        {
+            "tests/calc.yaml": """
+                tests:
+                  - name: dup
+                    payload: x
+                  - name: dup
+                    payload: y
+                  - name: no_input
+                  - name: bad_runs
+                    payload: x
+                    runs: 0
+            """,
+            "tests/ghost.yaml": "tests:\n  - name: boo\n    payload: x\n",
+            "tests/other.yaml": "agent: calc\ntests:\n  - name: fine\n    payload: x\n    files: [missing.bin]\n",
+        }
+    )
+    found = problems(gate)
+    assert {(f, c) for f, c, _ in found} == {
+        ("tests/calc.yaml", "dup"),
+        ("tests/calc.yaml", "no_input"),
+        ("tests/calc.yaml", "bad_runs"),
+        ("tests/ghost.yaml", "boo"),
+        ("tests/other.yaml", "fine"),
+    }
+    assert any("duplicate case name 'dup'" in m for _, _, m in found)
+    assert gate["failure_reason"].startswith(f"{len(found)} problem(s) in the bundle's suites")
+
+
+def test_support_folders_are_not_suites(judge: Any) -> None:
+    gate = judge(
+        {
+            "tests/calc.yaml": 'tests:\n  - name: a\n    payload: \'{"a": 1, "b": 2}\'\n',
+            "tests/files/data.yaml": "not: a suite\n",
+            "tests/mocks/m.py": "",
+            "tests/builders/b.py": "",
+        }
+    )
+    assert gate["status"] == "passed", gate
+
+
+def test_no_suites_at_all_is_an_error(judge: Any) -> None:
+    found = problems(judge({}))
+    assert found == [
+        ("tests/", None, "no test suites found under tests/ (a gate needs at least one case)")
+    ]
