@@ -6,6 +6,7 @@ runs the real runner and validates its output here.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -61,6 +62,17 @@ class CaseResult(BaseModel):
     invocations: list[InvocationResult]
 
 
+def without_nul(value: Any) -> Any:
+    """Postgres text and JSONB cannot hold NUL; user output can. Replace it visibly."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, list):
+        return [without_nul(v) for v in value]
+    if isinstance(value, dict):
+        return {without_nul(k): without_nul(v) for k, v in value.items()}
+    return value
+
+
 class RunnerOutputError(Exception):
     """The container's stdout held no valid result document."""
 
@@ -73,6 +85,6 @@ def parse_runner_output(stdout: bytes) -> CaseResult:
         raise RunnerOutputError("the runner printed no result (no result markers in its output)")
     body = stdout[begin + len(BEGIN_MARKER) : end].strip()
     try:
-        return CaseResult.model_validate_json(body)
-    except ValueError as exc:
+        return CaseResult.model_validate(without_nul(json.loads(body)))
+    except (ValueError, RecursionError) as exc:
         raise RunnerOutputError(f"the runner's result does not match contract v1: {exc}") from None

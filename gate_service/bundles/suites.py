@@ -21,6 +21,49 @@ from pydantic import ValidationError
 NON_SUITE_DIRS = ("files", "builders", "mocks", "models", "recordings")
 
 
+MAX_SUITE_BYTES = 1024 * 1024
+# YAML aliases let a few hundred bytes stand for billions of nodes once expanded; validation
+# walks the expanded tree, so the expanded size is what is capped.
+MAX_EXPANDED_NODES = 100_000
+
+
+class SuiteTooComplex(Exception):
+    """The YAML expands to more nodes than a suite may have."""
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    memo[key] = 0  # a node that refers to itself counts once
+    if isinstance(node, yaml.SequenceNode):
+        size = 1 + sum(_expanded_size(child, memo) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size = 1 + sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+    else:
+        size = 1
+    memo[key] = size
+    return size
+
+
+def load_yaml_bounded(text: str) -> Any:
+    """yaml.safe_load, refusing documents whose aliases expand past MAX_EXPANDED_NODES."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        size = _expanded_size(node, {})
+        if size > MAX_EXPANDED_NODES:
+            raise SuiteTooComplex(
+                f"the document expands to {size} nodes through its aliases; the limit is "
+                f"{MAX_EXPANDED_NODES}"
+            )
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 @dataclass(frozen=True)
 class CaseRef:
     suite: str
@@ -154,17 +197,23 @@ def validate_project(root: Path, name_filter: str | None = None) -> ProjectRepor
         return report
     for path in suites:
         rel = path.relative_to(root).as_posix()
+        if path.stat().st_size > MAX_SUITE_BYTES:
+            report.add(rel, f"a suite may hold at most {MAX_SUITE_BYTES} bytes")
+            continue
         try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raw = load_yaml_bounded(path.read_text(encoding="utf-8"))
+            problems = suite_problems(raw)
+            if not problems:
+                try:
+                    test_file = TestFile.model_validate(raw)
+                except ValidationError as exc:  # a rule only the whole file can break
+                    problems = _schema_problems(exc, raw)
+        except (yaml.YAMLError, UnicodeDecodeError, SuiteTooComplex) as exc:
             report.add(rel, f"not valid YAML: {exc}")
             continue
-        problems = suite_problems(raw)
-        if not problems:
-            try:
-                test_file = TestFile.model_validate(raw)
-            except ValidationError as exc:  # a rule only the whole file can break
-                problems = _schema_problems(exc, raw)
+        except RecursionError:
+            report.add(rel, "the suite is nested too deeply (or refers to itself) to be read")
+            continue
         if problems:
             for case, message in problems:
                 report.add(rel, message, case)

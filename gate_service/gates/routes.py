@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -10,6 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..bundles.archive import read_archive
@@ -85,17 +87,27 @@ def _store_upload(
     labels = _parse_labels(upload.fields.get("labels"))
     data = upload.read()
     manifest = read_archive(data)
-    with session_scope(factory) as session:
-        gate, created = service.create_gate(
-            session,
-            sha256=upload.sha256,
-            data=data,
-            manifest=manifest,
-            name_filter=upload.fields.get("filter"),
-            labels=labels,
-            idempotency_key=idempotency_key,
-        )
-        return service.read_gate(session, gate.id), created
+
+    def create() -> tuple[GateRead, bool]:
+        with session_scope(factory) as session:
+            gate, created = service.create_gate(
+                session,
+                sha256=upload.sha256,
+                data=data,
+                manifest=manifest,
+                name_filter=upload.fields.get("filter"),
+                labels=labels,
+                idempotency_key=idempotency_key,
+            )
+            return service.read_gate(session, gate.id), created
+
+    try:
+        return create()
+    except IntegrityError:
+        if not idempotency_key:
+            raise
+        # A concurrent request with the same key won the insert; now the key finds its gate.
+        return create()
 
 
 @router.post(
@@ -145,10 +157,20 @@ def list_gates(
     )
 
 
+def _look(
+    factory: sessionmaker[Session], gate_id: uuid.UUID, if_none_match: str | None
+) -> tuple[str, GateRead | None]:
+    """One short transaction: the current ETag, and the gate if it differs from the client's."""
+    with session_scope(factory) as session:
+        etag = _etag(gate_id, service.gate_revision(session, gate_id))
+        if etag == if_none_match:
+            return etag, None
+        return etag, service.read_gate(session, gate_id)
+
+
 @router.get("/gates/{gate_id}", response_model=GateRead, responses=ERRORS)
-def get_gate(
+async def get_gate(
     gate_id: uuid.UUID,
-    request: Request,
     factory: SessionFactoryDep,
     settings: SettingsDep,
     wait: Annotated[int, Query(ge=0, description="Long-poll up to N seconds for a change")] = 0,
@@ -157,17 +179,13 @@ def get_gate(
     """Read a gate; with ?wait=N and If-None-Match, wait for it to change."""
     deadline = time.monotonic() + min(wait, settings.long_poll_max_seconds)
     while True:
-        # A fresh short transaction per look, so a long-poll holds no snapshot or lock.
-        with session_scope(factory) as session:
-            revision = service.gate_revision(session, gate_id)
-            etag = _etag(gate_id, revision)
-            if etag != if_none_match:
-                view = service.read_gate(session, gate_id)
-                break
+        # Waiting happens on the event loop, so a long-poll holds no thread, snapshot or lock.
+        etag, view = await run_in_threadpool(_look, factory, gate_id, if_none_match)
+        if view is not None:
+            return JSONResponse(view.model_dump(mode="json"), headers={"ETag": etag})
         if time.monotonic() >= deadline:
             return Response(status_code=304, headers={"ETag": etag})
-        time.sleep(0.25)
-    return JSONResponse(view.model_dump(mode="json"), headers={"ETag": etag})
+        await asyncio.sleep(0.25)
 
 
 @router.post("/gates/{gate_id}/cancel", response_model=GateRead, responses=ERRORS)

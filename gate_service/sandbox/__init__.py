@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -65,6 +65,11 @@ class Sandbox(Protocol):
         env: Mapping[str, str] | None = None,
     ) -> RunResult: ...
 
-    def reap(self, labels: Mapping[str, str]) -> int:
-        """Remove leftover containers carrying these labels; return how many."""
+    def reap(
+        self,
+        labels: Mapping[str, str],
+        *,
+        keep: Callable[[Mapping[str, str]], bool] | None = None,
+    ) -> int:
+        """Remove our containers carrying these labels (except those ``keep`` spares)."""
         ...

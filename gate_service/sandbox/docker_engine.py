@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -11,7 +12,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,17 @@ def apt_mirror() -> str:
             if match and "security" not in match.group(1):
                 return match.group(1)
     return "http://deb.debian.org/debian"
+
+
+def pip_environment() -> dict[str, str]:
+    """Only what pip needs: the service's secrets must never reach it (or its messages)."""
+    keep = {
+        "PATH", "HOME", "LANG", "LC_ALL", "SSL_CERT_FILE", "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST",
+        "PIP_CERT", "PIP_CONFIG_FILE", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
+        "http_proxy", "https_proxy", "no_proxy",
+    }  # fmt: skip
+    return {k: v for k, v in os.environ.items() if k in keep}
 
 
 class DockerSandbox:
@@ -208,6 +220,7 @@ class DockerSandbox:
             capture_output=True,
             text=True,
             check=False,
+            env=pip_environment(),
         )
         if proc.returncode != 0:
             raise WheelDownloadError(proc.stderr.strip()[-2000:] or proc.stdout[-2000:])
@@ -325,14 +338,24 @@ class DockerSandbox:
             output_truncated=truncated,
         )
 
-    def reap(self, labels: Mapping[str, str]) -> int:
+    def reap(
+        self,
+        labels: Mapping[str, str],
+        *,
+        keep: Callable[[Mapping[str, str]], bool] | None = None,
+    ) -> int:
         filters: dict[str, str | list[str] | bool] = {
             "label": [LABEL, *(f"{k}={v}" for k, v in labels.items())]
         }
         removed = 0
-        with _docker_errors("removing leftover containers"):
+        with _docker_errors("removing containers"):
             for container in self.client.containers.list(all=True, filters=filters):
-                container.remove(force=True)
+                if keep is not None and keep(container.labels or {}):
+                    continue
+                try:
+                    container.remove(force=True)
+                except docker.errors.NotFound:
+                    continue  # gone already (its own run() removed it)
                 removed += 1
         return removed
 

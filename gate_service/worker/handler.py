@@ -25,7 +25,7 @@ from ..bundles.archive import read_archive
 from ..bundles.suites import validate_project
 from ..config import Settings
 from ..db import session_scope
-from ..errors import GateError
+from ..errors import GateError, SandboxError
 from ..gates import service
 from ..models import Bundle, Case, CaseStatus, Gate, Phase
 from ..runner_contract import RunnerOutputError, parse_runner_output
@@ -95,6 +95,7 @@ def requirement_lines(path: Path) -> list[str]:
             _REQUIREMENT_OPTION.match(line)
             or "/" in line
             or "\\" in line
+            or "$" in line  # pip expands ${VAR} from the host's environment
             or " @ " in line
             or line.startswith(".")
         ):
@@ -238,9 +239,8 @@ def _run_cases(ctx: WorkerContext, job: ClaimedJob, image: str) -> None:
         ]
     with ThreadPoolExecutor(max_workers=ctx.settings.case_concurrency) as pool:
         futures = [pool.submit(_run_case, ctx, job, image, *p) for p in pending]
-        for future in futures:
-            future.result()
-    if ctx.stop.is_set():
+        judged = [future.result() for future in futures]
+    if not all(judged) and ctx.stop.is_set():
         raise Stopping()
 
 
@@ -253,9 +253,10 @@ def _run_case(
     test_name: str,
     runs: int,
     timeout_s: int,
-) -> None:
-    if ctx.stop.is_set():
-        return
+) -> bool:
+    """Judge one case in its container; False when it was skipped (stop, cancel, halt)."""
+    if ctx.stop.is_set() or job.halt.is_set():
+        return False
 
     def mark_running(session: Session, gate: Gate) -> bool:
         if gate.cancel_requested:
@@ -266,7 +267,7 @@ def _run_case(
         return True
 
     if not _write(ctx, job, mark_running):
-        return
+        return False
     s = ctx.settings
     wall = runs * (timeout_s + PER_INVOCATION_SLACK_SECONDS) + s.case_deadline_slack_seconds
     limits = RunLimits(
@@ -278,12 +279,21 @@ def _run_case(
         output_limit_bytes=s.case_output_limit_bytes,
         network=s.case_network,
     )
-    result = ctx.sandbox.run(
-        image,
-        ["run-case", "--project", "/bundle", "--suite", suite, "--case", test_name],
-        limits=limits,
-        labels={"gate.gate_id": str(job.gate_id), "gate.case_id": str(case_id)},
-    )
+    try:
+        result = ctx.sandbox.run(
+            image,
+            ["run-case", "--project", "/bundle", "--suite", suite, "--case", test_name],
+            limits=limits,
+            labels={
+                "gate.gate_id": str(job.gate_id),
+                "gate.case_id": str(case_id),
+                "gate.owner": job.owner,
+            },
+        )
+    except SandboxError:
+        if job.halt.is_set():  # the heartbeat removed the container (cancel or lost lease)
+            return False
+        raise
 
     def store(session: Session, gate: Gate) -> None:
         case = session.get_one(Case, case_id)
@@ -307,7 +317,7 @@ def _run_case(
             try:
                 parsed = parse_runner_output(result.stdout)
             except RunnerOutputError as exc:
-                tail = result.stderr.decode("utf-8", "replace").strip()[-1500:]
+                tail = result.stderr.decode("utf-8", "replace").replace("\x00", "")[-1500:].strip()
                 service.save_case_outcome(
                     gate,
                     case,
@@ -320,3 +330,4 @@ def _run_case(
                 service.save_case_result(session, gate, case, parsed)
 
     _write(ctx, job, store)
+    return True

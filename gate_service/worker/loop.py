@@ -8,15 +8,18 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable, Mapping
 
 from ..db import session_scope
 from ..gates import service
+from ..models import GateStatus
 from . import queue
 from .handler import WorkerContext, judge_gate
 from .queue import ClaimedJob
 
 log = logging.getLogger(__name__)
 REAP_EVERY_SECONDS = 10.0
+CANCEL_CHECK_SECONDS = 2.0
 
 
 def worker_name() -> str:
@@ -32,6 +35,7 @@ class Worker:
     def run(self) -> None:
         """Work until ctx.stop is set; the job in hand is finished or handed back first."""
         log.info("worker %s started", self.name)
+        self.reap_orphans()
         while not self.ctx.stop.is_set():
             try:
                 worked = self.run_once()
@@ -67,14 +71,38 @@ class Worker:
 
     def _heartbeat(self, job: ClaimedJob, done: threading.Event) -> None:
         lease = self.ctx.settings.job_lease_seconds
-        while not done.wait(lease / 3):
+        # Beat often enough to renew the lease and to notice a cancel within seconds.
+        while not done.wait(min(lease / 3, CANCEL_CHECK_SECONDS)):
             try:
                 with session_scope(self.ctx.sessions) as session:
-                    if not queue.heartbeat(session, job, lease_seconds=lease):
-                        log.warning("job %s: lease lost", job.id)
-                        return
+                    owned = queue.heartbeat(session, job, lease_seconds=lease)
+                    cancelled = queue.cancel_requested(session, job)
             except Exception:
                 log.exception("job %s: heartbeat failed; will retry", job.id)
+                continue
+            if not owned or cancelled:
+                why = "the gate was cancelled" if owned else "the lease was lost"
+                log.warning("job %s: %s; stopping its containers", job.id, why)
+                job.halt.set()
+                self._reap({"gate.gate_id": str(job.gate_id)})
+                return
+
+    def _reap(
+        self, labels: dict[str, str], keep: Callable[[Mapping[str, str]], bool] | None = None
+    ) -> None:
+        try:
+            removed = self.ctx.sandbox.reap(labels, keep=keep)
+        except Exception:
+            log.exception("removing containers %s failed", labels)
+            return
+        if removed:
+            log.info("removed %s container(s) %s", removed, labels or "left by dead workers")
+
+    def reap_orphans(self) -> None:
+        """Remove case containers whose worker no longer holds a lease (it crashed)."""
+        with session_scope(self.ctx.sessions) as session:
+            live = queue.active_owners(session)
+        self._reap({}, keep=lambda labels: labels.get("gate.owner") in live)
 
     def reap_expired(self) -> None:
         """Requeue jobs of dead workers, or end their gates once attempts are used up."""
@@ -88,6 +116,8 @@ class Worker:
                     continue
                 queue.close_expired(session, expired.id, note=note)
                 gate = service.get_gate(session, expired.gate_id, for_update=True)
+                if GateStatus(gate.status).terminal:  # e.g. cancelled meanwhile: keep it
+                    continue
                 service.fail_gate(
                     gate,
                     reason=f"no worker finished the gate in {expired.attempts} attempt(s); "

@@ -7,8 +7,9 @@ the verdict of the worker that took it over.
 
 from __future__ import annotations
 
+import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
@@ -22,6 +23,8 @@ class ClaimedJob:
     gate_id: uuid.UUID
     attempts: int
     owner: str
+    # Set by the heartbeat when the gate is cancelled or the lease is lost: stop at once.
+    halt: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
 
 
 class LeaseLost(Exception):
@@ -72,6 +75,25 @@ def heartbeat(session: Session, job: ClaimedJob, *, lease_seconds: int) -> bool:
         {"id": job.id, "owner": job.owner, "lease": lease_seconds},
     ).one_or_none()
     return row is not None
+
+
+def active_owners(session: Session) -> set[str]:
+    """Workers that hold a live lease right now."""
+    rows = session.execute(
+        text(
+            "SELECT DISTINCT lease_owner FROM jobs "
+            "WHERE state = 'running' AND lease_owner IS NOT NULL"
+        )
+    ).scalars()
+    return set(rows)
+
+
+def cancel_requested(session: Session, job: ClaimedJob) -> bool:
+    return bool(
+        session.execute(
+            text("SELECT cancel_requested FROM gates WHERE id = :g"), {"g": job.gate_id}
+        ).scalar()
+    )
 
 
 def fence(session: Session, job: ClaimedJob) -> None:

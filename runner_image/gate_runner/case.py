@@ -41,6 +41,20 @@ MAX_LOG_LINES = 500
 MAX_LOG_LINE_CHARS = 2000
 
 
+MAX_STORED_STRING_CHARS = 16 * 1024
+
+
+def compact(value: Any) -> Any:
+    """Shorten long strings (base64 fixtures, huge outputs) for the stored result."""
+    if isinstance(value, str) and len(value) > MAX_STORED_STRING_CHARS:
+        return value[:1024] + f"... [{len(value)} characters; shortened for storage]"
+    if isinstance(value, list):
+        return [compact(v) for v in value]
+    if isinstance(value, dict):
+        return {k: compact(v) for k, v in value.items()}
+    return value
+
+
 class CaseError(Exception):
     """The case cannot be judged at all (bad reference, unknown agent, bad expression)."""
 
@@ -349,19 +363,21 @@ def run_case(project: Path, suite: str, case_name: str) -> dict[str, Any]:
         failures = judge_invocation(prepared, data)
         reason = "; ".join(failures) if failures else None
         reasons.append(reason)
+        # Judged on the full data above; stored compacted, so that fixtures echoed into
+        # input, context and spans cannot blow the result past the container's output cap.
         invocations.append(
             {
                 "index": index,
                 "status": data["status"],
                 "passed": not failures,
-                "input": prepared.payload,
-                "output": data.get("output"),
-                "error": data.get("error"),
+                "input": compact(prepared.payload),
+                "output": compact(data.get("output")),
+                "error": compact(data.get("error")),
                 "failure_reason": reason,
                 "failed_assertions": failures,
-                "run_context": data.get("run_context") or {},
+                "run_context": compact(data.get("run_context") or {}),
                 "duration_ms": data["duration_ms"],
-                "traces": data["traces"],
+                "traces": compact(data["traces"]),
             }
         )
     successes = sum(1 for r in reasons if r is None)

@@ -65,7 +65,11 @@ class Expression:
     names: frozenset[str] = field(default_factory=frozenset)
 
     def evaluate(self, bindings: Mapping[str, Any]) -> Any:
-        return _eval(self.tree, bindings)
+        try:
+            return _eval(self.tree, bindings)
+        except (TypeError, ValueError, RecursionError) as exc:
+            # e.g. a list used as a dict key: the assertion fails, the runner does not.
+            raise EvaluationError(f"{type(exc).__name__}: {exc}") from None
 
     def holds(self, bindings: Mapping[str, Any]) -> bool:
         return bool(self.evaluate(bindings))

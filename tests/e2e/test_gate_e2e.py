@@ -10,6 +10,7 @@ import pytest
 
 from gate_service.client.api import GateClient
 from tests.fixtures.projects import (
+    AGENTS,
     bundle_of,
     calculator_project,
     requirements_project,
@@ -185,3 +186,44 @@ def test_requirement_options_are_refused(gate_url: str, tmp_path: Path) -> None:
     gate = judge(gate_url, bundle_of(requirements_project(tmp_path / "p", reqs)))
     assert (gate["status"], gate["phase"]) == ("error", "building")
     assert "requirements.txt line 1" in gate["failure_reason"]
+
+
+def test_cancel_stops_a_running_gate_and_removes_its_containers(
+    gate_url: str, tmp_path: Path
+) -> None:
+    import time
+
+    import docker
+
+    sleeper = {
+        **AGENTS,
+        "tests/calc.yaml": """
+            tests:
+              - name: sleeps_for_two_minutes
+                payload: '{"a": 1, "b": 1, "sleep": 120}'
+                timeout_s: 300
+        """,
+    }
+    client = GateClient(gate_url)
+    try:
+        gate_id = client.submit(bundle_of(write(tmp_path / "p", sleeper)))["id"]
+        deadline = time.monotonic() + 120
+        while (
+            client.gate(gate_id)["cases"][:1] == []
+            or client.gate(gate_id)["cases"][0]["status"] != "running"
+        ):
+            assert time.monotonic() < deadline, client.gate(gate_id)
+            time.sleep(0.2)
+        time.sleep(1)  # let the container start
+        engine = docker.from_env()
+        label = {"label": f"gate.gate_id={gate_id}"}
+        assert engine.containers.list(filters=label), "the case container should be running"
+        started = time.monotonic()
+        assert httpx.post(f"{gate_url}/v1/gates/{gate_id}/cancel").status_code == 200
+        final = client.wait(gate_id, timeout_s=60)
+        assert final["status"] == "cancelled"
+        assert time.monotonic() - started < 30
+        assert engine.containers.list(all=True, filters=label) == []
+        engine.close()
+    finally:
+        client.close()

@@ -1,6 +1,7 @@
 """The REST contract against a real Postgres (no worker: gates stay queued)."""
 
 import io
+import threading
 import zipfile
 from pathlib import Path
 
@@ -8,6 +9,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from gate_service.config import Settings
+from gate_service.main import create_app
 from gate_service.models import Bundle, Gate, Job
 from tests.fixtures.projects import bundle_of, calculator_project
 
@@ -184,3 +187,26 @@ def test_declared_oversize_body_is_refused_before_reading(client: TestClient) ->
 def test_health_and_readiness(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/readyz").json() == {"status": "ready"}
+
+
+def test_concurrent_requests_with_one_idempotency_key_get_one_gate(
+    settings: Settings, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    data = bundle_of(calculator_project(tmp_path / "p", failing=False))
+    answers: list[tuple[int, str]] = []
+
+    def post() -> None:
+        with TestClient(create_app(settings)) as c:
+            r = c.post(
+                "/v1/gates", files={"bundle": ("p.tgz", data)}, headers={"Idempotency-Key": "race"}
+            )
+            answers.append((r.status_code, r.json().get("id", r.text)))
+
+    threads = [threading.Thread(target=post) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(code for code, _ in answers) == [200] * 5 + [202]
+    assert len({gate_id for _, gate_id in answers}) == 1
+    assert counts(sessions) == (1, 1, 1)

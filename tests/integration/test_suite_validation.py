@@ -125,6 +125,23 @@ SUITE_ERRORS = {
         "a",
         "tests/mocks/billing.py does not exist",
     ),
+    "yaml_alias_bomb": (
+        "tests/calc.yaml",
+        "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+        + "".join(
+            f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+            for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+        )
+        + "tests:\n  - name: a\n    payload: x\n    builder_args: {big: *i}\n",
+        None,
+        "expands to 2345679030 nodes",
+    ),
+    "nesting_too_deep": (
+        "tests/calc.yaml",
+        "tests: " + "[" * 5000 + "]" * 5000 + "\n",
+        None,
+        "nested too deeply",
+    ),
     "unknown_agent": (
         "tests/ghost.yaml",
         "tests:\n  - name: a\n    payload: x\n",

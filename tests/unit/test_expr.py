@@ -103,6 +103,8 @@ def test_length_cap() -> None:
         ("output.n > 0", {"output": {"n": None}}, "cannot compare"),
         ("output.items[5] == 1", {"output": {"items": [1]}}, "out of range"),
         ("output.name.first == 'a'", {"output": {"name": "ada"}}, "cannot look up .first"),
+        ("output[context] == 1", {"output": {"a": 1}, "context": {}}, "unhashable"),
+        ("output[[1]] == 1", {"output": {"a": 1}}, "unhashable"),
     ],
 )
 def test_runtime_errors_are_reported_not_swallowed(

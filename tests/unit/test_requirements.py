@@ -35,6 +35,7 @@ def test_missing_file_means_no_requirements(tmp_path: Path) -> None:
         "pkg @ https://example.invalid/pkg.whl",
         "./local/pkg",
         "/abs/path/pkg.whl",
+        "requests==${GATE_DATABASE_URL}",
     ],
 )
 def test_options_urls_and_paths_are_refused(tmp_path: Path, line: str) -> None:

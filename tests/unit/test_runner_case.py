@@ -97,3 +97,24 @@ def test_cli_prints_one_marked_document(project: Path, capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     result = parse_runner_output(out.encode())
     assert result.passed and result.test_name == "adds_two_numbers"
+
+
+def test_nul_bytes_in_results_are_made_storable() -> None:
+    from gate_service.runner_contract import without_nul
+
+    assert without_nul({"a\x00": ["x\x00y", 1, None]}) == {"a\ufffd": ["x\ufffdy", 1, None]}
+
+
+def test_large_fixtures_are_shortened_in_the_stored_result(tmp_path: Path) -> None:
+    project = calculator_project(tmp_path / "proj", failing=False)
+    (project / "tests/files").mkdir(parents=True)
+    (project / "tests/files/big.bin").write_bytes(b"\x01" * 300_000)
+    (project / "tests/big.yaml").write_text(
+        'agent: calc\ntests:\n  - name: with_fixture\n    payload: \'{"a": 1, "b": 1}\'\n'
+        "    files: [big.bin]\n    runs: 3\n    expected_result: output.sum == 2\n"
+    )
+    result = judged(project, "tests/big.yaml", "with_fixture")
+    assert result.passed
+    stored = result.invocations[0].input["files"][0]["data"]
+    assert stored.endswith("characters; shortened for storage]")
+    assert len(result.model_dump_json()) < 200_000
