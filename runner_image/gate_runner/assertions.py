@@ -12,7 +12,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .expr import EvaluationError, Expression, ExpressionError, accessor_values, compile_expression
+from .expr import (
+    EvaluationError,
+    Expression,
+    ExpressionError,
+    accessor_values,
+    compile_expression,
+    describe,
+)
 
 RESULT_NAMES = ("output", "error", "status", "context")
 TOOL_CALL_NAMES = ("params", "invocations", "context")
@@ -144,6 +151,31 @@ def _filter_passes(exp: ToolExpectation, call: ToolCall, context: Mapping[str, A
     return True
 
 
+def _unmatched_reason(
+    exp: ToolExpectation, same_tool: Sequence[ToolCall], context: Mapping[str, Any]
+) -> str:
+    """Say what was expected and what the calls to that tool actually carried."""
+    what = f"expected a call to {exp.tool}" + (f" with `{exp.source}`" if exp.source else "")
+    if not same_tool:
+        return f"{what}; it was never called"
+    seen = ", ".join(f"{c.name}({describe(dict(c.params))})" for c in same_tool[:3])
+    more = f" and {len(same_tool) - 3} more" if len(same_tool) > 3 else ""
+    errors = []
+    for f in exp.filters:
+        for call in same_tool:
+            try:
+                f.evaluate({"params": call.params, "context": context})
+            except EvaluationError as exc:
+                errors.append(f"`{f.source}` could not be evaluated: {exc}")
+                break
+    if all(_filter_passes(exp, c, context) for c in same_tool):
+        return (
+            f"{what}; its {len(same_tool)} call(s) were all claimed by other entries: {seen}{more}"
+        )
+    tail = f"; {errors[0]}" if errors else ""
+    return f"{what}; saw {len(same_tool)} call(s): {seen}{more}{tail}"
+
+
 def check_tool_calls(
     assertions: CompiledAssertions,
     calls: Sequence[ToolCall],
@@ -180,12 +212,9 @@ def check_tool_calls(
     unmatched = _unmatched_entries(needing, candidates)
     for i in unmatched:
         exp = assertions.expected_tool_calls[i]
-        total = sum(1 for c in calls if _matches(exp.tool, c))
-        if exp.source is None:
-            what = f"expected a call to {exp.tool}"
-        else:
-            what = f"expected a call to {exp.tool} with `{exp.source}`"
-        failures.append(f"{what}; saw {total} call(s) to it and none left unclaimed")
+        failures.append(
+            _unmatched_reason(exp, [c for c in calls if _matches(exp.tool, c)], context)
+        )
     order = list(assertions.expected_tool_call_order)
     if order:
         pos = 0

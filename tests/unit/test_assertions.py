@@ -62,7 +62,7 @@ def calls(*specs: tuple[str, dict[str, object]]) -> list[ToolCall]:
 def test_bare_and_qualified_names_match() -> None:
     a = compile_assertions({"expected_tool_calls": ["add", "math.calculator.add"]})
     assert check_tool_calls(a, calls(("math.calculator.add", {})), {}) == [
-        "expected a call to math.calculator.add; saw 1 call(s) to it and none left unclaimed"
+        "expected a call to math.calculator.add; its 1 call(s) were all claimed by other entries: add({})"
     ]
     assert (
         check_tool_calls(a, calls(("math.calculator.add", {}), ("math.calculator.add", {})), {})
@@ -101,3 +101,20 @@ def test_no_tool_calls() -> None:
         "expected no call to email.send, saw 1"
     ]
     assert check_tool_calls(a, calls(("m.other", {})), {}) == []
+
+
+def test_unmatched_filter_shows_the_params_seen_and_evaluation_errors() -> None:
+    a = compile_assertions({"expected_tool_calls": [{"refund": "params.charge_id == 'ch_1'"}]})
+    failures = check_tool_calls(
+        a, calls(("billing.refund", {"charge_id": "ch_2"}), ("billing.refund", {})), {}
+    )
+    assert failures == [
+        "expected a call to refund with `params.charge_id == 'ch_1'`; saw 2 call(s): "
+        'refund({"charge_id": "ch_2"}), refund({}); `params.charge_id == \'ch_1\'` could not be '
+        "evaluated: no key charge_id in {}"
+    ]
+
+
+def test_never_called_says_so() -> None:
+    a = compile_assertions({"expected_tool_calls": ["email.send"]})
+    assert check_tool_calls(a, [], {}) == ["expected a call to email.send; it was never called"]
