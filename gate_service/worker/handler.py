@@ -130,7 +130,7 @@ def judge_gate(ctx: WorkerContext, job: ClaimedJob) -> None:
         _write(ctx, job, reject)
     except Stopping:
         with session_scope(ctx.sessions) as session:
-            queue.release(session, job, error="the worker shut down during the job")
+            queue.release(session, job, error="the worker shut down during the job", refund=True)
     except Exception as exc:
         detail = exc.detail if isinstance(exc, GateError) else f"{type(exc).__name__}: {exc}"
         log.exception("job %s attempt %s failed", job.id, job.attempts)

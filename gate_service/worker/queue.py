@@ -120,15 +120,16 @@ def finish(session: Session, job: ClaimedJob, *, error: str | None = None) -> No
     )
 
 
-def release(session: Session, job: ClaimedJob, *, error: str) -> None:
-    """Give the job back to the queue for another attempt."""
+def release(session: Session, job: ClaimedJob, *, error: str, refund: bool = False) -> None:
+    """Give the job back to the queue; ``refund`` when the attempt was not the job's fault
+    (a worker shutting down), so rolling restarts do not use up its attempts."""
     fence(session, job)
     session.execute(
         text(
             "UPDATE jobs SET state = 'queued', lease_owner = NULL, lease_expires_at = NULL, "
-            "last_error = :error WHERE id = :id"
+            "last_error = :error, attempts = attempts - :refund WHERE id = :id"
         ),
-        {"id": job.id, "error": error},
+        {"id": job.id, "error": error, "refund": 1 if refund else 0},
     )
 
 

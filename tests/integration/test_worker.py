@@ -204,3 +204,18 @@ def test_a_retry_keeps_cases_already_judged(
     worker.run_once()
     assert len(sandbox.runs) == first_runs + len(cases) - 2
     assert client.get(f"/v1/gates/{gate_id}").json()["status"] == "passed"
+
+
+def test_a_worker_shutting_down_hands_the_job_back_without_using_an_attempt(
+    client: TestClient, worker: Worker, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    gate_id = submit(client, bundle_of(calculator_project(tmp_path / "p", failing=False)))
+    worker.ctx.stop.set()  # as SIGTERM does: no new case starts
+    worker.run_once()
+    with sessions() as s:
+        job = s.scalars(select(Job)).one()
+        assert (job.state, job.attempts, job.lease_owner) == ("queued", 0, None)
+        assert job.last_error == "the worker shut down during the job"
+    worker.ctx.stop.clear()
+    worker.run_once()
+    assert client.get(f"/v1/gates/{gate_id}").json()["status"] == "passed"
