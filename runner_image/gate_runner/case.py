@@ -176,15 +176,18 @@ def _child_run(project: Path, prepared: PreparedCase, workdir: Path) -> None:
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         from connic import ProjectLoader
 
-        from .runtime import Runtime, Trace, jsonable
+        from .runtime import Runtime, Trace, install_predefined, jsonable
 
         trace = Trace()
+        runtime = Runtime({}, project=project)
+        install_predefined(runtime)  # before user modules import connic.tools names
         loader = ProjectLoader(str(project))
-        agents = {a.config.name: a for a in loader.load_agents()}
+        runtime.agents = {a.config.name: a for a in loader.load_agents()}
+        runtime.loader = loader
         load_errors = list(getattr(loader, "_load_errors", []))
-        if prepared.agent_name not in agents:
+        if prepared.agent_name not in runtime.agents:
             raise RuntimeError("; ".join(load_errors) or f"agent {prepared.agent_name} not loaded")
-        outcome = Runtime(agents).run(prepared.agent_name, prepared.payload, trace)
+        outcome = runtime.run(prepared.agent_name, prepared.payload, trace)
         data = {
             "status": outcome.status,
             "output": jsonable(outcome.output),

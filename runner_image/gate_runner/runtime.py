@@ -1,7 +1,8 @@
-"""The agent runtime: runs `tool` agents and `sequential` chains of them (spec §2.1).
+"""The agent runtime: tool, sequential and LLM agents, with middleware, tool hooks and
+trigger_agent (spec sections 2 to 4).
 
-LLM agents arrive with the agent-runtime issue; until then an LLM agent ends its run
-``failed`` with a reason that says so, rather than pretending to run.
+An invocation runs in its own forked process, so the runtime may keep per-run state in
+plain attributes and patch ``connic.tools`` for the user code it imports.
 """
 
 from __future__ import annotations
@@ -9,18 +10,23 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from connic import StopProcessing
+from connic import AbortTool, StopProcessing
 
+from .models import Model, ModelReply, choose_model
+from .runtime_errors import AgentNotFound, AgentRunError
 
-class AgentNotFound(Exception):
-    """A test or a sequential chain names an agent the project does not define."""
+__all__ = ["AgentNotFound", "AgentRunError", "RunOutcome", "Runtime", "Span", "Trace"]
+
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 @dataclass
@@ -100,9 +106,22 @@ def stage_input(value: Any) -> dict[str, Any]:
     return {"input": value}
 
 
-def call_user_function(func: Callable[..., Any], **kwargs: Any) -> Any:
+def as_payload(value: Any) -> dict[str, Any]:
+    """A trigger's payload as the child receives it: objects as they are, text as message."""
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            return {"message": value}
+        return decoded if isinstance(decoded, dict) else {"input": decoded}
+    return {"input": value}
+
+
+def call_user_function(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Call sync or async user code and return its result."""
-    result = func(**kwargs)
+    result = func(*args, **kwargs)
     if inspect.isawaitable(result):
 
         async def _await() -> Any:
@@ -112,13 +131,112 @@ def call_user_function(func: Callable[..., Any], **kwargs: Any) -> Any:
     return result
 
 
+def _accepts(func: Callable[..., Any], name: str) -> bool:
+    try:
+        return name in inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def render_prompt(template: str, context: Mapping[str, Any]) -> str:
+    """`{var}` from the run context; placeholders with no match stay as written (spec §2.2)."""
+
+    def sub(match: re.Match[str]) -> str:
+        key = match.group(1)
+        return str(context[key]) if key in context else match.group(0)
+
+    return PLACEHOLDER.sub(sub, template)
+
+
+def user_content(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """The middleware-facing message (spec §4.1, §7.4): text part, then one part per file."""
+    files = payload.get("files") if isinstance(payload.get("files"), list) else []
+    rest = {k: v for k, v in payload.items() if k != "files"}
+    text = rest["message"] if set(rest) == {"message"} else json.dumps(rest, default=str)
+    parts: list[dict[str, Any]] = [{"text": str(text)}]
+    for f in files or []:
+        if isinstance(f, Mapping):
+            parts.append(
+                {"data": f.get("data"), "mime_type": f.get("mime_type"), "name": f.get("name")}
+            )
+    return {"role": "user", "parts": parts}
+
+
+def content_to_message(content: Mapping[str, Any]) -> dict[str, Any]:
+    """OpenAI-style user message from middleware content parts."""
+    parts = content.get("parts") or []
+    texts = [str(p["text"]) for p in parts if isinstance(p, Mapping) and "text" in p]
+    files = [p for p in parts if isinstance(p, Mapping) and "data" in p]
+    if not files:
+        return {"role": "user", "content": "\n".join(texts)}
+    body: list[dict[str, Any]] = [{"type": "text", "text": t} for t in texts]
+    for p in files:
+        data = p["data"]
+        if isinstance(data, bytes | bytearray):
+            import base64
+
+            data = base64.b64encode(bytes(data)).decode("ascii")
+        body.append(
+            {
+                "type": "file",
+                "file": {
+                    "filename": p.get("name"),
+                    "mime_type": p.get("mime_type"),
+                    "file_data": data,
+                },
+            }
+        )
+    return {"role": "user", "content": body}
+
+
+def tool_schema(tool: Any) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description or "",
+            "parameters": tool.parameters or {"type": "object", "properties": {}},
+        },
+    }
+
+
+PREDEFINED_SCHEMAS: dict[str, dict[str, Any]] = {
+    "trigger_agent": {
+        "type": "object",
+        "properties": {
+            "agent_name": {"type": "string"},
+            "payload": {},
+            "wait_for_response": {"type": "boolean"},
+            "timeout_seconds": {"type": "integer"},
+        },
+        "required": ["agent_name", "payload"],
+    },
+}
+
+
 class Runtime:
-    """Runs agents of one loaded project."""
+    """Runs agents of one loaded project for one invocation."""
 
-    def __init__(self, agents: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        agents: Mapping[str, Any],
+        *,
+        loader: Any = None,
+        project: Path | None = None,
+        model_mode: str | None = None,
+    ) -> None:
         self.agents = agents
+        self.loader = loader
+        self.project = project
+        self.model_mode = model_mode
+        self._models: dict[str, Model] = {}
+        self._stack: list[tuple[Trace, Span | None]] = []
 
-    def run(self, agent_name: str, payload: dict[str, Any], trace: Trace) -> RunOutcome:
+    # -- entry points -----------------------------------------------------------------------
+
+    def run(
+        self, agent_name: str, payload: dict[str, Any], trace: Trace, parent: Span | None = None
+    ) -> RunOutcome:
         context: dict[str, Any] = {
             "run_id": str(uuid.uuid4()),
             "agent_name": agent_name,
@@ -126,8 +244,9 @@ class Runtime:
             "payload": payload,
         }
         started = time.monotonic()
+        self._stack.append((trace, parent))
         try:
-            output = self._run_agent(agent_name, payload, context, trace, None)
+            output = self._run_agent(agent_name, payload, context, trace, parent)
             status, error = "completed", None
         except StopProcessing as stop:
             # Spec §3.1: StopProcessing ends the whole run gracefully with its message.
@@ -135,10 +254,82 @@ class Runtime:
             status, error = "completed", None
         except AgentNotFound:
             raise
+        except AgentRunError as exc:
+            output, status, error = None, "failed", str(exc)
         except Exception as exc:
             output, status, error = None, "failed", f"{type(exc).__name__}: {exc}"
+        finally:
+            self._stack.pop()
         context["duration_ms"] = int((time.monotonic() - started) * 1000)
         return RunOutcome(status=status, output=output, error=error, run_context=context)
+
+    def trigger(
+        self,
+        agent_name: str,
+        payload: Any,
+        wait_for_response: bool = True,
+        timeout_seconds: int = 60,
+    ) -> dict[str, Any]:
+        """trigger_agent: waited children run here, in-process, with their own run."""
+        trace, parent = self._stack[-1] if self._stack else (Trace(), None)
+        run_id = str(uuid.uuid4())
+        span = trace.open(
+            "child_agent",
+            agent_name,
+            parent,
+            agent_name=agent_name,
+            payload=jsonable(payload),
+            wait_for_response=wait_for_response,
+            run_id=run_id,
+        )
+        if agent_name not in self.agents:
+            span.status = "error"
+            span.metadata["error"] = f"agent {agent_name!r} does not exist"
+            return {
+                "run_id": run_id,
+                "status": "failed",
+                "response": None,
+                "error": f"agent {agent_name!r} does not exist",
+            }
+        if not wait_for_response:
+            # Fire-and-forget is recorded, never run: its payload is what tests can check.
+            return {"run_id": run_id}
+        started = time.monotonic()
+        outcome = self.run(agent_name, as_payload(payload), trace, span)
+        outcome.run_context["run_id"] = run_id
+        span.duration_ms = int((time.monotonic() - started) * 1000)
+        span.status = "ok" if outcome.status == "completed" else "error"
+        span.metadata.update(
+            status=outcome.status, output=jsonable(outcome.output), error=outcome.error
+        )
+        result = {"run_id": run_id, "status": outcome.status, "response": outcome.output}
+        if outcome.error:
+            result["error"] = outcome.error
+        return result
+
+    def trigger_at(
+        self, agent_name: str, payload: Any, delay: Any = None, unix_timestamp: Any = None
+    ) -> dict[str, Any]:
+        """trigger_agent_at is always fire-and-forget in a gate: recorded, never run."""
+        trace, parent = self._stack[-1] if self._stack else (Trace(), None)
+        run_id = str(uuid.uuid4())
+        trace.open(
+            "child_agent",
+            agent_name,
+            parent,
+            agent_name=agent_name,
+            payload=jsonable(payload),
+            wait_for_response=False,
+            scheduled=True,
+            run_id=run_id,
+        )
+        return {
+            "run_id": run_id,
+            "scheduled_at": datetime.now(UTC).isoformat(),
+            "status": "scheduled",
+        }
+
+    # -- agents -----------------------------------------------------------------------------
 
     def _run_agent(
         self,
@@ -150,10 +341,11 @@ class Runtime:
     ) -> Any:
         agent = self.agents.get(name)
         if agent is None:
-            raise AgentNotFound(name)
+            raise AgentNotFound(f"agent {name!r} does not exist")
         kind = str(getattr(agent.config.type, "value", agent.config.type))
         span = trace.open("agent", name, parent, agent_type=kind)
         started = time.monotonic()
+        self._stack.append((trace, span))
         try:
             if kind == "tool":
                 return self._run_tool_agent(agent, stage_input(payload), context, trace, span)
@@ -162,15 +354,18 @@ class Runtime:
                 for stage in agent.config.agents:
                     value = self._run_agent(stage, value, context, trace, span)
                 return value
-            raise NotImplementedError(
-                f"agent '{name}' is of type {kind!r}; this runner version runs tool and "
-                "sequential agents only"
-            )
+            return self._run_llm_agent(agent, as_payload(payload), context, trace, span)
+        except StopProcessing:
+            span.metadata["stopped"] = True
+            raise
         except Exception as exc:
             span.status = "error"
-            span.metadata["error"] = f"{type(exc).__name__}: {exc}"
+            span.metadata["error"] = (
+                str(exc) if isinstance(exc, AgentRunError) else (f"{type(exc).__name__}: {exc}")
+            )
             raise
         finally:
+            self._stack.pop()
             span.duration_ms = int((time.monotonic() - started) * 1000)
 
     def _run_tool_agent(
@@ -182,9 +377,8 @@ class Runtime:
         parent: Span,
     ) -> Any:
         tool = agent.tools[0]
-        func = tool.func
         kwargs: dict[str, Any] = {"payload": payload}
-        if "context" in inspect.signature(func).parameters:
+        if _accepts(tool.func, "context"):
             kwargs["context"] = context
         span = trace.open(
             "tool_call",
@@ -197,7 +391,7 @@ class Runtime:
         )
         started = time.monotonic()
         try:
-            result = call_user_function(func, **kwargs)
+            result = call_user_function(tool.func, **kwargs)
         except StopProcessing:
             span.metadata["stopped"] = True
             raise
@@ -209,3 +403,366 @@ class Runtime:
             span.duration_ms = int((time.monotonic() - started) * 1000)
         span.metadata["result"] = jsonable(result)
         return result
+
+    # -- LLM agents -------------------------------------------------------------------------
+
+    def _model(self, name: str) -> Model:
+        if name not in self._models:
+            if self.project is None:
+                raise AgentRunError("LLM agents need the project directory to find their model")
+            self._models[name] = choose_model(self.project, name, self.model_mode)
+        return self._models[name]
+
+    def _middleware(self, name: str) -> Any:
+        if self.loader is None:
+            return None
+        return self.loader.load_middleware(name)
+
+    def _hooks(self, name: str) -> Any:
+        if self.loader is None:
+            return None
+        return self.loader.load_tool_hooks(name)
+
+    def _run_llm_agent(
+        self,
+        agent: Any,
+        payload: dict[str, Any],
+        context: dict[str, Any],
+        trace: Trace,
+        span: Span,
+    ) -> Any:
+        config = agent.config
+        middleware = self._middleware(config.name)
+        content = user_content(payload)
+        if middleware is not None and middleware.before is not None:
+            content = self._middleware_phase(
+                "before", middleware.before, content, context, trace, span
+            )
+            if not isinstance(content, dict):
+                raise AgentRunError(
+                    f"middleware before() for {config.name!r} must return the content dict, "
+                    f"got {type(content).__name__}"
+                )
+        output = self._llm_loop(agent, content, context, trace, span)
+        if middleware is not None and middleware.after is not None:
+            output = self._middleware_phase("after", middleware.after, output, context, trace, span)
+            if output is None:
+                raise AgentRunError(
+                    f"middleware after() for {config.name!r} returned None; it must return "
+                    "the response"
+                )
+        return output
+
+    def _middleware_phase(
+        self,
+        phase: str,
+        func: Callable[..., Any],
+        value: Any,
+        context: dict[str, Any],
+        trace: Trace,
+        parent: Span,
+    ) -> Any:
+        span = trace.open("middleware", f"middleware.{phase}", parent)
+        started = time.monotonic()
+        try:
+            result = call_user_function(func, value, context)
+        except StopProcessing:
+            span.metadata["stopped"] = True
+            raise
+        except Exception as exc:
+            span.status = "error"
+            span.metadata["error"] = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            span.duration_ms = int((time.monotonic() - started) * 1000)
+        if result is None:
+            span.status = "error"
+            raise AgentRunError(f"middleware {phase}() returned None; it must return its input")
+        return result
+
+    def _visible_tools(self, agent: Any, context: dict[str, Any]) -> list[Any]:
+        from .expr import EvaluationError, ExpressionError, compile_expression
+
+        visible = []
+        for tool in agent.tools:
+            condition = getattr(tool, "condition", None)
+            if condition:
+                try:
+                    expr = compile_expression(condition, ("context", "input"))
+                    if not expr.holds({"context": context, "input": context.get("payload", {})}):
+                        continue
+                except (ExpressionError, EvaluationError):
+                    continue  # spec §2.3: an error hides the tool
+            visible.append(tool)
+        return visible
+
+    def _llm_loop(
+        self,
+        agent: Any,
+        content: dict[str, Any],
+        context: dict[str, Any],
+        trace: Trace,
+        span: Span,
+    ) -> Any:
+        config = agent.config
+        model = self._model(config.name)
+        tools = {t.name: t for t in self._visible_tools(agent, context)}
+        schemas = []
+        for tool in tools.values():
+            if tool.is_predefined:
+                schema = PREDEFINED_SCHEMAS.get(tool.name, {"type": "object", "properties": {}})
+                schemas.append(
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": tool.name,
+                            "description": tool.description or "",
+                            "parameters": schema,
+                        },
+                    }
+                )
+            else:
+                schemas.append(tool_schema(tool))
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": render_prompt(config.system_prompt or "", context)},
+            content_to_message(content),
+        ]
+        span.metadata.update(model=config.model, model_mode=model.mode)
+        for iteration in range(config.max_iterations):
+            reply = self._call_model(
+                model, config, messages, schemas, context, trace, span, iteration
+            )
+            if not reply.tool_calls:
+                return self._final_output(agent, reply.content or "")
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": reply.content,
+                    "tool_calls": [
+                        {
+                            "id": c.id,
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                        }
+                        for c in reply.tool_calls
+                    ],
+                }
+            )
+            for call in reply.tool_calls:
+                result = self._llm_tool_call(
+                    agent, tools, call.name, call.arguments, context, trace, span
+                )
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": call.id,
+                        "name": call.name,
+                        "content": result
+                        if isinstance(result, str)
+                        else json.dumps(jsonable(result)),
+                    }
+                )
+        raise AgentRunError(
+            f"max_iterations ({config.max_iterations}) reached without a final answer"
+        )
+
+    def _call_model(
+        self,
+        model: Model,
+        config: Any,
+        messages: list[dict[str, Any]],
+        schemas: list[dict[str, Any]],
+        context: dict[str, Any],
+        trace: Trace,
+        parent: Span,
+        iteration: int,
+    ) -> ModelReply:
+        span = trace.open(
+            "model_call",
+            config.model or "model",
+            parent,
+            iteration=iteration,
+            mode=model.mode,
+            temperature=config.temperature,
+        )
+        started = time.monotonic()
+        try:
+            reply = model.complete(
+                model=config.model or "",
+                messages=messages,
+                tools=schemas,
+                temperature=config.temperature,
+                context=context,
+            )
+        except Exception as exc:
+            span.status = "error"
+            span.metadata["error"] = str(exc)
+            raise
+        finally:
+            span.duration_ms = int((time.monotonic() - started) * 1000)
+        span.metadata.update(
+            content=reply.content,
+            tool_calls=[{"name": c.name, "arguments": c.arguments} for c in reply.tool_calls],
+        )
+        return reply
+
+    def _final_output(self, agent: Any, text: str) -> Any:
+        schema = getattr(agent.config, "output_schema_dict", None)
+        if not schema:
+            return text
+        try:
+            value = json.loads(text)
+        except ValueError:
+            raise AgentRunError(
+                f"output_schema {agent.config.output_schema!r}: the model's answer is not JSON: "
+                f"{text[:200]!r}"
+            ) from None
+        problem = schema_problem(value, schema)
+        if problem:
+            raise AgentRunError(f"output_schema {agent.config.output_schema!r}: {problem}")
+        return value
+
+    def _llm_tool_call(
+        self,
+        agent: Any,
+        tools: Mapping[str, Any],
+        name: str,
+        arguments: dict[str, Any],
+        context: dict[str, Any],
+        trace: Trace,
+        parent: Span,
+    ) -> Any:
+        """One tool call with hooks around it; errors go back to the model as text."""
+        tool = tools.get(name)
+        ref = (tool.ref or tool.name) if tool is not None else name
+        span = trace.open(
+            "tool_call",
+            name,
+            parent,
+            tool_ref=ref,
+            tool_name=name,
+            params=jsonable(arguments),
+            mocked=False,
+        )
+        started = time.monotonic()
+        hooks = self._hooks(agent.config.name)
+        params = dict(arguments)
+        try:
+            if tool is None:
+                raise AgentRunError(f"unknown tool {name!r}")
+            if hooks is not None and hooks.before is not None:
+                try:
+                    changed = self._hook(hooks.before, name, params, context)
+                except AbortTool as abort:
+                    span.status = "error"
+                    result = getattr(abort, "result", str(abort))
+                    span.metadata.update(aborted=True, result=jsonable(result))
+                    return result
+                if isinstance(changed, dict):
+                    params = {**params, **changed}
+                span.metadata["params"] = jsonable(params)
+            result = self._execute_tool(tool, params, context)
+            if hooks is not None and hooks.after is not None:
+                replaced = self._hook(hooks.after, name, params, context, result=result)
+                if replaced is not None:
+                    result = replaced
+            span.metadata["result"] = jsonable(result)
+            return result
+        except StopProcessing:
+            span.metadata["stopped"] = True
+            raise
+        except Exception as exc:
+            span.status = "error"
+            message = str(exc) if isinstance(exc, AgentRunError) else f"{type(exc).__name__}: {exc}"
+            span.metadata["error"] = message
+            return {"error": message}
+        finally:
+            span.duration_ms = int((time.monotonic() - started) * 1000)
+
+    @staticmethod
+    def _hook(
+        func: Callable[..., Any],
+        name: str,
+        params: dict[str, Any],
+        context: dict[str, Any],
+        **extra: Any,
+    ) -> Any:
+        args: list[Any] = [name, params]
+        if "result" in extra:
+            args.append(extra["result"])
+        if _accepts(func, "context") or len(inspect.signature(func).parameters) > len(args):
+            args.append(context)
+        return call_user_function(func, *args)
+
+    def _execute_tool(self, tool: Any, params: dict[str, Any], context: dict[str, Any]) -> Any:
+        if tool.is_predefined:
+            if tool.name == "trigger_agent":
+                return self.trigger(**params)
+            if tool.name == "trigger_agent_at":
+                return self.trigger_at(**params)
+            raise AgentRunError(f"predefined tool {tool.name!r} is not available in the gate yet")
+        kwargs = dict(params)
+        if _accepts(tool.func, "context"):
+            kwargs["context"] = context
+        return call_user_function(tool.func, **kwargs)
+
+
+def schema_problem(value: Any, schema: Mapping[str, Any], where: str = "output") -> str | None:
+    """A small JSON Schema check: type, required, properties, items, enum."""
+    types: dict[str, type | tuple[type, ...]] = {
+        "object": dict,
+        "array": list,
+        "string": str,
+        "integer": int,
+        "number": (int, float),
+        "boolean": bool,
+        "null": type(None),
+    }
+    expected = schema.get("type")
+    if isinstance(expected, str) and expected in types:
+        ok = isinstance(value, types[expected])
+        if expected in ("integer", "number") and isinstance(value, bool):
+            ok = False
+        if not ok:
+            return f"{where} should be {expected}, got {type(value).__name__}"
+    if "enum" in schema and value not in schema["enum"]:
+        return f"{where} should be one of {schema['enum']}, got {value!r}"
+    if isinstance(value, dict):
+        for key in schema.get("required", []):
+            if key not in value:
+                return f"{where} is missing required property {key!r}"
+        for key, sub in (schema.get("properties") or {}).items():
+            if key in value and isinstance(sub, Mapping):
+                problem = schema_problem(value[key], sub, f"{where}.{key}")
+                if problem:
+                    return problem
+    if isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        for i, item in enumerate(value):
+            problem = schema_problem(item, schema["items"], f"{where}[{i}]")
+            if problem:
+                return problem
+    return None
+
+
+def install_predefined(runtime: Runtime) -> None:
+    """Make `from connic.tools import trigger_agent` reach this runtime.
+
+    Must run before user modules are imported: they bind the name at import time.
+    """
+    import connic.tools as connic_tools
+
+    async def trigger_agent(
+        agent_name: str, payload: Any, wait_for_response: bool = True, timeout_seconds: int = 60
+    ) -> dict[str, Any]:
+        # The child may run async user code of its own: give it a thread and its own loop.
+        return await asyncio.to_thread(
+            runtime.trigger, agent_name, payload, wait_for_response, timeout_seconds
+        )
+
+    async def trigger_agent_at(
+        agent_name: str, payload: Any, delay: Any = None, unix_timestamp: Any = None
+    ) -> dict[str, Any]:
+        return runtime.trigger_at(agent_name, payload, delay, unix_timestamp)
+
+    connic_tools.trigger_agent = trigger_agent
+    connic_tools.trigger_agent_at = trigger_agent_at

@@ -13,6 +13,7 @@ from tests.fixtures.projects import (
     AGENTS,
     bundle_of,
     calculator_project,
+    llm_project,
     requirements_project,
     unknown_agent_project,
     write,
@@ -227,3 +228,13 @@ def test_cancel_stops_a_running_gate_and_removes_its_containers(
         engine.close()
     finally:
         client.close()
+
+
+def test_scripted_llm_agent_with_tools_hooks_and_a_child_agent(
+    gate_url: str, tmp_path: Path
+) -> None:
+    gate = judge(gate_url, bundle_of(llm_project(tmp_path / "p")))
+    assert gate["status"] == "passed", [
+        (c["test_name"], c["failure_reason"]) for c in gate["cases"]
+    ]
+    assert gate["total_cases"] == 5

@@ -1,0 +1,9 @@
+"""Errors the runtime raises on purpose; their message becomes the run's `error`."""
+
+
+class AgentRunError(Exception):
+    """The run fails with this message (a contract broken by user code, a missing model...)."""
+
+
+class AgentNotFound(AgentRunError):
+    """A test, a chain or a trigger names an agent the project does not define."""

@@ -1,0 +1,125 @@
+"""LLM agents with scripted models: the loop, tools, hooks, middleware, children, limits."""
+
+from pathlib import Path
+
+import pytest
+
+from gate_runner.case import run_case
+from gate_service.runner_contract import CaseResult
+from tests.fixtures.projects import llm_project
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    return llm_project(tmp_path / "proj")
+
+
+def judged(project: Path, suite: str, case: str) -> CaseResult:
+    return CaseResult.model_validate(run_case(project, suite, case))
+
+
+def test_tool_calls_hooks_and_a_waited_child_agent(project: Path) -> None:
+    result = judged(project, "tests/assistant.yaml", "adds_with_hooked_params_and_a_child")
+    assert result.passed, result.failure_reason
+    inv = result.invocations[0]
+    spans = inv.traces
+    kinds = [s.type for s in spans]
+    assert kinds.count("model_call") == 2
+    add = next(s for s in spans if s.type == "tool_call" and s.name == "add_numbers")
+    assert add.metadata["params"] == {"a": 2, "b": 13}  # after the before-hook
+    assert add.metadata["result"] == 15
+    child = next(s for s in spans if s.type == "child_agent")
+    assert child.metadata["status"] == "completed"
+    child_agent = next(s for s in spans if s.type == "agent" and s.parent_span_id == child.span_id)
+    assert child_agent.name == "calc"
+    assert inv.run_context["middleware_saw"] == "add please"
+
+
+def test_stop_processing_from_a_tool_completes_with_its_message(project: Path) -> None:
+    result = judged(project, "tests/assistant.yaml", "stop_processing_ends_the_run_completed")
+    assert result.passed, result.failure_reason
+    assert result.invocations[0].status == "completed"
+
+
+def test_abort_tool_skips_the_call_and_marks_the_span(project: Path) -> None:
+    result = judged(project, "tests/assistant.yaml", "abort_tool_hands_its_result_to_the_model")
+    assert result.passed, result.failure_reason
+    span = next(s for s in result.invocations[0].traces if s.type == "tool_call")
+    assert (span.status, span.metadata["aborted"]) == ("error", True)
+
+
+def test_output_schema_violations_fail_the_run(project: Path) -> None:
+    result = judged(project, "tests/assistant.yaml", "output_schema_violation_fails")
+    assert result.passed, result.failure_reason
+
+
+def test_max_iterations_is_enforced(project: Path) -> None:
+    result = judged(project, "tests/loops.yaml", "max_iterations_is_enforced")
+    assert result.passed, result.failure_reason
+    assert [s.type for s in result.invocations[0].traces].count("model_call") == 3
+
+
+def test_replay_mode_hits_and_misses(project: Path) -> None:
+    import json
+
+    from gate_runner.models import request_key
+
+    (project / "tests/models/loops.py").unlink()
+    recordings = project / "tests/recordings/loops"
+    recordings.mkdir(parents=True)
+    request = {
+        "model": "openai/gpt-4o",
+        "messages": [{"role": "system", "content": "loop"}, {"role": "user", "content": "go"}],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "add_numbers",
+                    "description": "Add two integers.\n\nArgs:\n    a: the first\n    b: the second",
+                    "parameters": None,
+                },
+            }
+        ],
+        "temperature": 1.0,
+    }
+    (recordings / "one.json").write_text(
+        json.dumps({"request": request, "response": {"content": "done"}})
+    )
+    result = judged(project, "tests/loops.yaml", "max_iterations_is_enforced")
+    error = result.invocations[0].error or ""
+    # The recorded tool schema above is deliberately wrong: the whole request is the key.
+    assert "no recording for this request" in error and "model openai/gpt-4o" in error
+    assert request_key(request) != ""
+
+
+def test_replay_mode_answers_from_a_recording_of_the_whole_request(project: Path) -> None:
+    import json
+
+    from connic import ProjectLoader
+
+    from gate_runner.runtime import tool_schema
+
+    (project / "tests/models/loops.py").unlink()
+    recordings = project / "tests/recordings/loops"
+    recordings.mkdir(parents=True)
+    agent = next(a for a in ProjectLoader(str(project)).load_agents() if a.config.name == "loops")
+    tools = [tool_schema(t) for t in agent.tools]
+    first = {
+        "model": "openai/gpt-4o",
+        "messages": [{"role": "system", "content": "loop"}, {"role": "user", "content": "go"}],
+        "tools": tools,
+        "temperature": 1.0,
+    }
+    (recordings / "first.json").write_text(
+        json.dumps({"request": first, "response": {"content": "replayed answer"}})
+    )
+    result = judged(project, "tests/loops.yaml", "max_iterations_is_enforced")
+    inv = result.invocations[0]
+    assert (inv.status, inv.output) == ("completed", "replayed answer")
+    # A different temperature is a different request: it must miss, not reuse the answer.
+    first["temperature"] = 0.5
+    (recordings / "first.json").write_text(
+        json.dumps({"request": first, "response": {"content": "replayed answer"}})
+    )
+    again = judged(project, "tests/loops.yaml", "max_iterations_is_enforced").invocations[0]
+    assert again.status == "failed" and "no recording for this request" in (again.error or "")
