@@ -21,6 +21,7 @@ from typing import Any
 
 from connic import AbortTool, StopProcessing
 
+from .guardrails import GuardrailBlocked, run_rules
 from .models import Model, ModelReply, choose_model
 from .runtime_errors import AgentNotFound, AgentRunError
 
@@ -230,21 +231,31 @@ class Runtime:
         self.project = project
         self.model_mode = model_mode
         self._models: dict[str, Model] = {}
-        self._stack: list[tuple[Trace, Span | None]] = []
+        self._stack: list[tuple[Trace, Span | None, dict[str, Any]]] = []
 
     # -- entry points -----------------------------------------------------------------------
 
     def run(
-        self, agent_name: str, payload: dict[str, Any], trace: Trace, parent: Span | None = None
+        self,
+        agent_name: str,
+        payload: dict[str, Any],
+        trace: Trace,
+        parent: Span | None = None,
+        *,
+        run_id: str | None = None,
+        parent_run_id: str | None = None,
     ) -> RunOutcome:
         context: dict[str, Any] = {
-            "run_id": str(uuid.uuid4()),
+            "run_id": run_id or str(uuid.uuid4()),
             "agent_name": agent_name,
             "timestamp": datetime.now(UTC).isoformat(),
             "payload": payload,
         }
+        if parent_run_id:
+            context["parent_run_id"] = parent_run_id
         started = time.monotonic()
-        self._stack.append((trace, parent))
+        publish = True
+        self._stack.append((trace, parent, context))
         try:
             output = self._run_agent(agent_name, payload, context, trace, parent)
             status, error = "completed", None
@@ -252,6 +263,12 @@ class Runtime:
             # Spec §3.1: StopProcessing ends the whole run gracefully with its message.
             output = getattr(stop, "response", str(stop))
             status, error = "completed", None
+            publish = bool(getattr(stop, "publish_outbound", True))
+        except GuardrailBlocked as blocked:
+            # `blocked` is the assertion-level status; the stored status is kept beside it.
+            output, status = blocked.message, "blocked"
+            error = blocked.message if blocked.fail_run else None
+            context["stored_status"] = "failed" if blocked.fail_run else "completed"
         except AgentNotFound:
             raise
         except AgentRunError as exc:
@@ -261,6 +278,16 @@ class Runtime:
         finally:
             self._stack.pop()
         context["duration_ms"] = int((time.monotonic() - started) * 1000)
+        if parent is None and status == "completed":
+            # Outbound connectors would publish this run; a gate records, never delivers.
+            trace.open(
+                "outbound",
+                "outbound",
+                None,
+                delivered=False,
+                would_publish=publish,
+                output=jsonable(output),
+            )
         return RunOutcome(status=status, output=output, error=error, run_context=context)
 
     def trigger(
@@ -271,7 +298,7 @@ class Runtime:
         timeout_seconds: int = 60,
     ) -> dict[str, Any]:
         """trigger_agent: waited children run here, in-process, with their own run."""
-        trace, parent = self._stack[-1] if self._stack else (Trace(), None)
+        trace, parent, parent_context = self._stack[-1] if self._stack else (Trace(), None, {})
         run_id = str(uuid.uuid4())
         span = trace.open(
             "child_agent",
@@ -295,8 +322,14 @@ class Runtime:
             # Fire-and-forget is recorded, never run: its payload is what tests can check.
             return {"run_id": run_id}
         started = time.monotonic()
-        outcome = self.run(agent_name, as_payload(payload), trace, span)
-        outcome.run_context["run_id"] = run_id
+        outcome = self.run(
+            agent_name,
+            as_payload(payload),
+            trace,
+            span,
+            run_id=run_id,
+            parent_run_id=parent_context.get("run_id"),
+        )
         span.duration_ms = int((time.monotonic() - started) * 1000)
         span.status = "ok" if outcome.status == "completed" else "error"
         span.metadata.update(
@@ -311,7 +344,7 @@ class Runtime:
         self, agent_name: str, payload: Any, delay: Any = None, unix_timestamp: Any = None
     ) -> dict[str, Any]:
         """trigger_agent_at is always fire-and-forget in a gate: recorded, never run."""
-        trace, parent = self._stack[-1] if self._stack else (Trace(), None)
+        trace, parent, _ = self._stack[-1] if self._stack else (Trace(), None, {})
         run_id = str(uuid.uuid4())
         trace.open(
             "child_agent",
@@ -345,7 +378,7 @@ class Runtime:
         kind = str(getattr(agent.config.type, "value", agent.config.type))
         span = trace.open("agent", name, parent, agent_type=kind)
         started = time.monotonic()
-        self._stack.append((trace, span))
+        self._stack.append((trace, span, context))
         try:
             if kind == "tool":
                 return self._run_tool_agent(agent, stage_input(payload), context, trace, span)
@@ -434,6 +467,28 @@ class Runtime:
         config = agent.config
         middleware = self._middleware(config.name)
         content = user_content(payload)
+        rails = config.guardrails
+        if rails is not None and rails.input:
+            raw_text = "\n".join(str(p["text"]) for p in content["parts"] if "text" in p)
+            try:
+                redacted = self._guardrails(rails.input, "input", raw_text, context, trace, span)
+            except GuardrailBlocked as blocked:
+                # Spec §4.1: the agent never runs; `after` still sees the rejection message.
+                if (
+                    middleware is not None
+                    and middleware.after is not None
+                    and (rails.run_after_on_block)
+                ):
+                    blocked.message = self._middleware_phase(
+                        "after", middleware.after, blocked.message, context, trace, span
+                    )
+                raise
+            if redacted != raw_text:
+                content = {
+                    **content,
+                    "parts": [{"text": redacted}]
+                    + [p for p in content["parts"] if "text" not in p],
+                }
         if middleware is not None and middleware.before is not None:
             content = self._middleware_phase(
                 "before", middleware.before, content, context, trace, span
@@ -451,7 +506,33 @@ class Runtime:
                     f"middleware after() for {config.name!r} returned None; it must return "
                     "the response"
                 )
+        if rails is not None and rails.output:
+            text = output if isinstance(output, str) else json.dumps(jsonable(output))
+            checked = self._guardrails(rails.output, "output", text, context, trace, span)
+            if checked != text:
+                output = checked
         return output
+
+    def _guardrails(
+        self,
+        rules: list[Any],
+        direction: str,
+        text: str,
+        context: dict[str, Any],
+        trace: Trace,
+        parent: Span,
+    ) -> str:
+        def record(name: str, where: str, status: str, message: str | None, ms: int) -> None:
+            trace.open("guardrail", name, parent, direction=where, message=message).status = status
+            trace.spans[-1].duration_ms = ms
+
+        def custom(name: str) -> Callable[..., Any] | None:
+            found = self.loader.load_guardrail(name) if self.loader is not None else None
+            return found.check if found is not None else None
+
+        return run_rules(
+            rules, direction, text, context, custom=custom, call=call_user_function, record=record
+        )
 
     def _middleware_phase(
         self,

@@ -1,0 +1,166 @@
+"""Guardrails (spec §4.3): the built-in `regex` and `pii` checks and custom ones.
+
+A rule checks a content string and answers passed / blocked / warned / redacted. Other
+built-in types need a provider (moderation, prompt injection, ...) and are recorded as
+skipped rather than silently passed.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .runtime_errors import AgentRunError
+
+# Deliberately simple, documented patterns: a gate must be predictable more than clever.
+PII_PATTERNS: dict[str, re.Pattern[str]] = {
+    "email": re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}"),
+    "phone": re.compile(r"(?<!\w)\+?\d[\d\s().-]{7,}\d(?!\w)"),
+    "ssn": re.compile(r"\b\d{3}-\d{2}-\d{4}\b"),
+    "credit_card": re.compile(r"\b(?:\d[ -]?){13,19}\b"),
+    "iban": re.compile(r"\b[A-Z]{2}\d{2}[A-Z0-9]{11,30}\b"),
+    "ip_address": re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b"),
+    "api_key": re.compile(r"\b(?:sk|pk|rk|cnc|ghp|xox[abp])[-_][A-Za-z0-9_-]{16,}\b"),
+}
+PII_INPUT_DEFAULT = tuple(PII_PATTERNS)
+PII_OUTPUT_DEFAULT = ("ssn", "credit_card", "api_key")  # pii_leakage's defaults
+UNSUPPORTED = {
+    "prompt_injection", "moderation", "topic_restriction", "system_prompt_leakage",
+    "data_exfiltration", "relevance",
+}  # fmt: skip
+
+
+@dataclass
+class Verdict:
+    status: str  # passed | blocked | warned | redacted | skipped
+    content: str
+    message: str | None = None
+
+
+def _luhn(digits: str) -> bool:
+    total, parity = 0, len(digits) % 2
+    for i, ch in enumerate(digits):
+        d = int(ch)
+        if i % 2 == parity:
+            d *= 2
+            if d > 9:
+                d -= 9
+        total += d
+    return total % 10 == 0
+
+
+def pii_findings(text: str, entities: tuple[str, ...]) -> list[tuple[str, str]]:
+    found = []
+    for entity in entities:
+        pattern = PII_PATTERNS.get(entity)
+        if pattern is None:
+            raise AgentRunError(f"pii guardrail: unknown entity {entity!r}")
+        for match in pattern.finditer(text):
+            value = match.group(0)
+            if entity == "credit_card" and not _luhn(re.sub(r"\D", "", value)):
+                continue
+            found.append((entity, value))
+    return found
+
+
+def check_rule(
+    rule: Any,
+    direction: str,
+    content: str,
+    context: dict[str, Any],
+    custom: Callable[[str], Callable[..., Any] | None],
+    call: Callable[..., Any],
+) -> Verdict:
+    kind, mode, config = rule.type, rule.mode, dict(rule.config or {})
+    rejection = config.get("rejection_message") or f"Request blocked by the {kind} guardrail."
+    if kind in UNSUPPORTED:
+        return Verdict("skipped", content, f"{kind} needs a provider the gate does not call")
+    if kind == "regex":
+        for entry in config.get("patterns") or []:
+            pattern = entry.get("pattern") if isinstance(entry, Mapping) else str(entry)
+            if pattern and re.search(pattern, content):
+                message = entry.get("message") if isinstance(entry, Mapping) else None
+                return _violation(mode, content, message or rejection)
+        return Verdict("passed", content)
+    if kind in ("pii", "pii_leakage"):
+        default = PII_OUTPUT_DEFAULT if kind == "pii_leakage" else PII_INPUT_DEFAULT
+        findings = pii_findings(content, tuple(config.get("entities") or default))
+        if not findings:
+            return Verdict("passed", content)
+        if mode == "redact":
+            redacted = content
+            for entity, value in findings:
+                redacted = redacted.replace(value, f"[{entity.upper()}_REDACTED]")
+            return Verdict("redacted", redacted, f"redacted {len(findings)} value(s)")
+        return _violation(mode, content, rejection, f"found {findings[0][0]}")
+    if kind == "custom":
+        check = custom(rule.name)
+        if check is None:
+            raise AgentRunError(
+                f"custom guardrail {rule.name!r}: guardrails/{rule.name}.py not found"
+            )
+        try:
+            result = call(check, content, context)
+        except Exception:
+            # Spec §4.3: an exception counts as a violation handled by the rule's mode.
+            return _violation(mode, content, rejection, traceback.format_exc(limit=3))
+        passed = getattr(result, "passed", None)
+        if passed is None:
+            raise AgentRunError(
+                f"custom guardrail {rule.name!r}: check() must return a GuardrailResult"
+            )
+        if passed:
+            return Verdict("passed", content)
+        return _violation(mode, content, getattr(result, "message", None) or rejection)
+    raise AgentRunError(f"guardrail type {kind!r} is not known")
+
+
+def _violation(mode: str, content: str, message: str, detail: str | None = None) -> Verdict:
+    if mode == "warn":
+        return Verdict("warned", content, detail or message)
+    return Verdict("blocked", content, message)
+
+
+class GuardrailBlocked(Exception):
+    """A block-mode guardrail stopped the run; ``message`` replaces the output."""
+
+    def __init__(self, message: str, *, fail_run: bool, direction: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fail_run = fail_run
+        self.direction = direction
+
+
+def run_rules(
+    rules: list[Any],
+    direction: str,
+    content: str,
+    context: dict[str, Any],
+    *,
+    custom: Callable[[str], Callable[..., Any] | None],
+    call: Callable[..., Any],
+    record: Callable[[str, str, str, str | None, int], None],
+) -> str:
+    """Apply every rule in order; returns the (possibly redacted) content or raises blocked."""
+    for rule in rules:
+        started = time.monotonic()
+        verdict = check_rule(rule, direction, content, context, custom, call)
+        name = rule.name or rule.type
+        record(
+            name,
+            direction,
+            verdict.status,
+            verdict.message,
+            int((time.monotonic() - started) * 1000),
+        )
+        if verdict.status == "blocked":
+            fail_run = bool((rule.config or {}).get("fail_run", False))
+            raise GuardrailBlocked(
+                verdict.message or "blocked", fail_run=fail_run, direction=direction
+            )
+        content = verdict.content
+    return content
