@@ -83,16 +83,25 @@ def detect_format(head: bytes) -> str:
     )
 
 
+def _shown(raw: str) -> str:
+    """A name as it can be shown in an error, whatever bytes it holds."""
+    return repr(raw.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace"))
+
+
 def check_name(raw: str) -> PurePosixPath:
     """Refuse names that could point anywhere but below the extraction root."""
-    if not raw or "\x00" in raw:
-        raise UnsafeArchive(f"entry with an empty or NUL-containing name: {raw!r}")
+    if not raw or any(ord(ch) < 32 or ord(ch) == 127 for ch in raw):
+        raise UnsafeArchive(f"entry {_shown(raw)} is empty or holds control characters")
+    try:
+        encoded = raw.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UnsafeArchive(f"entry name {_shown(raw)} is not valid UTF-8") from None
     if "\\" in raw:
         raise UnsafeArchive(f"entry {raw!r} contains a backslash")
     if raw.startswith("/") or _DRIVE.match(raw):
         raise UnsafeArchive(f"entry {raw!r} has an absolute path")
-    if len(raw) > MAX_PATH_CHARS:
-        raise UnsafeArchive(f"entry name is {len(raw)} characters; the limit is {MAX_PATH_CHARS}")
+    if len(encoded) > MAX_PATH_CHARS:
+        raise UnsafeArchive(f"entry name is {len(encoded)} bytes; the limit is {MAX_PATH_CHARS}")
     parts = [p for p in raw.split("/") if p not in ("", ".")]
     if not parts:
         raise UnsafeArchive(f"entry {raw!r} names the archive root")
@@ -101,15 +110,22 @@ def check_name(raw: str) -> PurePosixPath:
     if len(parts) > MAX_DEPTH:
         raise UnsafeArchive(f"entry {raw!r} is {len(parts)} levels deep; the limit is {MAX_DEPTH}")
     for part in parts:
-        if len(part) > MAX_NAME_CHARS:
-            raise UnsafeArchive(f"a path component of {raw!r} exceeds {MAX_NAME_CHARS} characters")
+        if len(part.encode("utf-8")) > MAX_NAME_CHARS:
+            raise UnsafeArchive(
+                f"a path component of {raw!r} exceeds {MAX_NAME_CHARS} characters (bytes)"
+            )
     return PurePosixPath(*parts)
 
 
 def _upload_decision(path: PurePosixPath) -> str | None:
     """None to keep the file; otherwise why it is left out of the upload set (spec §1)."""
     parts = path.parts
-    if any(p.startswith(".") for p in parts) or "__pycache__" in parts or path.suffix == ".pyc":
+    if (
+        any(p.startswith(".") for p in parts)
+        or "__pycache__" in parts
+        or "__MACOSX" in parts
+        or path.suffix == ".pyc"
+    ):
         return "hidden or cache file"
     if len(parts) == 1:
         return None if parts[0] in ROOT_FILES else "outside the upload set"
@@ -172,17 +188,42 @@ def _opener(archive: tarfile.TarFile, member: tarfile.TarInfo) -> Callable[[], I
     return open_member
 
 
+MAX_EXTENDED_HEADER_BYTES = 64 * 1024
+_EXTENDED_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE,
+                   tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)  # fmt: skip
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """Refuses what tarfile would otherwise read into memory whole: huge PAX or GNU long-name
+    headers, and sparse members (whose maps can be made enormous)."""
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in _EXTENDED_TYPES and self.size > MAX_EXTENDED_HEADER_BYTES:
+            raise UnsafeArchive(
+                f"a tar extended header of {self.size} bytes; the limit is "
+                f"{MAX_EXTENDED_HEADER_BYTES}"
+            )
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise UnsafeArchive(f"entry {self.name!r} is a sparse file; sparse files are refused")
+        return super()._proc_member(tarfile_)  # type: ignore[misc,no-any-return]
+
+
+_TAR_ERRORS = (tarfile.TarError, OSError, EOFError, zlib.error, ValueError, OverflowError)
+
+
 def _tar_entries(data: bytes) -> Iterator[_Entry]:
     gz: IO[bytes] = gzip.GzipFile(fileobj=io.BytesIO(data))  # type: ignore[assignment]
     stream = _CappedStream(gz, DECOMPRESSED_CAP_BYTES)
     try:
-        archive = tarfile.open(fileobj=stream, mode="r|")
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        archive = tarfile.open(fileobj=stream, mode="r|", tarinfo=_BoundedTarInfo)
+    except _TAR_ERRORS as exc:
         raise UnsafeArchive(f"not a readable .tar.gz: {exc}") from None
     with archive:
         try:
             for member in archive:
-                if member.isreg():
+                if member.issparse():
+                    yield _Entry(member.name, "sparse file", None)
+                elif member.isreg():
                     yield _Entry(member.name, "file", _opener(archive, member))
                 elif member.isdir():
                     yield _Entry(member.name, "dir", None)
@@ -196,8 +237,11 @@ def _tar_entries(data: bytes) -> Iterator[_Entry]:
                     yield _Entry(member.name, "device node", None)
                 else:
                     yield _Entry(member.name, f"tar member of type {member.type!r}", None)
-        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        except _TAR_ERRORS as exc:
             raise UnsafeArchive(f"the .tar.gz is truncated or corrupt: {exc}") from None
+
+
+_ZIP_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)
 
 
 def _zip_entries(data: bytes) -> Iterator[_Entry]:
@@ -208,6 +252,14 @@ def _zip_entries(data: bytes) -> Iterator[_Entry]:
     with archive:
         for info in archive.infolist():
             mode = info.external_attr >> 16
+            if info.compress_type not in _ZIP_METHODS:
+                yield _Entry(
+                    info.filename,
+                    f"entry compressed with method {info.compress_type} (supported: stored, "
+                    "deflate, bzip2, lzma)",
+                    None,
+                )
+                continue
             if info.flag_bits & 0x1:
                 yield _Entry(info.filename, "encrypted entry", None)
             elif stat.S_ISLNK(mode):
@@ -227,8 +279,17 @@ def _is_root(raw: str) -> bool:
     return all(part in ("", ".") for part in raw.split("/"))
 
 
+def _hidden_top(path: PurePosixPath) -> bool:
+    return path.parts[0].startswith((".", "__MACOSX"))
+
+
 def _strip_wrapper(paths: list[PurePosixPath]) -> str:
-    """A bundle made with `tar czf x.tgz myproject/` has one wrapping folder; see through it."""
+    """A bundle made with `tar czf x.tgz myproject/` has one wrapping folder; see through it.
+
+    Hidden tops (macOS Finder adds `__MACOSX/` and `._*` files) do not count as a second
+    folder.
+    """
+    paths = [p for p in paths if not _hidden_top(p)]
     tops = {p.parts[0] for p in paths}
     if len(tops) == 1 and any(len(p.parts) > 1 for p in paths):
         (top,) = tops
@@ -281,10 +342,10 @@ def read_archive(data: bytes, dest: Path | None = None) -> Manifest:
             raise UnsafeArchive(
                 f"entry {key!r} is a {entry.kind}; only regular files and folders are allowed"
             )
-        if prefix:
-            if not key.startswith(prefix):
-                raise UnsafeArchive(f"entry {key!r} is outside the bundle's folder {prefix!r}")
+        if prefix and key.startswith(prefix):
             path = PurePosixPath(key[len(prefix) :])
+        elif prefix and not _hidden_top(path):
+            raise UnsafeArchive(f"entry {key!r} is outside the bundle's folder {prefix!r}")
         why_skipped = _upload_decision(path)
         target = None
         if why_skipped is None:
@@ -307,6 +368,12 @@ def read_archive(data: bytes, dest: Path | None = None) -> Manifest:
                     f"left-out entries (hidden files, caches, files outside the upload set) "
                     f"hold more than {SKIPPED_LIMIT_BYTES} bytes"
                 )
+    if not manifest.files and not problems:
+        left_out = ", ".join(manifest.skipped[:5]) or "nothing"
+        raise UnsafeArchive(
+            "the bundle holds none of agents/, tools/, middleware/, schemas/, guardrails/, "
+            f"hooks/, tests/ or requirements.txt at its top (left out: {left_out})"
+        )
     if problems:
         raise UnsafeArchive(
             f"{len(problems)} file(s) are not allowed in a bundle; first: {problems[0]}",
@@ -374,6 +441,8 @@ def _create(dest: Path, path: PurePosixPath) -> int:
         return os.open(parent / path.name, flags, 0o644)
     except FileExistsError:
         raise UnsafeArchive(f"{path} collides with another entry") from None
+    except OSError as exc:
+        raise UnsafeArchive(f"{path} cannot be written: {exc.strerror}") from None
 
 
 def _copy_counted(opener: Callable[[], IO[bytes]], fd: int | None, *, budget: int) -> int:
@@ -390,7 +459,7 @@ def _copy_counted(opener: Callable[[], IO[bytes]], fd: int | None, *, budget: in
                     break
                 if fd is not None:
                     os.write(fd, chunk)
-    except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+    except (zipfile.BadZipFile, EOFError, NotImplementedError, RuntimeError, *_TAR_ERRORS) as exc:
         raise UnsafeArchive(f"the archive is truncated or corrupt: {exc}") from None
     finally:
         if fd is not None:

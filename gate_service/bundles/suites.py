@@ -93,7 +93,7 @@ def discover_suites(root: Path) -> list[Path]:
         rel = path.relative_to(tests)
         if rel.parts and rel.parts[0] in NON_SUITE_DIRS:
             continue
-        if path.is_file() and path.suffix in (".yaml", ".yml"):
+        if path.is_file() and path.suffix.lower() in (".yaml", ".yml"):
             found.append(path)
     return found
 
@@ -152,18 +152,17 @@ def suite_problems(raw: Any) -> list[tuple[str | None, str]]:
     return out
 
 
-def _schema_problems(exc: ValidationError, raw: Any) -> list[tuple[str | None, str]]:
-    out: list[tuple[str | None, str]] = []
-    for err in exc.errors():
-        loc = err.get("loc", ())
-        case = None
-        if len(loc) >= 2 and loc[0] == "tests" and isinstance(loc[1], int):
-            try:
-                case = str(raw["tests"][loc[1]].get("name"))
-            except (KeyError, IndexError, TypeError, AttributeError):
-                case = f"#{loc[1] + 1}"
-        where = ".".join(str(p) for p in loc)
-        out.append((case, f"{where}: {err.get('msg', '')}" if where else str(err.get("msg", ""))))
+def _parsed_cases(raw: Any) -> list[dict[str, Any]]:
+    """Each case that validates on its own, resolved with the file's defaults."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("tests"), list):
+        return []
+    out = []
+    for item in raw["tests"]:
+        try:
+            single = TestFile.model_validate({**raw, "tests": [item]})
+        except ValidationError:
+            continue
+        out.append(single.resolved(single.tests[0]))
     return out
 
 
@@ -203,42 +202,37 @@ def validate_project(root: Path, name_filter: str | None = None) -> ProjectRepor
         try:
             raw = load_yaml_bounded(path.read_text(encoding="utf-8"))
             problems = suite_problems(raw)
-            if not problems:
-                try:
-                    test_file = TestFile.model_validate(raw)
-                except ValidationError as exc:  # a rule only the whole file can break
-                    problems = _schema_problems(exc, raw)
-        except (yaml.YAMLError, UnicodeDecodeError, SuiteTooComplex) as exc:
+            cases = _parsed_cases(raw)
+        except (yaml.YAMLError, UnicodeDecodeError, SuiteTooComplex, ValueError, TypeError) as exc:
             report.add(rel, f"not valid YAML: {exc}")
             continue
         except RecursionError:
             report.add(rel, "the suite is nested too deeply (or refers to itself) to be read")
             continue
-        if problems:
-            for case, message in problems:
-                report.add(rel, message, case)
-            continue
-        agent = (
-            test_file.agent if isinstance(test_file.agent, str) and test_file.agent else path.stem
-        )
-        for case in test_file.tests:
-            resolved = test_file.resolved(case)
+        for case, message in problems:
+            report.add(rel, message, case)
+        agent = raw.get("agent") if isinstance(raw, dict) else None
+        agent = agent if isinstance(agent, str) and agent else path.stem
+        # References and the agent are checked for every case that parses, so one bad case
+        # does not hide the others' problems.
+        for resolved in cases:
+            name = resolved["name"]
             _check_references(root, rel, resolved, report)
             if agent not in report.agents:
                 known = ", ".join(sorted(report.agents)) or "none"
                 report.add(
                     rel,
                     f"suite {rel} targets agent {agent!r}, which does not exist (agents: {known})",
-                    case.name,
+                    name,
                 )
                 continue
-            if name_filter and name_filter not in case.name:
+            if problems or (name_filter and name_filter not in name):
                 continue
             report.cases.append(
                 CaseRef(
                     suite=rel,
                     agent_name=agent,
-                    test_name=case.name,
+                    test_name=name,
                     runs=resolved["runs"],
                     success_threshold=resolved["success_threshold"],
                     timeout_s=resolved["timeout_s"],

@@ -48,6 +48,8 @@ def _parse_labels(raw: str | None) -> dict[str, Any]:
         raise BadRequest(f"labels must be a JSON object: {exc}") from None
     if not isinstance(labels, dict):
         raise BadRequest(f"labels must be a JSON object, got {type(labels).__name__}")
+    if "\\u0000" in raw:  # Postgres JSONB cannot hold NUL
+        raise BadRequest("labels must not contain NUL characters (\\u0000)")
     return labels
 
 

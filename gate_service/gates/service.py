@@ -18,7 +18,7 @@ from ..bundles.archive import Manifest
 from ..bundles.suites import CaseRef
 from ..errors import Conflict, NotFound
 from ..models import Bundle, Case, CaseStatus, Gate, GateStatus, Phase, Run, utcnow
-from ..runner_contract import CaseResult
+from ..runner_contract import CaseResult, without_nul
 from ..worker import queue
 from .schemas import BundleRead, CaseRead, GateList, GateRead, GateSummary
 
@@ -215,9 +215,11 @@ def fail_gate(
 ) -> None:
     """End the gate `error`: it could not be judged. The phase stays where it stopped."""
     phase = Phase(gate.phase) if gate.phase != Phase.queued else Phase.validating
+    # Problems quote the bundle's own text, which may hold NUL: Postgres cannot store it.
+    reason = without_nul(reason)
     _end(gate, GateStatus.error, phase=phase, reason=reason)
-    gate.error = error or reason
-    gate.problems = list(problems)
+    gate.error = without_nul(error) if error else reason
+    gate.problems = without_nul(list(problems))
 
 
 def cancel_gate(gate: Gate) -> None:

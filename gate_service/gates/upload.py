@@ -125,11 +125,22 @@ class _Collector:
             buf.extend(chunk)
 
 
+def _text_fields(raw: dict[str, bytearray]) -> dict[str, str]:
+    fields = {}
+    for name, value in raw.items():
+        text = value.decode("utf-8", "replace")
+        if "\x00" in text:
+            raise BadRequest(f"form field {name!r} contains a NUL character")
+        fields[name] = text
+    return fields
+
+
 async def receive_upload(request: Request, *, limit_bytes: int) -> Upload:
     """Parse the multipart body as it streams in; raise before reading past the limit."""
     content_type, params = parse_options_header(request.headers.get("content-type", ""))
     if content_type != b"multipart/form-data":
-        raise UnsupportedMediaType(f"{EXPECTED}; got Content-Type {content_type.decode()!r}")
+        shown = content_type.decode("latin-1")
+        raise UnsupportedMediaType(f"{EXPECTED}; got Content-Type {shown!r}")
     boundary = params.get(b"boundary")
     if not boundary:
         raise BadRequest(f"the multipart Content-Type has no boundary; {EXPECTED}")
@@ -167,5 +178,5 @@ async def receive_upload(request: Request, *, limit_bytes: int) -> Upload:
         size=collector.size,
         sha256=collector.hash.hexdigest(),
         filename=collector.filename,
-        fields={k: v.decode("utf-8", "replace") for k, v in collector.fields.items()},
+        fields=_text_fields(collector.fields),
     )

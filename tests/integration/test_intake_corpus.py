@@ -101,6 +101,42 @@ def encrypted_zip() -> bytes:
     return bytes(data)
 
 
+def pax(headers: dict[str, str]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("agents/a.yaml")
+        info.size, info.pax_headers = len(GOOD), headers
+        tar.addfile(info, io.BytesIO(GOOD))
+    return buf.getvalue()
+
+
+def zip_with_method(method: int) -> bytes:
+    """Deflate64 (9) and the like: zipfile cannot write them, so patch the headers."""
+    data = bytearray(zip_bytes(("agents/a.yaml", GOOD)))
+    data[8:10] = method.to_bytes(2, "little")  # local header: compression method
+    central = data.find(b"PK\x01\x02")
+    data[central + 10 : central + 12] = method.to_bytes(2, "little")
+    return bytes(data)
+
+
+def raw_name_tar(name: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", encoding="utf-8", errors="surrogateescape") as tar:
+        info = tarfile.TarInfo(name)
+        info.size = len(GOOD)
+        tar.addfile(info, io.BytesIO(GOOD))
+    return buf.getvalue()
+
+
+def macos_zip(with_project: bool) -> bytes:
+    entries = [("__MACOSX/proj/._agents", b"\x00\x05"), ("proj/.DS_Store", b"x")]
+    if with_project:
+        entries += [("proj/agents/a.yaml", GOOD), ("proj/tests/a.yaml", b"tests: []")]
+    else:
+        entries += [("proj/README.md", b"hello")]
+    return zip_bytes(*entries)
+
+
 def truncated() -> bytes:
     good = tar_bytes(f("agents/a.yaml", os.urandom(200_000)))
     return good[: len(good) // 2]
@@ -214,6 +250,25 @@ CORPUS: dict[str, Case] = {
         lambda: tar_bytes(f("tests/builders/b.yaml", b"x: 1")), 422, "builders must be .py"
     ),
     "empty_file": Case(lambda: b"", 400, "empty"),
+    "tar_pax_sparse_map_garbage": Case(
+        lambda: pax({"GNU.sparse.map": "abc"}), 422, "not a readable .tar.gz"
+    ),
+    "tar_pax_header_of_four_megabytes": Case(
+        lambda: pax({"GNU.sparse.map": ",".join(["0"] * 2_000_000)}), 422, "extended header"
+    ),
+    "zip_deflate64_entry": Case(
+        lambda: zip_with_method(9), 422, "compressed with method 9", "b.zip"
+    ),
+    "tar_name_not_utf8": Case(lambda: raw_name_tar("agents/\udcff.yaml"), 422, "not valid UTF-8"),
+    "tar_name_with_control_character": Case(
+        lambda: raw_name_tar("agents/a\x07.yaml"), 422, "control characters"
+    ),
+    "tar_name_over_255_bytes_in_utf8": Case(
+        lambda: raw_name_tar("agents/" + "\u65e5" * 200 + ".py"), 422, "exceeds 255"
+    ),
+    "zip_with_nothing_in_the_upload_set": Case(
+        lambda: macos_zip(False), 422, "holds none of agents/", "b.zip"
+    ),
 }
 
 
@@ -268,3 +323,22 @@ def test_two_bundle_fields_are_refused(client: TestClient) -> None:
     )
     assert response.status_code == 400
     assert "more than one 'bundle'" in response.json()["detail"]
+
+
+def test_a_macos_finder_zip_is_seen_through(client: TestClient) -> None:
+    response = client.post("/v1/gates", files={"bundle": ("proj.zip", macos_zip(True))})
+    assert response.status_code == 202, response.text
+    assert response.json()["bundle"]["code_bytes"] == len(GOOD) + len(b"tests: []")
+
+
+def test_nul_in_form_fields_is_a_400(client: TestClient) -> None:
+    good = tar_bytes(f("agents/a.yaml"))
+    for data in ({"filter": "a\x00b"}, {"labels": '{"k": "\\u0000"}'}):
+        response = client.post("/v1/gates", files={"bundle": ("b.tgz", good)}, data=data)
+        assert response.status_code == 400, response.text
+        assert "NUL" in response.json()["detail"]
+
+
+def test_undecodable_content_type_is_a_415(client: TestClient) -> None:
+    response = client.post("/v1/gates", content=b"x", headers={"Content-Type": b"text/\xe9"})
+    assert response.status_code == 415

@@ -142,6 +142,12 @@ SUITE_ERRORS = {
         None,
         "nested too deeply",
     ),
+    "impossible_date": (
+        "tests/calc.yaml",
+        "version: 2023-02-30\ntests:\n  - name: a\n    payload: x\n",
+        None,
+        "not valid YAML",
+    ),
     "unknown_agent": (
         "tests/ghost.yaml",
         "tests:\n  - name: a\n    payload: x\n",
@@ -212,3 +218,25 @@ def test_no_suites_at_all_is_an_error(judge: Any) -> None:
     assert found == [
         ("tests/", None, "no test suites found under tests/ (a gate needs at least one case)")
     ]
+
+
+def test_one_bad_case_does_not_hide_the_other_cases_problems(judge: Any) -> None:
+    found = problems(
+        judge(
+            {
+                "tests/calc.yaml": """
+                    tests:
+                      - name: a
+                      - name: b
+                        files: [nope.pdf]
+                        builder: nob
+                """,
+                "tests/ghost.yaml": "tests:\n  - name: c\n  - name: d\n    payload: x\n",
+            }
+        )
+    )
+    messages = {(c, m.split(" does not exist")[0]) for _, c, m in found}
+    assert ("b", "fixture tests/files/nope.pdf") in messages
+    assert ("b", "builder tests/builders/nob.py") in messages
+    assert any(c == "d" and "agent 'ghost'" in m for _, c, m in found)
+    assert any(c == "c" and "`payload` or `builder`" in m for _, c, m in found)
