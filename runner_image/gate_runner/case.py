@@ -179,7 +179,7 @@ def _child_run(project: Path, prepared: PreparedCase, workdir: Path) -> None:
         from .runtime import Runtime, Trace, install_predefined, jsonable
 
         trace = Trace()
-        runtime = Runtime({}, project=project)
+        runtime = Runtime({}, project=project, model_mode=os.environ.get("GATE_MODEL_MODE") or None)
         install_predefined(runtime)  # before user modules import connic.tools names
         loader = ProjectLoader(str(project))
         runtime.agents = {a.config.name: a for a in loader.load_agents()}

@@ -4,7 +4,8 @@
   answers like a model, for deterministic orchestration tests;
 - replay: ``tests/recordings/<agent>/*.json`` hold recorded exchanges keyed by the whole
   request (model, messages, tools, temperature and the other parameters);
-- live: a provider library with keys from the gate's environment (not in this runner yet).
+- live: LiteLLM with keys from the gate's environment; `record` is live plus writing every
+  exchange as a recording.
 
 Default: scripted if the module exists, else replay if recordings exist, else live.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,9 +161,120 @@ class ReplayModel:
         return parse_reply(self.recordings[key], source=f"recording {key[:16]}")
 
 
-def choose_model(project: Path, agent: str, forced: str | None = None) -> Model:
+class LiveModel:
+    """A real provider through LiteLLM, which understands `provider/model` names as they are.
+
+    LiteLLM is imported only here: it costs seconds that scripted and replay runs never pay.
+    Keys and endpoints come from the environment (OPENAI_API_KEY, OPENAI_API_BASE, ...).
+    """
+
+    mode = "live"
+
+    def __init__(self, *, attempts: int = 3, timeout_s: float | None = None) -> None:
+        # Never fetch the model cost map from the internet at import time.
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        import litellm
+
+        litellm.suppress_debug_info = True
+        self._litellm = litellm
+        self.attempts = max(1, attempts)
+        self.timeout_s = timeout_s or float(os.environ.get("GATE_MODEL_TIMEOUT_SECONDS", "60"))
+
+    def raw_completion(
+        self,
+        *,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        temperature: float,
+    ) -> dict[str, Any]:
+        try:
+            response = self._litellm.completion(
+                model=model,
+                messages=messages,
+                tools=tools or None,
+                temperature=temperature,
+                timeout=self.timeout_s,
+                # The library's own retry (its backoff, its Retry-After handling); the first
+                # attempt counts, as retry_options.attempts does.
+                num_retries=self.attempts - 1,
+            )
+        except Exception as exc:
+            raise AgentRunError(
+                f"model call to {model} failed: {type(exc).__name__}: {exc}"
+            ) from None
+        message = response.choices[0].message
+        calls = [
+            {"id": c.id, "name": c.function.name, "arguments": c.function.arguments or "{}"}
+            for c in (getattr(message, "tool_calls", None) or [])
+        ]
+        reply: dict[str, Any] = {"content": message.content}
+        if calls:
+            reply["tool_calls"] = calls
+        usage = getattr(response, "usage", None)
+        if usage is not None:
+            reply["usage"] = {
+                "prompt_tokens": int(getattr(usage, "prompt_tokens", 0) or 0),
+                "completion_tokens": int(getattr(usage, "completion_tokens", 0) or 0),
+            }
+        return reply
+
+    def complete(
+        self,
+        *,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        temperature: float,
+        context: dict[str, Any],
+    ) -> ModelReply:
+        raw = self.raw_completion(
+            model=model, messages=messages, tools=tools, temperature=temperature
+        )
+        return parse_reply(raw, source=f"live model {model}")
+
+
+class RecordingModel(LiveModel):
+    """Live, and every exchange written to tests/recordings/<agent>/ for later replay."""
+
+    mode = "record"
+
+    def __init__(self, directory: Path, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.directory = directory
+
+    def complete(
+        self,
+        *,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        temperature: float,
+        context: dict[str, Any],
+    ) -> ModelReply:
+        request = {"model": model, "messages": messages, "tools": tools, "temperature": temperature}
+        raw = self.raw_completion(
+            model=model, messages=messages, tools=tools, temperature=temperature
+        )
+        key = request_key(request)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        record = {"key": key, "request": request, "response": raw}
+        (self.directory / f"{key[:24]}.json").write_text(
+            json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8"
+        )
+        return parse_reply(raw, source=f"live model {model}")
+
+
+MODES = ("scripted", "replay", "live", "record")
+
+
+def choose_model(
+    project: Path, agent: str, forced: str | None = None, *, attempts: int = 3
+) -> Model:
     scripted = project / "tests" / "models" / f"{agent}.py"
     recordings = project / "tests" / "recordings" / agent
+    if forced and forced not in MODES:
+        raise AgentRunError(f"unknown model mode {forced!r} (known: {', '.join(MODES)})")
     mode = forced or (
         "scripted" if scripted.is_file() else "replay" if recordings.is_dir() else "live"
     )
@@ -173,7 +286,12 @@ def choose_model(project: Path, agent: str, forced: str | None = None) -> Model:
         if not recordings.is_dir():
             raise AgentRunError(f"model mode replay, but tests/recordings/{agent}/ does not exist")
         return ReplayModel(recordings)
-    raise AgentRunError(
-        f"agent {agent!r} would call a live model, which this runner does not do yet; add "
-        f"tests/models/{agent}.py (scripted) or tests/recordings/{agent}/ (replay)"
-    )
+    if mode == "record":
+        return RecordingModel(recordings, attempts=attempts)
+    try:
+        return LiveModel(attempts=attempts)
+    except ImportError:
+        raise AgentRunError(
+            f"agent {agent!r} needs a live model, and LiteLLM is not installed here; add "
+            f"tests/models/{agent}.py (scripted) or tests/recordings/{agent}/ (replay)"
+        ) from None

@@ -443,7 +443,10 @@ class Runtime:
         if name not in self._models:
             if self.project is None:
                 raise AgentRunError("LLM agents need the project directory to find their model")
-            self._models[name] = choose_model(self.project, name, self.model_mode)
+            retry = getattr(self.agents[name].config, "retry_options", None)
+            self._models[name] = choose_model(
+                self.project, name, self.model_mode, attempts=int(getattr(retry, "attempts", 3))
+            )
         return self._models[name]
 
     def _middleware(self, name: str) -> Any:

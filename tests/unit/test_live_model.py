@@ -1,0 +1,59 @@
+"""The live path through LiteLLM against an OpenAI-compatible fake provider on loopback:
+the library's own retry and timeout handling runs, and recordings replay."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gate_runner.case import run_case
+from gate_service.runner_contract import CaseResult
+from tests.fixtures.fake_llm import FakeProvider
+from tests.fixtures.projects import live_project
+
+
+def judged(project: Path, suite: str, case: str) -> CaseResult:
+    return CaseResult.model_validate(run_case(project, suite, case))
+
+
+def test_a_429_is_retried_by_the_library_then_succeeds(
+    fake_provider: FakeProvider, tmp_path: Path
+) -> None:
+    project = live_project(tmp_path / "p")
+    fake_provider.script = ["429", "ok"]
+    result = judged(project, "tests/live-bot.yaml", "answers")
+    assert result.passed, result.failure_reason
+    # Requests live in the forked child; the server saw both attempts.
+    assert len(fake_provider.requests) == 2
+    assert fake_provider.requests[1]["messages"][0] == {"role": "system", "content": "Be brief."}
+    model_span = next(s for s in result.invocations[0].traces if s.type == "model_call")
+    assert model_span.metadata["mode"] == "live"
+
+
+def test_a_hang_past_the_timeout_fails_the_invocation(
+    fake_provider: FakeProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GATE_MODEL_TIMEOUT_SECONDS", "1")
+    project = live_project(tmp_path / "p")
+    fake_provider.script = ["hang"]
+    result = judged(project, "tests/impatient-bot.yaml", "gives_up_at_the_timeout")
+    assert result.passed, result.failure_reason
+    assert result.invocations[0].duration_ms < 5000
+
+
+def test_record_then_replay_without_the_provider(
+    fake_provider: FakeProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = live_project(tmp_path / "p")
+    monkeypatch.setenv("GATE_MODEL_MODE", "record")
+    assert judged(project, "tests/live-bot.yaml", "answers").passed
+    recordings = list((project / "tests/recordings/live-bot").glob("*.json"))
+    assert len(recordings) == 1
+    assert json.loads(recordings[0].read_text())["response"]["content"] == fake_provider.answer
+    monkeypatch.setenv("GATE_MODEL_MODE", "replay")
+    monkeypatch.setenv("OPENAI_API_BASE", "http://127.0.0.1:9/v1")  # nothing listens there
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    before = len(fake_provider.requests)
+    replayed = judged(project, "tests/live-bot.yaml", "answers")
+    assert replayed.passed, replayed.failure_reason
+    assert len(fake_provider.requests) == before
