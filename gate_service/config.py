@@ -73,6 +73,11 @@ class Settings(BaseSettings):
     # Added to runs * timeout_s for container start and verdict writing.
     case_deadline_slack_seconds: int = 60
     case_output_limit_bytes: int = 32 * MIB
+    case_env: str = Field(
+        default="",
+        description="Comma-separated variables passed from the worker to case containers "
+        "(model keys such as OPENAI_API_KEY); GATE_ variables never pass.",
+    )
     case_network: str = Field(
         default="none", description="Docker network for case containers; 'none' cuts them off."
     )

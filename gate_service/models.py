@@ -105,6 +105,8 @@ class Gate(Base):
     phase: Mapped[str] = mapped_column(String(32), default=Phase.queued)
     bundle_sha256: Mapped[str] = mapped_column(ForeignKey("bundles.sha256"), index=True)
     filter: Mapped[str | None] = mapped_column(Text)
+    # Forces one model mode (scripted, replay, live) for every LLM agent of the gate.
+    model_mode: Mapped[str | None] = mapped_column(String(16))
     labels: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
     error: Mapped[str | None] = mapped_column(Text)

@@ -25,6 +25,7 @@ from .upload import Upload, receive_upload
 
 router = APIRouter(prefix="/v1")
 
+MODEL_MODES = ("scripted", "replay", "live")
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "Bad request"},
     404: {"description": "Not found"},
@@ -71,6 +72,11 @@ UPLOAD_SCHEMA: dict[str, Any] = {
                             "type": "string",
                             "description": "Run only cases whose name contains this",
                         },
+                        "model_mode": {
+                            "type": "string",
+                            "enum": list(MODEL_MODES),
+                            "description": "Force this model mode for every LLM agent",
+                        },
                         "labels": {
                             "type": "string",
                             "description": 'JSON object, e.g. {"commit": "abc"}',
@@ -87,6 +93,9 @@ def _store_upload(
     factory: sessionmaker[Session], upload: Upload, idempotency_key: str | None
 ) -> tuple[GateRead, bool]:
     labels = _parse_labels(upload.fields.get("labels"))
+    model_mode = upload.fields.get("model_mode") or None
+    if model_mode not in (None, *MODEL_MODES):
+        raise BadRequest(f"model_mode must be one of {', '.join(MODEL_MODES)}, got {model_mode!r}")
     data = upload.read()
     manifest = read_archive(data)
 
@@ -98,6 +107,7 @@ def _store_upload(
                 data=data,
                 manifest=manifest,
                 name_filter=upload.fields.get("filter"),
+                model_mode=model_mode,
                 labels=labels,
                 idempotency_key=idempotency_key,
             )

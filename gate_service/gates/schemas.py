@@ -44,6 +44,7 @@ class GateRead(Schema):
     started_at: datetime | None
     finished_at: datetime | None
     filter: str | None
+    model_mode: str | None
     labels: dict[str, Any]
     bundle: BundleRead
     total_cases: int

@@ -30,6 +30,7 @@ def create_gate(
     data: bytes,
     manifest: Manifest,
     name_filter: str | None,
+    model_mode: str | None = None,
     labels: dict[str, Any],
     idempotency_key: str | None,
 ) -> tuple[Gate, bool]:
@@ -59,6 +60,7 @@ def create_gate(
     gate = Gate(
         bundle_sha256=sha256,
         filter=name_filter or None,
+        model_mode=model_mode or None,
         labels=labels,
         idempotency_key=idempotency_key,
         status=GateStatus.queued,
@@ -132,6 +134,7 @@ def read_gate(session: Session, gate_id: uuid.UUID) -> GateRead:
         started_at=gate.started_at,
         finished_at=gate.finished_at,
         filter=gate.filter,
+        model_mode=gate.model_mode,
         labels=gate.labels,
         bundle=BundleRead.model_validate(bundle),
         total_cases=len(cases),

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the library defines its callback type for type checkers onl
 from ..errors import BadRequest, PayloadTooLarge, RequestInvalid, UnsupportedMediaType
 
 FILE_FIELD = "bundle"
-TEXT_FIELDS = ("filter", "labels")
+TEXT_FIELDS = ("filter", "labels", "model_mode")
 MAX_TEXT_FIELD_BYTES = 16 * 1024
 # Kept in memory up to this size, then on disk.
 SPOOL_MEMORY_BYTES = 1024 * 1024
@@ -31,7 +31,7 @@ SPOOL_MEMORY_BYTES = 1024 * 1024
 ENVELOPE_BYTES = 64 * 1024
 EXPECTED = (
     "expected multipart/form-data with a file field named 'bundle' holding the project as "
-    ".tar.gz/.tgz or .zip (optional text fields: filter, labels)"
+    ".tar.gz/.tgz or .zip (optional text fields: filter, labels, model_mode)"
 )
 
 

@@ -8,6 +8,7 @@ stopped instead of starting over.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import tempfile
 import threading
@@ -69,6 +70,21 @@ def _write(ctx: WorkerContext, job: ClaimedJob, fn: Callable[[Session, Gate], T]
         queue.fence(session, job)
         gate = service.get_gate(session, job.gate_id, for_update=True)
         return fn(session, gate)
+
+
+def case_environment(settings: Settings, model_mode: str | None) -> dict[str, str]:
+    """What a case container sees: the variables named in GATE_CASE_ENV, and the model mode.
+
+    Only named variables pass, so the service's own settings and secrets never do.
+    """
+    env = {
+        name: os.environ[name]
+        for name in (n.strip() for n in settings.case_env.split(","))
+        if name and name in os.environ and not name.startswith("GATE_")
+    }
+    if model_mode:
+        env["GATE_MODEL_MODE"] = model_mode
+    return env
 
 
 def test_image_tag(sha256: str, runner_tag: str) -> str:
@@ -258,15 +274,16 @@ def _run_case(
     if ctx.stop.is_set() or job.halt.is_set():
         return False
 
-    def mark_running(session: Session, gate: Gate) -> bool:
+    def mark_running(session: Session, gate: Gate) -> tuple[bool, str | None]:
         if gate.cancel_requested:
-            return False
+            return False, None
         case = session.get_one(Case, case_id)
         case.status = CaseStatus.running
         gate.revision += 1
-        return True
+        return True, gate.model_mode
 
-    if not _write(ctx, job, mark_running):
+    go_on, model_mode = _write(ctx, job, mark_running)
+    if not go_on:
         return False
     s = ctx.settings
     wall = runs * (timeout_s + PER_INVOCATION_SLACK_SECONDS) + s.case_deadline_slack_seconds
@@ -283,6 +300,7 @@ def _run_case(
         result = ctx.sandbox.run(
             image,
             ["run-case", "--project", "/bundle", "--suite", suite, "--case", test_name],
+            env=case_environment(s, model_mode),
             limits=limits,
             labels={
                 "gate.gate_id": str(job.gate_id),

@@ -219,3 +219,44 @@ def test_a_worker_shutting_down_hands_the_job_back_without_using_an_attempt(
     worker.ctx.stop.clear()
     worker.run_once()
     assert client.get(f"/v1/gates/{gate_id}").json()["status"] == "passed"
+
+
+def test_model_mode_and_named_variables_reach_the_case_container(
+    client: TestClient,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    sandbox: FakeSandbox,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-the-worker")
+    monkeypatch.setenv("GATE_SECRET_THING", "never")
+    monkeypatch.setenv("UNLISTED", "never")
+    worker = Worker(
+        WorkerContext(
+            settings=settings.model_copy(update={"case_env": "OPENAI_API_KEY, GATE_SECRET_THING"}),
+            sessions=sessions,
+            sandbox=sandbox,
+            stop=threading.Event(),
+        )
+    )
+    data = bundle_of(calculator_project(tmp_path / "p", failing=False))
+    response = client.post(
+        "/v1/gates", files={"bundle": ("b.tgz", data)}, data={"model_mode": "replay"}
+    )
+    assert response.json()["model_mode"] == "replay"
+    worker.run_once()
+    assert sandbox.envs
+    assert all(
+        env == {"OPENAI_API_KEY": "sk-from-the-worker", "GATE_MODEL_MODE": "replay"}
+        for env in sandbox.envs
+    )
+
+
+def test_an_unknown_model_mode_is_a_400(client: TestClient, tmp_path: Path) -> None:
+    data = bundle_of(calculator_project(tmp_path / "p", failing=False))
+    response = client.post(
+        "/v1/gates", files={"bundle": ("b.tgz", data)}, data={"model_mode": "yolo"}
+    )
+    assert response.status_code == 400
+    assert "scripted, replay, live" in response.json()["detail"]
