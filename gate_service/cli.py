@@ -178,6 +178,23 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_CODES.get(gate["status"], 2)
 
 
+def cmd_record(args: argparse.Namespace, settings: Settings) -> int:
+    """Run the runner's `record` on this machine: live models, recordings written for replay."""
+    import os
+    import subprocess
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(settings.runner_source_dir), env.get("PYTHONPATH", "")) if p
+    )
+    argv = [sys.executable, "-m", "gate_runner", "record", "--project", str(Path(args.path))]
+    if args.suite:
+        argv += ["--suite", args.suite]
+    if args.filter:
+        argv += ["--case", args.filter]
+    return subprocess.run(argv, env=env, check=False).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gate", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -192,6 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     submit.add_argument("--wait", action="store_true", help="follow the gate to its verdict")
     submit.add_argument("--filter")
     submit.add_argument("--label", action="append", help="key=value, repeatable")
+    record = sub.add_parser(
+        "record", help="run a project's suites with live models and write replay recordings"
+    )
+    record.add_argument("path")
+    record.add_argument("--suite", help="only this suite, e.g. tests/support.yaml")
+    record.add_argument("--filter", help="only cases whose name contains this")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -205,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         "worker": cmd_worker,
         "images": cmd_images,
         "submit": cmd_submit,
+        "record": cmd_record,
     }
     return commands[args.command](args, settings)
 

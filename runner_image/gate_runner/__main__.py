@@ -24,7 +24,15 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--project", default="/bundle", type=Path)
     run.add_argument("--suite", required=True, help="suite path relative to the project")
     run.add_argument("--case", required=True, help="the case's name")
+    record = sub.add_parser(
+        "record", help="run suites with live models and write tests/recordings/ for replay"
+    )
+    record.add_argument("--project", default=".", type=Path)
+    record.add_argument("--suite", help="only this suite (path relative to the project)")
+    record.add_argument("--case", help="only cases whose name contains this")
     args = parser.parse_args(argv)
+    if args.command == "record":
+        return _record(args.project.resolve(), args.suite, args.case)
     try:
         from .case import run_case
 
@@ -35,6 +43,44 @@ def main(argv: list[str] | None = None) -> int:
         return 70
     sys.stdout.write(f"{BEGIN_MARKER}\n{text}\n{END_MARKER}\n")
     sys.stdout.flush()
+    return 0
+
+
+def _record(project: Path, only_suite: str | None, name_filter: str | None) -> int:
+    """Run every selected case live, recording each model exchange; print the verdicts."""
+    import os
+
+    import yaml
+
+    from .case import run_case
+
+    os.environ["GATE_MODEL_MODE"] = "record"
+    support = ("files", "builders", "mocks", "models", "recordings")
+    suites = sorted(
+        p
+        for p in (project / "tests").rglob("*")
+        if p.suffix.lower() in (".yaml", ".yml")
+        and p.is_file()
+        and p.relative_to(project / "tests").parts[0] not in support
+    )
+    failures = 0
+    for path in suites:
+        rel = path.relative_to(project).as_posix()
+        if only_suite and rel != only_suite:
+            continue
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        for case in raw.get("tests") or []:
+            name = str(case.get("name", ""))
+            if name_filter and name_filter not in name:
+                continue
+            result = run_case(project, rel, name)
+            mark = "PASS" if result["passed"] else "FAIL"
+            failures += 0 if result["passed"] else 1
+            print(
+                f"{mark}  {rel}::{name}  {result['successes']}/{result['runs']}"
+                + (f"  {result['failure_reason']}" if result["failure_reason"] else "")
+            )
+    print(f"recordings written under {project / 'tests' / 'recordings'}; {failures} case(s) failed")
     return 0
 
 

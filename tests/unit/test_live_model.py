@@ -57,3 +57,30 @@ def test_record_then_replay_without_the_provider(
     replayed = judged(project, "tests/live-bot.yaml", "answers")
     assert replayed.passed, replayed.failure_reason
     assert len(fake_provider.requests) == before
+
+
+def test_gate_record_writes_recordings_that_replay(
+    fake_provider: FakeProvider, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    project = live_project(tmp_path / "p")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gate_service.cli",
+            "record",
+            str(project),
+            "--suite",
+            "tests/live-bot.yaml",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "PASS  tests/live-bot.yaml::answers  1/1" in proc.stdout
+    assert len(list((project / "tests/recordings/live-bot").glob("*.json"))) == 1
