@@ -23,6 +23,7 @@ from connic import AbortTool, StopProcessing
 
 from .guardrails import GuardrailBlocked, run_rules
 from .models import Model, ModelReply, choose_model
+from .predefined import Predefined
 from .runtime_errors import AgentNotFound, AgentRunError
 
 __all__ = ["AgentNotFound", "AgentRunError", "RunOutcome", "Runtime", "Span", "Trace"]
@@ -201,6 +202,20 @@ def tool_schema(tool: Any) -> dict[str, Any]:
     }
 
 
+def _sdk_stubs() -> dict[str, Callable[..., Any]]:
+    """The SDK's predefined-tool stubs, captured before install_predefined replaces them."""
+    import connic.tools as connic_tools
+
+    names = ("trigger_agent", "trigger_agent_at", "db_find", "db_insert", "db_update",
+             "db_upsert", "db_delete", "db_count", "db_list_collections", "retrieval_query",
+             "retrieval_store", "retrieval_delete", "retrieval_list_namespaces", "web_search",
+             "web_read_page", "query_knowledge", "store_knowledge", "delete_knowledge",
+             "kb_list_namespaces")  # fmt: skip
+    return {n: getattr(connic_tools, n) for n in names if hasattr(connic_tools, n)}
+
+
+PREDEFINED_STUBS = _sdk_stubs()
+
 PREDEFINED_SCHEMAS: dict[str, dict[str, Any]] = {
     "trigger_agent": {
         "type": "object",
@@ -231,6 +246,7 @@ class Runtime:
         self.project = project
         self.model_mode = model_mode
         self._models: dict[str, Model] = {}
+        self.predefined = Predefined()
         self._stack: list[tuple[Trace, Span | None, dict[str, Any]]] = []
 
     # -- entry points -----------------------------------------------------------------------
@@ -594,7 +610,7 @@ class Runtime:
         schemas = []
         for tool in tools.values():
             if tool.is_predefined:
-                schema = PREDEFINED_SCHEMAS.get(tool.name, {"type": "object", "properties": {}})
+                schema = self._predefined_schema(tool.name)
                 schemas.append(
                     {
                         "type": "function",
@@ -690,6 +706,16 @@ class Runtime:
         )
         return reply
 
+    def _predefined_schema(self, name: str) -> dict[str, Any]:
+        """The JSON schema the SDK's own stub declares (its signature and docstring)."""
+        stub = PREDEFINED_STUBS.get(name)
+        if stub is not None and self.loader is not None:
+            try:
+                return dict(self.loader._generate_schema(stub))
+            except Exception:  # the SDK's private helper changed: fall back below
+                pass
+        return PREDEFINED_SCHEMAS.get(name, {"type": "object", "properties": {}})
+
     def _final_output(self, agent: Any, text: str) -> Any:
         schema = getattr(agent.config, "output_schema_dict", None)
         if not schema:
@@ -784,7 +810,10 @@ class Runtime:
                 return self.trigger(**params)
             if tool.name == "trigger_agent_at":
                 return self.trigger_at(**params)
-            raise AgentRunError(f"predefined tool {tool.name!r} is not available in the gate yet")
+            implementation = self.predefined.get(tool.name)
+            if implementation is None:
+                raise AgentRunError(f"predefined tool {tool.name!r} is not available in a gate")
+            return implementation(**params)
         kwargs = dict(params)
         if _accepts(tool.func, "context"):
             kwargs["context"] = context
@@ -850,3 +879,15 @@ def install_predefined(runtime: Runtime) -> None:
 
     connic_tools.trigger_agent = trigger_agent
     connic_tools.trigger_agent_at = trigger_agent_at
+    for name in PREDEFINED_STUBS:
+        implementation = runtime.predefined.get(name)
+        if implementation is not None:
+            setattr(connic_tools, name, _as_async(implementation))
+
+
+def _as_async(func: Callable[..., Any]) -> Callable[..., Any]:
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        return func(*args, **kwargs)
+
+    call.__name__ = func.__name__
+    return call
