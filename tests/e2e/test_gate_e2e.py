@@ -57,8 +57,9 @@ def test_bundle_with_failing_cases_ends_failed(gate_url: str, tmp_path: Path) ->
     assert gate["failed_cases"] == 2 and gate["total_cases"] == 6
     run = httpx.get(f"{gate_url}/v1/runs/{wrong['agent_run_ids'][0]}").json()
     assert run["output"] == {"sum": 4}
-    assert [s["type"] for s in run["traces"]] == ["agent", "tool_call", "log"]
-    assert run["traces"][2]["metadata"]["message"] == "adding 2 2"
+    assert [s["type"] for s in run["traces"]] == ["agent", "tool_call", "outbound", "log"]
+    assert run["traces"][2]["metadata"]["delivered"] is False
+    assert run["traces"][3]["metadata"]["message"] == "adding 2 2"
 
 
 def test_all_passing_bundle_ends_passed(gate_url: str, tmp_path: Path) -> None:
