@@ -397,7 +397,11 @@ class Runtime:
         self._stack.append((trace, span, context))
         try:
             if kind == "tool":
-                return self._run_tool_agent(agent, stage_input(payload), context, trace, span)
+                return self._with_retries(
+                    agent,
+                    span,
+                    lambda: self._run_tool_agent(agent, stage_input(payload), context, trace, span),
+                )
             if kind == "sequential":
                 value = payload
                 for stage in agent.config.agents:
@@ -416,6 +420,25 @@ class Runtime:
         finally:
             self._stack.pop()
             span.duration_ms = int((time.monotonic() - started) * 1000)
+
+    @staticmethod
+    def _with_retries(agent: Any, span: Span, attempt: Callable[[], Any]) -> Any:
+        """retry_options for tool agents: operation attempts, the first included (spec 2.2)."""
+        retry = getattr(agent.config, "retry_options", None)
+        attempts = int(getattr(retry, "attempts", 1) or 1)
+        initial = float(getattr(retry, "initial_delay", 0) or 0)
+        ceiling = float(getattr(retry, "max_delay", 0) or 0)
+        for number in range(1, attempts + 1):
+            try:
+                return attempt()
+            except (StopProcessing, AgentRunError):
+                raise
+            except Exception:
+                if number == attempts:
+                    raise
+                span.metadata["retries"] = number
+                time.sleep(min(initial * 2 ** (number - 1), ceiling))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _run_tool_agent(
         self,
@@ -762,7 +785,15 @@ class Runtime:
                 raise AgentRunError(f"unknown tool {name!r}")
             if hooks is not None and hooks.before is not None:
                 try:
-                    changed = self._hook(hooks.before, name, params, context)
+                    changed = self._hook(
+                        hooks.before,
+                        name,
+                        params,
+                        context,
+                        trace=trace,
+                        parent=span,
+                        phase="before",
+                    )
                 except AbortTool as abort:
                     span.status = "error"
                     result = getattr(abort, "result", str(abort))
@@ -773,7 +804,16 @@ class Runtime:
                 span.metadata["params"] = jsonable(params)
             result = self._execute_tool(tool, params, context)
             if hooks is not None and hooks.after is not None:
-                replaced = self._hook(hooks.after, name, params, context, result=result)
+                replaced = self._hook(
+                    hooks.after,
+                    name,
+                    params,
+                    context,
+                    result=result,
+                    trace=trace,
+                    parent=span,
+                    phase="after",
+                )
                 if replaced is not None:
                     result = replaced
             span.metadata["result"] = jsonable(result)
@@ -802,7 +842,18 @@ class Runtime:
             args.append(extra["result"])
         if _accepts(func, "context") or len(inspect.signature(func).parameters) > len(args):
             args.append(context)
-        return call_user_function(func, *args)
+        trace, parent = extra["trace"], extra["parent"]
+        span = trace.open("hook", f"hook.{extra['phase']}", parent, tool_name=name)
+        started = time.monotonic()
+        try:
+            result = call_user_function(func, *args)
+        except Exception as exc:
+            span.status = "error"
+            span.metadata["error"] = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            span.duration_ms = int((time.monotonic() - started) * 1000)
+        return result
 
     def _execute_tool(self, tool: Any, params: dict[str, Any], context: dict[str, Any]) -> Any:
         if tool.is_predefined:

@@ -33,6 +33,12 @@ def test_tool_calls_hooks_and_a_waited_child_agent(project: Path) -> None:
     child_agent = next(s for s in spans if s.type == "agent" and s.parent_span_id == child.span_id)
     assert child_agent.name == "calc"
     assert inv.run_context["middleware_saw"] == "add please"
+    hook = next(s for s in spans if s.type == "hook")
+    assert (hook.name, hook.parent_span_id) == ("hook.before", add.span_id)
+    assert [s.name for s in spans if s.type == "middleware"] == [
+        "middleware.before",
+        "middleware.after",
+    ]
 
 
 def test_stop_processing_from_a_tool_completes_with_its_message(project: Path) -> None:
@@ -123,3 +129,10 @@ def test_replay_mode_answers_from_a_recording_of_the_whole_request(project: Path
     )
     again = judged(project, "tests/loops.yaml", "max_iterations_is_enforced").invocations[0]
     assert again.status == "failed" and "no recording for this request" in (again.error or "")
+
+
+def test_tool_agents_retry_per_retry_options_with_fresh_state_per_invocation(project: Path) -> None:
+    result = judged(project, "tests/second-try.yaml", "retries_until_it_works")
+    assert result.passed, result.failure_reason
+    agent_span = result.invocations[1].traces[0]
+    assert agent_span.metadata["retries"] == 1
