@@ -136,3 +136,32 @@ def test_tool_agents_retry_per_retry_options_with_fresh_state_per_invocation(pro
     assert result.passed, result.failure_reason
     agent_span = result.invocations[1].traces[0]
     assert agent_span.metadata["retries"] == 1
+
+
+def test_scripted_and_replay_modes_never_import_the_provider_library(project: Path) -> None:
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, pathlib\n"
+        "from connic import ProjectLoader\n"
+        "from gate_runner.runtime import Runtime, Trace, install_predefined\n"
+        "project = pathlib.Path(sys.argv[1])\n"
+        "rt = Runtime({}, project=project)\n"
+        "install_predefined(rt)\n"
+        "loader = ProjectLoader(str(project))\n"
+        "rt.agents = {a.config.name: a for a in loader.load_agents()}\n"
+        "rt.loader = loader\n"
+        "out = rt.run('assistant', {'message': 'add please'}, Trace())\n"
+        "print(out.status, 'litellm' in sys.modules)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(project)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={"PYTHONPATH": "runner_image", "PATH": "/usr/bin:/bin"},
+    )
+    # The last line is ours; the child agent prints its own log line before it.
+    assert proc.stdout.splitlines()[-1].split() == ["completed", "False"], proc.stderr
