@@ -39,6 +39,7 @@ class Verdict:
     status: str  # passed | blocked | warned | redacted | skipped
     content: str
     message: str | None = None
+    detail: str | None = None
 
 
 def _luhn(digits: str) -> bool:
@@ -76,7 +77,8 @@ def check_rule(
     call: Callable[..., Any],
 ) -> Verdict:
     kind, mode, config = rule.type, rule.mode, dict(rule.config or {})
-    rejection = config.get("rejection_message") or f"Request blocked by the {kind} guardrail."
+    configured = config.get("rejection_message")
+    rejection = configured or f"Request blocked by the {kind} guardrail."
     if kind in UNSUPPORTED:
         return Verdict("skipped", content, f"{kind} needs a provider the gate does not call")
     if kind == "regex":
@@ -84,7 +86,7 @@ def check_rule(
             pattern = entry.get("pattern") if isinstance(entry, Mapping) else str(entry)
             if pattern and re.search(pattern, content):
                 message = entry.get("message") if isinstance(entry, Mapping) else None
-                return _violation(mode, content, message or rejection)
+                return _violation(mode, content, configured or message or rejection, message)
         return Verdict("passed", content)
     if kind in ("pii", "pii_leakage"):
         default = PII_OUTPUT_DEFAULT if kind == "pii_leakage" else PII_INPUT_DEFAULT
@@ -115,14 +117,17 @@ def check_rule(
             )
         if passed:
             return Verdict("passed", content)
-        return _violation(mode, content, getattr(result, "message", None) or rejection)
+        # The configured rejection message is what the caller sees; the check's own message
+        # is the detail the trace keeps.
+        detail = getattr(result, "message", None)
+        return _violation(mode, content, configured or detail or rejection, detail)
     raise AgentRunError(f"guardrail type {kind!r} is not known")
 
 
 def _violation(mode: str, content: str, message: str, detail: str | None = None) -> Verdict:
     if mode == "warn":
         return Verdict("warned", content, detail or message)
-    return Verdict("blocked", content, message)
+    return Verdict("blocked", content, message, detail)
 
 
 class GuardrailBlocked(Exception):
@@ -154,7 +159,7 @@ def run_rules(
             name,
             direction,
             verdict.status,
-            verdict.message,
+            verdict.detail or verdict.message,
             int((time.monotonic() - started) * 1000),
         )
         if verdict.status == "blocked":

@@ -1,0 +1,79 @@
+"""Guardrails (regex, pii, custom; block, warn, redact; fail_run), the `_defaults.yaml`
+cascade with wildcard tools, and trigger_agent in all its forms, nested three deep."""
+
+from pathlib import Path
+
+import pytest
+
+from gate_runner.case import run_case
+from gate_service.runner_contract import CaseResult
+from tests.fixtures.projects import guarded_project
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return guarded_project(tmp_path_factory.mktemp("guarded") / "p")
+
+
+def judged(project: Path, suite: str, case: str) -> CaseResult:
+    result = CaseResult.model_validate(run_case(project, suite, case))
+    assert result.case_error is None, result.case_error
+    return result
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "input_regex_blocks",
+        "pii_is_redacted_before_the_model",
+        "custom_output_guardrail_blocks",
+        "defaults_and_wildcards_give_the_tools",
+    ],
+)
+def test_guarded_agent(project: Path, case: str) -> None:
+    result = judged(project, "tests/guarded.yaml", case)
+    assert result.passed, result.failure_reason
+
+
+def test_guardrail_spans_record_each_verdict(project: Path) -> None:
+    inv = judged(project, "tests/guarded.yaml", "pii_is_redacted_before_the_model").invocations[0]
+    verdicts = [
+        (s.name, s.status, s.metadata["direction"]) for s in inv.traces if s.type == "guardrail"
+    ]
+    assert verdicts == [
+        ("regex", "passed", "input"),
+        ("pii", "redacted", "input"),
+        ("no_secrets", "passed", "output"),
+        ("regex", "warned", "output"),
+    ]
+    blocked = judged(project, "tests/guarded.yaml", "input_regex_blocks").invocations[0]
+    assert [s.type for s in blocked.traces].count("model_call") == 0  # the agent never ran
+    assert blocked.run_context["stored_status"] == "completed"
+
+
+def test_fail_run_turns_the_stored_status_to_failed(project: Path) -> None:
+    result = judged(project, "tests/strict.yaml", "fail_run_makes_a_blocked_run_failed")
+    assert result.passed, result.failure_reason
+    assert result.invocations[0].run_context["stored_status"] == "failed"
+
+
+def test_children_nest_link_and_fire_and_forget_is_recorded(project: Path) -> None:
+    result = judged(project, "tests/boss.yaml", "three_levels_and_fire_and_forget")
+    assert result.passed, result.failure_reason
+    inv = result.invocations[0]
+    children = [s for s in inv.traces if s.type == "child_agent"]
+    assert [(s.name, s.metadata["wait_for_response"]) for s in children] == [
+        ("leaf", False),
+        ("leaf", False),
+        ("middle", True),
+        ("leaf", True),
+    ]
+    assert children[0].metadata["payload"] == {"note": "fire and forget"}
+    assert children[1].metadata["scheduled"] is True
+    # Fire-and-forget children are recorded, never run: only the waited leaf ran.
+    assert [s.name for s in inv.traces if s.type == "agent"] == ["boss", "middle", "leaf"]
+    assert inv.output["later"] == ["run_id"]
+    assert inv.output["middle"]["parent"] == inv.output["me"]
+    middle_span = children[2]
+    assert children[3].parent_span_id is not None
+    assert inv.output["middle"]["leaf"]["parent"] == middle_span.metadata["run_id"]
