@@ -238,4 +238,4 @@ def test_scripted_llm_agent_with_tools_hooks_and_a_child_agent(
     assert gate["status"] == "passed", [
         (c["test_name"], c["failure_reason"]) for c in gate["cases"]
     ]
-    assert gate["total_cases"] == 5
+    assert gate["total_cases"] == 8

@@ -165,3 +165,15 @@ def test_scripted_and_replay_modes_never_import_the_provider_library(project: Pa
     )
     # The last line is ours; the child agent prints its own log line before it.
     assert proc.stdout.splitlines()[-1].split() == ["completed", "False"], proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("suite", "case"),
+    [
+        ("tests/assistant.yaml", "after_hook_replaces_the_result"),
+        ("tests/careless.yaml", "middleware_returning_none_fails_the_run"),
+    ],
+)
+def test_hook_and_middleware_contracts(project: Path, suite: str, case: str) -> None:
+    result = judged(project, suite, case)
+    assert result.passed, result.failure_reason
