@@ -92,17 +92,10 @@ def build_payload(project: Path, case: Mapping[str, Any]) -> dict[str, Any]:
     A JSON object's keys go to the top level; other JSON becomes {"input": value}; text that
     is not JSON becomes {"message": text}. Files are base64 with the MIME type from the name.
     """
+    from .runtime import as_payload
+
     text = case.get("payload")
-    payload: dict[str, Any]
-    if text is None:
-        payload = {}
-    else:
-        try:
-            decoded = json.loads(text)
-        except ValueError:
-            payload = {"message": text}
-        else:
-            payload = decoded if isinstance(decoded, dict) else {"input": decoded}
+    payload = {} if text is None else as_payload(text)
     files = []
     for name in case.get("files") or []:
         path = project / "tests" / "files" / name

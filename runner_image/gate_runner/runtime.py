@@ -95,30 +95,23 @@ def jsonable(value: Any) -> Any:
         return repr(value)
 
 
+def as_payload(value: Any, *, text_key: str = "message") -> dict[str, Any]:
+    """The payload dict an agent receives (spec 2.1, 7.1): a JSON object as it is, other JSON
+    as {"input": value}, and text that is not JSON under ``text_key``."""
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            return {text_key: value}
+        return decoded if isinstance(decoded, dict) else {"input": decoded}
+    return {"input": value}
+
+
 def stage_input(value: Any) -> dict[str, Any]:
-    """The payload dict a tool agent receives for an upstream value (spec §2.1, §7.5)."""
-    if isinstance(value, dict):
-        return value
-    if isinstance(value, str):
-        try:
-            decoded = json.loads(value)
-        except ValueError:
-            return {"input": value}
-        return decoded if isinstance(decoded, dict) else {"input": decoded}
-    return {"input": value}
-
-
-def as_payload(value: Any) -> dict[str, Any]:
-    """A trigger's payload as the child receives it: objects as they are, text as message."""
-    if isinstance(value, dict):
-        return value
-    if isinstance(value, str):
-        try:
-            decoded = json.loads(value)
-        except ValueError:
-            return {"message": value}
-        return decoded if isinstance(decoded, dict) else {"input": decoded}
-    return {"input": value}
+    """What a tool agent receives from an upstream stage: plain text arrives as input."""
+    return as_payload(value, text_key="input")
 
 
 def call_user_function(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
