@@ -8,9 +8,7 @@ forms every assertion itself.
 
 from __future__ import annotations
 
-import base64
 import json
-import mimetypes
 import os
 import signal
 import sys
@@ -87,31 +85,17 @@ def load_suite(project: Path, suite: str) -> TestFile:
 
 
 def build_payload(project: Path, case: Mapping[str, Any]) -> dict[str, Any]:
-    """The payload an agent receives for a static `payload` plus `files` (spec §7).
-
-    A JSON object's keys go to the top level; other JSON becomes {"input": value}; text that
-    is not JSON becomes {"message": text}. Files are base64 with the MIME type from the name.
-    """
+    """The payload for a static `payload` plus `files` (spec §7); builders replace it later."""
+    from .builders import fixture_entries, with_files
     from .runtime import as_payload
+    from .runtime_errors import AgentRunError
 
     text = case.get("payload")
     payload = {} if text is None else as_payload(text)
-    files = []
-    for name in case.get("files") or []:
-        path = project / "tests" / "files" / name
-        if not path.is_file():
-            raise CaseError(f"fixture tests/files/{name} does not exist")
-        mime = mimetypes.guess_type(name)[0] or "application/octet-stream"
-        files.append(
-            {
-                "data": base64.b64encode(path.read_bytes()).decode("ascii"),
-                "mime_type": mime,
-                "name": name,
-            }
-        )
-    if files:
-        payload["files"] = list(payload.get("files") or []) + files
-    return payload
+    try:
+        return with_files(payload, fixture_entries(project, list(case.get("files") or [])))
+    except AgentRunError as exc:
+        raise CaseError(str(exc)) from None
 
 
 def project_agents(project: Path) -> tuple[set[str], list[str]]:
@@ -137,9 +121,13 @@ def prepare(project: Path, suite: str, case_name: str) -> PreparedCase:
     if agent not in names:
         known = ", ".join(sorted(names)) or "none"
         raise CaseError(f"{suite}: agent {agent!r} does not exist (agents: {known})")
-    if resolved.get("builder"):
+    builder = resolved.get("builder")
+    if (
+        builder
+        and not (project / "tests" / "builders" / f"{builder.removesuffix('.py')}.py").is_file()
+    ):
         raise CaseError(
-            f"{suite}: case {case_name!r}: builders are not supported by this runner yet"
+            f"{suite}: builder tests/builders/{builder.removesuffix('.py')}.py does not exist"
         )
     try:
         assertions = compile_assertions(resolved)
@@ -180,14 +168,35 @@ def _child_run(project: Path, prepared: PreparedCase, workdir: Path) -> None:
         load_errors = list(getattr(loader, "_load_errors", []))
         if prepared.agent_name not in runtime.agents:
             raise RuntimeError("; ".join(load_errors) or f"agent {prepared.agent_name} not loaded")
-        outcome = runtime.run(prepared.agent_name, prepared.payload, trace)
+        payload, builder = prepared.payload, None
+        context: dict[str, Any] = {}
+        if prepared.resolved.get("builder"):
+            from .builders import fixture_entries, load_builder, run_build, with_files
+
+            builder = load_builder(project, prepared.resolved["builder"])
+            built = run_build(builder, prepared.resolved, context)
+            files = fixture_entries(project, list(prepared.resolved.get("files") or []))
+            payload = with_files(built, files)
+            # Saved now, so that a cleanup after a timeout or crash still has the context,
+            # and assertions see the context exactly as build() left it.
+            (workdir / "builder.json").write_text(
+                json.dumps({"context": jsonable(context), "input": jsonable(payload)}),
+                encoding="utf-8",
+            )
+        outcome = runtime.run(prepared.agent_name, payload, trace)
         data = {
             "status": outcome.status,
+            "input": jsonable(payload),
             "output": jsonable(outcome.output),
             "error": outcome.error,
             "run_context": jsonable(outcome.run_context),
             "traces": [s.as_json() for s in trace.spans],
         }
+        if builder is not None:
+            from .builders import run_cleanup
+
+            run = {"input": payload, "output": outcome.output, "context": outcome.run_context}
+            data["cleanup_failure"] = run_cleanup(builder, prepared.resolved, context, run)
     except BaseException as exc:
         data = {
             "status": "failed",
@@ -234,20 +243,7 @@ def _run_invocation(project: Path, prepared: PreparedCase, index: int) -> dict[s
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child leaves through os._exit
             _child_run(project, prepared, workdir)
-        deadline = started + timeout_s
-        timed_out = False
-        status_code = 0
-        while True:
-            done, status_code = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() >= deadline:
-                timed_out = True
-                _kill_group(pid)
-                os.waitpid(pid, 0)
-                break
-            time.sleep(0.005)
-        _kill_group(pid)  # user code may have left background processes behind
+        timed_out, status_code = _wait(pid, started + timeout_s)
         duration_ms = int((time.monotonic() - started) * 1000)
         result_file = workdir / "result.json"
         if timed_out:
@@ -273,6 +269,14 @@ def _run_invocation(project: Path, prepared: PreparedCase, index: int) -> dict[s
                 "run_context": {},
                 "traces": [],
             }
+        saved = workdir / "builder.json"
+        if "cleanup_failure" not in data and saved.exists():
+            # The invocation died before its own cleanup: run cleanup in a fresh process.
+            data["cleanup_failure"] = _late_cleanup(project, prepared, workdir, timeout_s)
+        if saved.exists():
+            built = json.loads(saved.read_text(encoding="utf-8"))
+            data["builder_context"] = built["context"]
+            data.setdefault("input", built["input"])
         logs = _read_logs(workdir)
     traces = list(data.get("traces") or [])
     parent = traces[0]["span_id"] if traces else None
@@ -294,6 +298,56 @@ def _run_invocation(project: Path, prepared: PreparedCase, index: int) -> dict[s
     return data
 
 
+def _wait(pid: int, deadline: float) -> tuple[bool, int]:
+    """Wait for a forked child until ``deadline``; kill its whole group then, and after."""
+    timed_out, status_code = False, 0
+    while True:
+        done, status_code = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() >= deadline:
+            timed_out = True
+            _kill_group(pid)
+            os.waitpid(pid, 0)
+            break
+        time.sleep(0.005)
+    _kill_group(pid)  # user code may have left background processes behind
+    return timed_out, status_code
+
+
+def _late_cleanup(
+    project: Path, prepared: PreparedCase, workdir: Path, timeout_s: int
+) -> str | None:
+    """cleanup() for an invocation that timed out or crashed, with the context build() left."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child leaves through os._exit
+        code = 0
+        try:
+            os.setsid()
+            for fd, name in ((1, "stdout"), (2, "stderr")):
+                out = os.open(workdir / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                os.dup2(out, fd)
+                os.close(out)
+            from .builders import load_builder, run_cleanup
+
+            built = json.loads((workdir / "builder.json").read_text(encoding="utf-8"))
+            module = load_builder(project, prepared.resolved["builder"])
+            run = {"input": built["input"], "output": None, "context": {}}
+            failure = run_cleanup(module, prepared.resolved, built["context"], run)
+            (workdir / "cleanup.json").write_text(json.dumps({"failure": failure}))
+        except BaseException:
+            code = 70
+        os._exit(code)
+    timed_out, _ = _wait(pid, time.monotonic() + timeout_s)
+    result = workdir / "cleanup.json"
+    if timed_out:
+        return f"builder cleanup timed out after {timeout_s} s"
+    if not result.exists():
+        return "builder cleanup could not run after the invocation ended"
+    reported: str | None = json.loads(result.read_text())["failure"]
+    return reported
+
+
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -303,7 +357,7 @@ def _kill_group(pid: int) -> None:
 
 def judge_invocation(prepared: PreparedCase, data: Mapping[str, Any]) -> list[str]:
     """Every failed assertion of one invocation, in the order the spec lists them."""
-    builder_context: dict[str, Any] = {}
+    builder_context: dict[str, Any] = dict(data.get("builder_context") or {})
     failures: list[str] = []
     result_failure = check_result(
         prepared.assertions.expected_result,
@@ -324,6 +378,8 @@ def judge_invocation(prepared: PreparedCase, data: Mapping[str, Any]) -> list[st
         if s.get("type") == "tool_call"
     ]
     failures.extend(check_tool_calls(prepared.assertions, calls, builder_context))
+    if data.get("cleanup_failure"):
+        failures.append(str(data["cleanup_failure"]))
     return failures
 
 
@@ -366,7 +422,7 @@ def run_case(project: Path, suite: str, case_name: str) -> dict[str, Any]:
                 "index": index,
                 "status": data["status"],
                 "passed": not failures,
-                "input": compact(prepared.payload),
+                "input": compact(data.get("input", prepared.payload)),
                 "output": compact(data.get("output")),
                 "error": compact(data.get("error")),
                 "failure_reason": reason,
