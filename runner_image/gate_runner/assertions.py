@@ -23,6 +23,7 @@ from .expr import (
 
 RESULT_NAMES = ("output", "error", "status", "context")
 TOOL_CALL_NAMES = ("params", "invocations", "context")
+CHILD_PAYLOAD_NAMES = ("payload", "payload_raw", "context")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,26 @@ class CompiledAssertions:
     expected_tool_calls: tuple[ToolExpectation, ...]
     expected_tool_call_order: tuple[str, ...]
     expected_no_tool_calls: tuple[str, ...]
+    expected_child_agents: tuple[ChildExpectation, ...] = ()
+
+
+@dataclass(frozen=True)
+class ChildExpectation:
+    agent: str
+    triggered: int
+    payload: Expression | None
+    checks: CompiledAssertions  # expected_result, tool calls and deeper children
+
+    @property
+    def needs_waited_trigger(self) -> bool:
+        c = self.checks
+        return bool(
+            c.expected_result
+            or c.expected_tool_calls
+            or c.expected_tool_call_order
+            or c.expected_no_tool_calls
+            or c.expected_child_agents
+        )
 
 
 def _split_and(tree: ast.expr) -> list[ast.expr]:
@@ -83,7 +104,24 @@ def compile_assertions(case: Mapping[str, Any]) -> CompiledAssertions:
         ),
         expected_tool_call_order=tuple(case.get("expected_tool_call_order") or []),
         expected_no_tool_calls=tuple(case.get("expected_no_tool_calls") or []),
+        expected_child_agents=compile_children(case.get("expected_child_agents")),
     )
+
+
+def compile_children(spec: Mapping[str, Any] | None) -> tuple[ChildExpectation, ...]:
+    out = []
+    for agent, raw in (spec or {}).items():
+        raw = raw or {}
+        payload = raw.get("expected_payload")
+        out.append(
+            ChildExpectation(
+                agent=agent,
+                triggered=int(raw.get("expected_triggered") or 1),
+                payload=compile_expression(payload, CHILD_PAYLOAD_NAMES) if payload else None,
+                checks=compile_assertions(raw),
+            )
+        )
+    return tuple(out)
 
 
 def decode_output(output: Any) -> Any:
@@ -252,3 +290,130 @@ def _unmatched_entries(entries: list[int], candidates: list[list[int]]) -> list[
         return False
 
     return [e for e in entries if not augment(e, set())]
+
+
+# -- expected_child_agents (spec 6.5) ------------------------------------------------------
+
+
+def trigger_scope(span: Mapping[str, Any], by_id: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The child_agent span a span belongs under (None: the agent under test itself)."""
+    parent = span.get("parent_span_id")
+    while parent is not None:
+        above = by_id.get(parent)
+        if above is None:
+            return None
+        if above.get("type") == "child_agent":
+            return str(above["span_id"])
+        parent = above.get("parent_span_id")
+    return None
+
+
+def calls_in_scope(spans: Sequence[Mapping[str, Any]], scope: str | None) -> list[ToolCall]:
+    """The tool calls a run made itself, not those of the children it triggered."""
+    by_id = {str(s["span_id"]): s for s in spans}
+    return [
+        ToolCall(
+            name=str(s["metadata"].get("tool_name", s["name"])),
+            ref=str(s["metadata"].get("tool_ref", s["name"])),
+            params=s["metadata"].get("params") or {},
+        )
+        for s in spans
+        if s.get("type") == "tool_call" and trigger_scope(s, by_id) == scope
+    ]
+
+
+def _payload_bindings(record: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
+    sent = record["metadata"].get("payload")
+    return {
+        "payload": decode_output(sent),
+        "payload_raw": sent if isinstance(sent, str) else "",
+        "context": context,
+    }
+
+
+def check_children(
+    expectations: Sequence[ChildExpectation],
+    spans: Sequence[Mapping[str, Any]],
+    context: Mapping[str, Any],
+    scope: str | None = None,
+    path: str = "",
+) -> list[str]:
+    """Every expected_child_agents entry below ``scope``, to any depth."""
+    by_id = {str(s["span_id"]): s for s in spans}
+    records = [
+        s for s in spans if s.get("type") == "child_agent" and trigger_scope(s, by_id) == scope
+    ]
+    failures: list[str] = []
+    for exp in expectations:
+        label = f"expected_child_agents {path}{exp.agent}"
+        mine = [r for r in records if r["name"] == exp.agent]
+        if len(mine) < exp.triggered:
+            failures.append(
+                f"{label}: expected at least {exp.triggered} trigger(s), saw {len(mine)}"
+            )
+            continue
+        if exp.payload is not None:
+            failures.extend(_check_payload(label, exp.payload, mine, context))
+        if not exp.needs_waited_trigger:
+            continue
+        waited = [
+            r
+            for r in mine
+            if r["metadata"].get("wait_for_response") and not r["metadata"].get("scheduled")
+        ]
+        if not waited:
+            failures.append(
+                f"{label}: its expected_result, tool-call or child assertions need a waited "
+                f"trigger, and all {len(mine)} trigger(s) were fire-and-forget; trigger it "
+                "with wait_for_response=True"
+            )
+            continue
+        # One waited trigger satisfying the whole spec is enough (spec 6.5).
+        attempts = [_check_waited(exp, r, spans, context, f"{path}{exp.agent}.") for r in waited]
+        if not any(not a for a in attempts):
+            failures.append(
+                f"{label}: none of {len(waited)} waited trigger(s) met the spec; first: "
+                + "; ".join(attempts[0])
+            )
+    return failures
+
+
+def _check_payload(
+    label: str, expr: Expression, records: Sequence[Mapping[str, Any]], context: Mapping[str, Any]
+) -> list[str]:
+    errors = []
+    for record in records:
+        bindings = _payload_bindings(record, context)
+        try:
+            if expr.holds(bindings):
+                return []  # decided (spec 13.12): any trigger's payload may satisfy it
+        except EvaluationError as exc:
+            errors.append(str(exc))
+    seen = "; ".join(_seen(expr, _payload_bindings(r, context)) for r in records[:3])
+    detail = f"; {errors[0]}" if errors else ""
+    return [f"{label}: no trigger's payload satisfied `{expr.source}` (seen: {seen}){detail}"]
+
+
+def _check_waited(
+    exp: ChildExpectation,
+    record: Mapping[str, Any],
+    spans: Sequence[Mapping[str, Any]],
+    context: Mapping[str, Any],
+    path: str,
+) -> list[str]:
+    meta = record["metadata"]
+    status = str(meta.get("status") or ("failed" if meta.get("error") else "completed"))
+    failures = []
+    result = check_result(
+        exp.checks.expected_result,
+        status=status,
+        output=meta.get("output"),
+        error=meta.get("error"),
+        context=context,
+    )
+    if result:
+        failures.append(result)
+    scope = str(record["span_id"])
+    failures.extend(check_tool_calls(exp.checks, calls_in_scope(spans, scope), context))
+    failures.extend(check_children(exp.checks.expected_child_agents, spans, context, scope, path))
+    return failures

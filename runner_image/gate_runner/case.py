@@ -27,7 +27,8 @@ from pydantic import ValidationError
 from . import SCHEMA_VERSION
 from .assertions import (
     CompiledAssertions,
-    ToolCall,
+    calls_in_scope,
+    check_children,
     check_result,
     check_tool_calls,
     compile_assertions,
@@ -368,16 +369,12 @@ def judge_invocation(prepared: PreparedCase, data: Mapping[str, Any]) -> list[st
     )
     if result_failure:
         failures.append(result_failure)
-    calls = [
-        ToolCall(
-            name=str(s["metadata"].get("tool_name", s["name"])),
-            ref=str(s["metadata"].get("tool_ref", s["name"])),
-            params=s["metadata"].get("params") or {},
-        )
-        for s in data.get("traces") or []
-        if s.get("type") == "tool_call"
-    ]
+    spans = list(data.get("traces") or [])
+    calls = calls_in_scope(spans, None)  # the agent under test's own calls, not its children's
     failures.extend(check_tool_calls(prepared.assertions, calls, builder_context))
+    failures.extend(
+        check_children(prepared.assertions.expected_child_agents, spans, builder_context)
+    )
     if data.get("cleanup_failure"):
         failures.append(str(data["cleanup_failure"]))
     return failures

@@ -77,3 +77,39 @@ def test_children_nest_link_and_fire_and_forget_is_recorded(project: Path) -> No
     middle_span = children[2]
     assert children[3].parent_span_id is not None
     assert inv.output["middle"]["leaf"]["parent"] == middle_span.metadata["run_id"]
+
+
+def test_child_expectations_three_levels_deep(project: Path) -> None:
+    result = judged(project, "tests/boss-children.yaml", "three_levels_deep")
+    assert result.passed, result.failure_reason
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        (
+            "fire_and_forget_cannot_be_judged_deeper",
+            "expected_child_agents leaf: its expected_result, tool-call or child assertions need a "
+            "waited trigger, and all 2 trigger(s) were fire-and-forget; trigger it with "
+            "wait_for_response=True",
+        ),
+        ("too_few_triggers", "expected_child_agents middle: expected at least 2 trigger(s), saw 1"),
+        (
+            "payload_mismatch",
+            "expected_child_agents middle: no trigger's payload satisfied `payload.depth == 5` "
+            "(seen: payload.depth = 1)",
+        ),
+        (
+            "grandchild_result_mismatch",
+            "expected_child_agents middle: none of 1 waited trigger(s) met the spec; first: "
+            "expected_child_agents middle.leaf: none of 1 waited trigger(s) met the spec; first: "
+            "expected_result `output.depth == 4` was false (seen: output.depth = 3)",
+        ),
+    ],
+)
+def test_child_expectation_failures_say_what_was_wrong(
+    project: Path, case: str, reason: str
+) -> None:
+    result = judged(project, "tests/boss-children.yaml", case)
+    assert not result.passed
+    assert result.invocations[0].failed_assertions == [reason]
