@@ -158,11 +158,23 @@ def _child_run(project: Path, prepared: PreparedCase, workdir: Path) -> None:
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         from connic import ProjectLoader
 
+        from .mocks import Mocks, StrictFlags
         from .runtime import Runtime, Trace, install_predefined, jsonable
 
         trace = Trace()
         runtime = Runtime({}, project=project, model_mode=os.environ.get("GATE_MODEL_MODE") or None)
         install_predefined(runtime)  # before user modules import connic.tools names
+        resolved = prepared.resolved
+        runtime.mocks = Mocks.load(
+            project,
+            resolved.get("mocks"),
+            StrictFlags(
+                tools=bool(resolved.get("strict_mocks")),
+                hooks=bool(resolved.get("strict_hook_mocks")),
+                middleware=bool(resolved.get("strict_middleware_mocks")),
+                guardrails=bool(resolved.get("strict_guardrail_mocks")),
+            ),
+        )
         loader = ProjectLoader(str(project))
         runtime.agents = {a.config.name: a for a in loader.load_agents()}
         runtime.loader = loader
@@ -192,6 +204,7 @@ def _child_run(project: Path, prepared: PreparedCase, workdir: Path) -> None:
             "error": outcome.error,
             "run_context": jsonable(outcome.run_context),
             "traces": [s.as_json() for s in trace.spans],
+            "violations": list(runtime.violations),
         }
         if builder is not None:
             from .builders import run_cleanup
@@ -375,6 +388,7 @@ def judge_invocation(prepared: PreparedCase, data: Mapping[str, Any]) -> list[st
     failures.extend(
         check_children(prepared.assertions.expected_child_agents, spans, builder_context)
     )
+    failures.extend(str(v) for v in data.get("violations") or [])
     if data.get("cleanup_failure"):
         failures.append(str(data["cleanup_failure"]))
     return failures

@@ -22,6 +22,7 @@ from typing import Any
 from connic import AbortTool, StopProcessing
 
 from .guardrails import GuardrailBlocked, run_rules
+from .mocks import Mocks, StrictFlags, StrictViolation, check_arguments, normalise
 from .models import Model, ModelReply, choose_model
 from .predefined import Predefined
 from .runtime_errors import AgentNotFound, AgentRunError
@@ -240,6 +241,10 @@ class Runtime:
         self.model_mode = model_mode
         self._models: dict[str, Model] = {}
         self.predefined = Predefined()
+        self.mocks = Mocks(None, StrictFlags())
+        # Strict-flag and mock-signature violations: they fail the invocation whatever the
+        # run's own status says.
+        self.violations: list[str] = []
         self._stack: list[tuple[Trace, Span | None, dict[str, Any]]] = []
 
     # -- entry points -----------------------------------------------------------------------
@@ -442,9 +447,6 @@ class Runtime:
         parent: Span,
     ) -> Any:
         tool = agent.tools[0]
-        kwargs: dict[str, Any] = {"payload": payload}
-        if _accepts(tool.func, "context"):
-            kwargs["context"] = context
         span = trace.open(
             "tool_call",
             tool.name,
@@ -456,7 +458,7 @@ class Runtime:
         )
         started = time.monotonic()
         try:
-            result = call_user_function(tool.func, **kwargs)
+            result = self._call_custom_tool(tool, {"payload": payload}, context, span)
         except StopProcessing:
             span.metadata["stopped"] = True
             raise
@@ -509,13 +511,12 @@ class Runtime:
                 redacted = self._guardrails(rails.input, "input", raw_text, context, trace, span)
             except GuardrailBlocked as blocked:
                 # Spec §4.1: the agent never runs; `after` still sees the rejection message.
-                if (
-                    middleware is not None
-                    and middleware.after is not None
-                    and (rails.run_after_on_block)
-                ):
+                after = self._phase(
+                    "middleware", middleware.after if middleware else None, config.name, "after"
+                )
+                if after is not None and rails.run_after_on_block:
                     blocked.message = self._middleware_phase(
-                        "after", middleware.after, blocked.message, context, trace, span
+                        "after", after, blocked.message, context, trace, span
                     )
                 raise
             if redacted != raw_text:
@@ -524,18 +525,22 @@ class Runtime:
                     "parts": [{"text": redacted}]
                     + [p for p in content["parts"] if "text" not in p],
                 }
-        if middleware is not None and middleware.before is not None:
-            content = self._middleware_phase(
-                "before", middleware.before, content, context, trace, span
-            )
+        before = self._phase(
+            "middleware", middleware.before if middleware else None, config.name, "before"
+        )
+        if before is not None:
+            content = self._middleware_phase("before", before, content, context, trace, span)
             if not isinstance(content, dict):
                 raise AgentRunError(
                     f"middleware before() for {config.name!r} must return the content dict, "
                     f"got {type(content).__name__}"
                 )
         output = self._llm_loop(agent, content, context, trace, span)
-        if middleware is not None and middleware.after is not None:
-            output = self._middleware_phase("after", middleware.after, output, context, trace, span)
+        after = self._phase(
+            "middleware", middleware.after if middleware else None, config.name, "after"
+        )
+        if after is not None:
+            output = self._middleware_phase("after", after, output, context, trace, span)
             if output is None:
                 raise AgentRunError(
                     f"middleware after() for {config.name!r} returned None; it must return "
@@ -562,8 +567,20 @@ class Runtime:
             trace.spans[-1].duration_ms = ms
 
         def custom(name: str) -> Callable[..., Any] | None:
+            # The real file must still import cleanly, mocked or not (spec 8.2).
             found = self.loader.load_guardrail(name) if self.loader is not None else None
-            return found.check if found is not None else None
+            if found is None:
+                return None
+            mock = self.mocks.guardrail(direction, name)
+            if mock is not None:
+                return mock
+            if self.mocks.strict.guardrails:
+                self._violate(
+                    f"strict_guardrail_mocks: the real custom guardrail {name!r} would run "
+                    f"({direction}); the mocks module has no replacement for it"
+                )
+            check: Callable[..., Any] = found.check
+            return check
 
         return run_rules(
             rules, direction, text, context, custom=custom, call=call_user_function, record=record
@@ -776,10 +793,11 @@ class Runtime:
         try:
             if tool is None:
                 raise AgentRunError(f"unknown tool {name!r}")
-            if hooks is not None and hooks.before is not None:
+            before = self._phase("hook", hooks.before if hooks else None, ref, "before")
+            if before is not None:
                 try:
                     changed = self._hook(
-                        hooks.before,
+                        before,
                         name,
                         params,
                         context,
@@ -795,10 +813,11 @@ class Runtime:
                 if isinstance(changed, dict):
                     params = {**params, **changed}
                 span.metadata["params"] = jsonable(params)
-            result = self._execute_tool(tool, params, context)
-            if hooks is not None and hooks.after is not None:
+            result = self._execute_tool(tool, params, context, span)
+            after = self._phase("hook", hooks.after if hooks else None, ref, "after")
+            if after is not None:
                 replaced = self._hook(
-                    hooks.after,
+                    after,
                     name,
                     params,
                     context,
@@ -811,7 +830,7 @@ class Runtime:
                     result = replaced
             span.metadata["result"] = jsonable(result)
             return result
-        except StopProcessing:
+        except (StopProcessing, StrictViolation):
             span.metadata["stopped"] = True
             raise
         except Exception as exc:
@@ -848,7 +867,9 @@ class Runtime:
             span.duration_ms = int((time.monotonic() - started) * 1000)
         return result
 
-    def _execute_tool(self, tool: Any, params: dict[str, Any], context: dict[str, Any]) -> Any:
+    def _execute_tool(
+        self, tool: Any, params: dict[str, Any], context: dict[str, Any], span: Span
+    ) -> Any:
         if tool.is_predefined:
             if tool.name == "trigger_agent":
                 return self.trigger(**params)
@@ -858,10 +879,57 @@ class Runtime:
             if implementation is None:
                 raise AgentRunError(f"predefined tool {tool.name!r} is not available in a gate")
             return implementation(**params)
+        return self._call_custom_tool(tool, params, context, span)
+
+    def _call_custom_tool(
+        self, tool: Any, params: dict[str, Any], context: dict[str, Any], span: Span
+    ) -> Any:
+        """A custom file tool, or its mock: mocks replace the call, strict_mocks forbid it."""
+        ref = tool.ref or tool.name
+        mock = self.mocks.tool(ref)
+        if mock is not None:
+            self._guard(lambda: check_arguments(tool.func, params, ref))
+            span.metadata["mocked"] = True
+            return call_user_function(mock, ref, params, context)
+        if self.mocks.strict.tools:
+            self._violate(
+                f"strict_mocks: {ref} would run for real; no mock in the mocks module matches "
+                f"it (most specific first: mock_{'_'.join(normalise(ref))})"
+            )
         kwargs = dict(params)
         if _accepts(tool.func, "context"):
             kwargs["context"] = context
         return call_user_function(tool.func, **kwargs)
+
+    def _violate(self, message: str) -> None:
+        self.violations.append(message)
+        raise StrictViolation(message)
+
+    def _guard(self, check: Callable[[], None]) -> None:
+        try:
+            check()
+        except StrictViolation as exc:
+            self._violate(str(exc))
+
+    def _phase(
+        self, kind: str, real: Callable[..., Any] | None, key: str, phase: str
+    ) -> Callable[..., Any] | None:
+        """The function that runs a configured phase: its mock if one matches, else the real
+        one (unless the phase's strict flag forbids it). A mock never adds a missing phase."""
+        if real is None:
+            return None
+        if kind == "hook":
+            mock, strict = self.mocks.hook(key, phase), self.mocks.strict.hooks
+        else:
+            mock, strict = self.mocks.middleware(phase), self.mocks.strict.middleware
+        if mock is not None:
+            return mock
+        if strict:
+            self._violate(
+                f"strict_{kind}_mocks: the real {kind} {phase}() would run for {key}; the "
+                "mocks module has no replacement for it"
+            )
+        return real
 
 
 def schema_problem(value: Any, schema: Mapping[str, Any], where: str = "output") -> str | None:
