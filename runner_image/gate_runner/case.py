@@ -158,6 +158,7 @@ def _child_run(project: Path, prepared: PreparedCase, workdir: Path) -> None:
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         from connic import ProjectLoader
 
+        from .approvals import Approvals
         from .mocks import Mocks, StrictFlags
         from .runtime import Runtime, Trace, install_predefined, jsonable
 
@@ -196,7 +197,14 @@ def _child_run(project: Path, prepared: PreparedCase, workdir: Path) -> None:
                 json.dumps({"context": jsonable(context), "input": jsonable(payload)}),
                 encoding="utf-8",
             )
+        runtime.approvals = Approvals.from_case(resolved, context)
         outcome = runtime.run(prepared.agent_name, payload, trace)
+        if runtime.approvals.strict:
+            for left in runtime.approvals.unused():
+                runtime.violations.append(
+                    f"strict_approval_decisions: the decision for {left.tool} "
+                    f"({left.decision}) was never used"
+                )
         data = {
             "status": outcome.status,
             "input": jsonable(payload),

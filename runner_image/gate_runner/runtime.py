@@ -21,6 +21,7 @@ from typing import Any
 
 from connic import AbortTool, StopProcessing
 
+from .approvals import Approvals, AwaitingApproval, rejection_error, requires_approval
 from .guardrails import GuardrailBlocked, run_rules
 from .mocks import Mocks, StrictFlags, StrictViolation, check_arguments, normalise
 from .models import Model, ModelReply, choose_model
@@ -224,6 +225,10 @@ PREDEFINED_SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 
+class ApprovalRejected(AgentRunError):
+    """A rejected (or timed-out) approval with on_rejection: fail ends the run failed."""
+
+
 class Runtime:
     """Runs agents of one loaded project for one invocation."""
 
@@ -242,6 +247,7 @@ class Runtime:
         self._models: dict[str, Model] = {}
         self.predefined = Predefined()
         self.mocks = Mocks(None, StrictFlags())
+        self.approvals = Approvals()
         # Strict-flag and mock-signature violations: they fail the invocation whatever the
         # run's own status says.
         self.violations: list[str] = []
@@ -278,6 +284,8 @@ class Runtime:
             output = getattr(stop, "response", str(stop))
             status, error = "completed", None
             publish = bool(getattr(stop, "publish_outbound", True))
+        except AwaitingApproval:
+            output, status, error = None, "awaiting_approval", None
         except GuardrailBlocked as blocked:
             # `blocked` is the assertion-level status; the stored status is kept beside it.
             output, status = blocked.message, "blocked"
@@ -793,6 +801,9 @@ class Runtime:
         try:
             if tool is None:
                 raise AgentRunError(f"unknown tool {name!r}")
+            refused = self._approval(agent, tool, ref, name, params, context, trace, span)
+            if refused is not None:
+                return refused
             before = self._phase("hook", hooks.before if hooks else None, ref, "before")
             if before is not None:
                 try:
@@ -830,7 +841,7 @@ class Runtime:
                     result = replaced
             span.metadata["result"] = jsonable(result)
             return result
-        except (StopProcessing, StrictViolation):
+        except (StopProcessing, StrictViolation, AwaitingApproval, ApprovalRejected):
             span.metadata["stopped"] = True
             raise
         except Exception as exc:
@@ -880,6 +891,44 @@ class Runtime:
                 raise AgentRunError(f"predefined tool {tool.name!r} is not available in a gate")
             return implementation(**params)
         return self._call_custom_tool(tool, params, context, span)
+
+    def _approval(
+        self,
+        agent: Any,
+        tool: Any,
+        ref: str,
+        name: str,
+        params: dict[str, Any],
+        context: dict[str, Any],
+        trace: Trace,
+        parent: Span,
+    ) -> Any:
+        """None to go on with the call; else what the model is told instead (a rejection)."""
+        if not requires_approval(agent, ref, name, params, context):
+            return None
+        decision = self.approvals.answer(ref, name, params)
+        span = trace.open(
+            "approval",
+            ref,
+            parent,
+            params=jsonable(params),
+            decision=decision.decision if decision else None,
+        )
+        if decision is None:
+            span.status = "error"
+            if self.approvals.strict:
+                self._violate(
+                    f"strict_approval_decisions: no approval_decisions entry answered "
+                    f"the approval of {ref} with params {jsonable(params)}"
+                )
+            raise AwaitingApproval(f"waiting for approval of {ref}")
+        if decision.decision == "approve":
+            return None
+        span.status = "error"
+        on_rejection = getattr(agent.config.approval, "on_rejection", "fail")
+        if on_rejection == "continue":
+            return {"error": str(rejection_error(decision, ref))}
+        raise ApprovalRejected(str(rejection_error(decision, ref)))
 
     def _call_custom_tool(
         self, tool: Any, params: dict[str, Any], context: dict[str, Any], span: Span
