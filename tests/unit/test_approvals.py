@@ -1,0 +1,64 @@
+"""Approvals scripted by approval_decisions (spec 8.5)."""
+
+from pathlib import Path
+
+import pytest
+
+from gate_runner.case import run_case
+from gate_service.runner_contract import CaseResult
+from tests.fixtures.projects import approval_project
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return approval_project(tmp_path_factory.mktemp("approvals") / "p")
+
+
+def judged(project: Path, suite: str, case: str) -> CaseResult:
+    result = CaseResult.model_validate(run_case(project, suite, case))
+    assert result.case_error is None, result.case_error
+    return result
+
+
+@pytest.mark.parametrize(
+    ("suite", "case"),
+    [
+        ("tests/payments.yaml", "approved_refund_runs"),
+        ("tests/payments.yaml", "small_refunds_need_no_approval"),
+        ("tests/payments.yaml", "unanswered_approval_pauses_the_run"),
+        ("tests/payments.yaml", "params_that_do_not_match_leave_it_pending"),
+        ("tests/payments.yaml", "rejection_fails_the_run"),
+        ("tests/payments-lenient.yaml", "rejection_continues_with_the_model_told"),
+    ],
+)
+def test_approval_flows(project: Path, suite: str, case: str) -> None:
+    result = judged(project, suite, case)
+    assert result.passed, result.failure_reason
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        (
+            "strict_unused_decision_fails",
+            "strict_approval_decisions: the decision for billing.refund (approve) was never used",
+        ),
+        (
+            "strict_unanswered_approval_fails",
+            "strict_approval_decisions: no approval_decisions entry answered the approval of "
+            "billing.refund",
+        ),
+    ],
+)
+def test_strict_approval_decisions(project: Path, case: str, reason: str) -> None:
+    result = judged(project, "tests/payments.yaml", case)
+    assert not result.passed
+    assert any(reason in f for f in result.invocations[0].failed_assertions), result.failure_reason
+
+
+def test_no_expected_result_fails_a_paused_run(project: Path) -> None:
+    suite = project / "tests" / "paused.yaml"
+    suite.write_text("agent: payments\ntests:\n  - name: paused\n    payload: refund 100\n")
+    result = judged(project, "tests/paused.yaml", "paused")
+    assert not result.passed
+    assert "status 'awaiting_approval'" in (result.failure_reason or "")
