@@ -65,6 +65,7 @@ class PreparedCase:
     resolved: dict[str, Any]
     assertions: CompiledAssertions
     payload: dict[str, Any]
+    agent_config: Any = None
 
 
 def suite_agent(suite_path: Path, test_file: TestFile) -> str:
@@ -99,16 +100,26 @@ def build_payload(project: Path, case: Mapping[str, Any]) -> dict[str, Any]:
         raise CaseError(str(exc)) from None
 
 
-def project_agents(project: Path) -> tuple[set[str], list[str]]:
-    """Agent names and load errors, read without executing any user code."""
+def project_agents(project: Path) -> tuple[dict[str, Any], list[str]]:
+    """Agent configs by name and load errors, read without executing any user code."""
     from connic import ProjectLoader
 
     loader = ProjectLoader(str(project), validation_only=True)
     try:
         agents = loader.load_agents()
     except FileNotFoundError as exc:
-        return set(), [str(exc)]
-    return {a.config.name for a in agents}, list(getattr(loader, "_load_errors", []))
+        return {}, [str(exc)]
+    return {a.config.name: a.config for a in agents}, list(getattr(loader, "_load_errors", []))
+
+
+# Decided (spec 13.16): a case's invocations run concurrently up to the agent's own
+# max_concurrent_runs (default 1, so sequential unless the agent allows more), capped here.
+MAX_PARALLEL_INVOCATIONS = 8
+
+
+def parallelism(prepared: PreparedCase, runs: int) -> int:
+    allowed = int(getattr(prepared.agent_config, "max_concurrent_runs", 1) or 1)
+    return max(1, min(runs, allowed, MAX_PARALLEL_INVOCATIONS))
 
 
 def prepare(project: Path, suite: str, case_name: str) -> PreparedCase:
@@ -135,6 +146,7 @@ def prepare(project: Path, suite: str, case_name: str) -> PreparedCase:
     except ExpressionError as exc:
         raise CaseError(f"{suite}: case {case_name!r}: {exc}") from None
     return PreparedCase(
+        agent_config=names[agent],
         suite=suite,
         agent_name=agent,
         resolved=resolved,
@@ -257,49 +269,103 @@ def _read_logs(workdir: Path) -> list[dict[str, Any]]:
     return spans
 
 
-def _run_invocation(project: Path, prepared: PreparedCase, index: int) -> dict[str, Any]:
+@dataclass
+class _Running:
+    """An invocation's process while it runs."""
+
+    index: int
+    pid: int
+    workdir: tempfile.TemporaryDirectory[str]
+    started: float
+    deadline: float
+
+
+def _start(project: Path, prepared: PreparedCase, index: int) -> _Running:
+    workdir = tempfile.TemporaryDirectory(prefix=f"inv{index}-")
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child leaves through os._exit
+        _child_run(project, prepared, Path(workdir.name))
+    return _Running(index, pid, workdir, started, started + int(prepared.resolved["timeout_s"]))
+
+
+def _run_invocations(
+    project: Path, prepared: PreparedCase, runs: int, parallel: int
+) -> list[dict[str, Any]]:
+    """All invocations, at most ``parallel`` at once, each in its own process group."""
+    results: dict[int, dict[str, Any]] = {}
+    pending = list(range(runs))
+    active: list[_Running] = []
+    while pending or active:
+        while pending and len(active) < parallel:
+            active.append(_start(project, prepared, pending.pop(0)))
+        for running in list(active):
+            done, status_code = os.waitpid(running.pid, os.WNOHANG)
+            timed_out = not done and time.monotonic() >= running.deadline
+            if timed_out:
+                _kill_group(running.pid)
+                os.waitpid(running.pid, 0)
+            if done or timed_out:
+                _kill_group(running.pid)  # user code may have left processes behind
+                active.remove(running)
+                try:
+                    results[running.index] = _collect(
+                        project,
+                        prepared,
+                        Path(running.workdir.name),
+                        running.started,
+                        timed_out,
+                        status_code,
+                    )
+                finally:
+                    running.workdir.cleanup()
+        time.sleep(0.005)
+    return [results[i] for i in range(runs)]
+
+
+def _collect(
+    project: Path,
+    prepared: PreparedCase,
+    workdir: Path,
+    started: float,
+    timed_out: bool,
+    status_code: int,
+) -> dict[str, Any]:
     timeout_s = int(prepared.resolved["timeout_s"])
-    with tempfile.TemporaryDirectory(prefix=f"inv{index}-") as tmp:
-        workdir = Path(tmp)
-        started = time.monotonic()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child leaves through os._exit
-            _child_run(project, prepared, workdir)
-        timed_out, status_code = _wait(pid, started + timeout_s)
-        duration_ms = int((time.monotonic() - started) * 1000)
-        result_file = workdir / "result.json"
-        if timed_out:
-            data: dict[str, Any] = {
-                "status": "failed",
-                "output": None,
-                "error": f"timed out after {timeout_s} s (timeout_s)",
-                "run_context": {},
-                "traces": [],
-            }
-        elif result_file.exists():
-            data = json.loads(result_file.read_text(encoding="utf-8"))
-        else:
-            how = (
-                f"was killed by signal {os.WTERMSIG(status_code)}"
-                if os.WIFSIGNALED(status_code)
-                else f"exited with code {os.WEXITSTATUS(status_code)}"
-            )
-            data = {
-                "status": "failed",
-                "output": None,
-                "error": f"the invocation process {how} before reporting (out of memory?)",
-                "run_context": {},
-                "traces": [],
-            }
-        saved = workdir / "builder.json"
-        if "cleanup_failure" not in data and saved.exists():
-            # The invocation died before its own cleanup: run cleanup in a fresh process.
-            data["cleanup_failure"] = _late_cleanup(project, prepared, workdir, timeout_s)
-        if saved.exists():
-            built = json.loads(saved.read_text(encoding="utf-8"))
-            data["builder_context"] = built["context"]
-            data.setdefault("input", built["input"])
-        logs = _read_logs(workdir)
+    duration_ms = int((time.monotonic() - started) * 1000)
+    result_file = workdir / "result.json"
+    if timed_out:
+        data: dict[str, Any] = {
+            "status": "failed",
+            "output": None,
+            "error": f"timed out after {timeout_s} s (timeout_s)",
+            "run_context": {},
+            "traces": [],
+        }
+    elif result_file.exists():
+        data = json.loads(result_file.read_text(encoding="utf-8"))
+    else:
+        how = (
+            f"was killed by signal {os.WTERMSIG(status_code)}"
+            if os.WIFSIGNALED(status_code)
+            else f"exited with code {os.WEXITSTATUS(status_code)}"
+        )
+        data = {
+            "status": "failed",
+            "output": None,
+            "error": f"the invocation process {how} before reporting (out of memory?)",
+            "run_context": {},
+            "traces": [],
+        }
+    saved = workdir / "builder.json"
+    if "cleanup_failure" not in data and saved.exists():
+        # The invocation died before its own cleanup: run cleanup in a fresh process.
+        data["cleanup_failure"] = _late_cleanup(project, prepared, workdir, timeout_s)
+    if saved.exists():
+        built = json.loads(saved.read_text(encoding="utf-8"))
+        data["builder_context"] = built["context"]
+        data.setdefault("input", built["input"])
+    logs = _read_logs(workdir)
     traces = list(data.get("traces") or [])
     parent = traces[0]["span_id"] if traces else None
     for line in logs:
@@ -429,8 +495,8 @@ def run_case(project: Path, suite: str, case_name: str) -> dict[str, Any]:
     threshold = int(prepared.resolved["success_threshold"])
     invocations: list[dict[str, Any]] = []
     reasons: list[str | None] = []
-    for index in range(runs):
-        data = _run_invocation(project, prepared, index)
+    all_data = _run_invocations(project, prepared, runs, parallelism(prepared, runs))
+    for index, data in enumerate(all_data):
         failures = judge_invocation(prepared, data)
         reason = "; ".join(failures) if failures else None
         reasons.append(reason)

@@ -1,5 +1,6 @@
 """The runner judging whole cases in-process (forked invocations, no Docker)."""
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,70 @@ def test_large_fixtures_are_shortened_in_the_stored_result(tmp_path: Path) -> No
     stored = result.invocations[0].input["files"][0]["data"]
     assert stored.endswith("characters; shortened for storage]")
     assert len(result.model_dump_json()) < 200_000
+
+
+def test_invocations_run_concurrently_up_to_max_concurrent_runs_without_sharing_state(
+    tmp_path: Path,
+) -> None:
+    from tests.fixtures.projects import write
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    project = write(
+        tmp_path / "p",
+        {
+            "agents/parallel.yaml": """
+            version: "1.0"
+            name: parallel
+            description: Sleeps, and counts its calls in module state.
+            type: tool
+            tool_name: slow.work
+            max_concurrent_runs: 4
+        """,
+            "agents/serial.yaml": """
+            version: "1.0"
+            name: serial
+            description: The same, with the default of one run at a time.
+            type: tool
+            tool_name: slow.work
+        """,
+            "tools/slow.py": f"""
+            import os
+            import time
+
+            CALLS = []
+
+
+            def work(payload: dict) -> dict:
+                CALLS.append(1)
+                start = time.time()
+                time.sleep(0.5)
+                with open(os.path.join({str(marks)!r}, payload["tag"] + str(os.getpid())), "w") as fh:
+                    fh.write(f"{{start}} {{time.time()}}")
+                return {{"calls": len(CALLS)}}
+        """,
+            "tests/parallel.yaml": """
+            tests:
+              - name: four_at_once
+                payload: '{"tag": "p"}'
+                runs: 4
+                expected_result: output.calls == 1
+        """,
+            "tests/serial.yaml": """
+            tests:
+              - name: one_at_a_time
+                payload: '{"tag": "s"}'
+                runs: 3
+                expected_result: output.calls == 1
+        """,
+        },
+    )
+
+    def overlaps(tag: str) -> int:
+        spans = sorted(tuple(map(float, p.read_text().split())) for p in marks.glob(f"{tag}*"))
+        return sum(1 for a, b in itertools.pairwise(spans) if b[0] < a[1])
+
+    assert judged(project, "tests/parallel.yaml", "four_at_once").passed
+    assert judged(project, "tests/serial.yaml", "one_at_a_time").passed
+    assert overlaps("p") >= 1  # some invocations ran at the same time
+    assert overlaps("s") == 0  # max_concurrent_runs 1: never
