@@ -17,6 +17,9 @@ from connic import ProjectLoader
 from connic.test_schema import TestCase, TestFile
 from pydantic import ValidationError
 
+from gate_runner.assertions import compile_assertions
+from gate_runner.expr import ExpressionError, compile_expression
+
 # Folders under tests/ that hold support files, not suites (spec §13.1, decided: skip them).
 NON_SUITE_DIRS = ("files", "builders", "mocks", "models", "recordings")
 
@@ -166,6 +169,17 @@ def _parsed_cases(raw: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _check_expressions(rel: str, case: dict[str, Any], report: ProjectReport) -> None:
+    """Refuse assertions outside the expression language now, with their position."""
+    try:
+        compile_assertions(case)
+        for decision in case.get("approval_decisions") or []:
+            if decision.get("params"):
+                compile_expression(decision["params"], ("params", "context"))
+    except ExpressionError as exc:
+        report.add(rel, f"expression: {exc}", case["name"])
+
+
 def _check_references(root: Path, rel: str, case: dict[str, Any], report: ProjectReport) -> None:
     name = case["name"]
     for fixture in case.get("files") or []:
@@ -218,6 +232,7 @@ def validate_project(root: Path, name_filter: str | None = None) -> ProjectRepor
         for resolved in cases:
             name = resolved["name"]
             _check_references(root, rel, resolved, report)
+            _check_expressions(rel, resolved, report)
             if agent not in report.agents:
                 known = ", ".join(sorted(report.agents)) or "none"
                 report.add(

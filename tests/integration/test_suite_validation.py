@@ -148,6 +148,36 @@ SUITE_ERRORS = {
         None,
         "not valid YAML",
     ),
+    "expression_with_a_call": (
+        "tests/calc.yaml",
+        "tests:\n  - name: a\n    payload: x\n    expected_result: len(output) > 1\n",
+        "a",
+        "function and method calls not allowed at column 1",
+    ),
+    "expression_with_arithmetic": (
+        "tests/calc.yaml",
+        "tests:\n  - name: a\n    payload: x\n    expected_tool_calls: [{add: 'invocations + 1 == 2'}]\n",
+        "a",
+        "arithmetic not allowed",
+    ),
+    "expression_with_an_unknown_root": (
+        "tests/calc.yaml",
+        "tests:\n  - name: a\n    payload: x\n    expected_result: params.x == 1\n",
+        "a",
+        "unknown name 'params'",
+    ),
+    "expression_mixing_params_and_invocations": (
+        "tests/calc.yaml",
+        "tests:\n  - name: a\n    payload: x\n    expected_tool_calls: [{add: 'params.a == invocations'}]\n",
+        "a",
+        "not both",
+    ),
+    "child_payload_expression_dunder": (
+        "tests/calc.yaml",
+        "tests:\n  - name: a\n    payload: x\n    expected_child_agents:\n      calc: {expected_payload: payload.__class__}\n",
+        "a",
+        "names starting with _",
+    ),
     "unknown_agent": (
         "tests/ghost.yaml",
         "tests:\n  - name: a\n    payload: x\n",
