@@ -32,6 +32,7 @@ from .assertions import (
     check_result,
     check_tool_calls,
     compile_assertions,
+    decode_output,
 )
 from .expr import ExpressionError
 from .verdict import case_failure_reason, case_passes
@@ -229,7 +230,12 @@ def _child_run(project: Path, prepared: PreparedCase, workdir: Path) -> None:
         if builder is not None:
             from .builders import run_cleanup
 
-            run = {"input": payload, "output": outcome.output, "context": outcome.run_context}
+            # cleanup sees the parsed output (spec 8.1), as assertions do.
+            run = {
+                "input": payload,
+                "output": decode_output(outcome.output),
+                "context": outcome.run_context,
+            }
             data["cleanup_failure"] = run_cleanup(builder, prepared.resolved, context, run)
     except BaseException as exc:
         data = {

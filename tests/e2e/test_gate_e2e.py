@@ -239,3 +239,19 @@ def test_scripted_llm_agent_with_tools_hooks_and_a_child_agent(
         (c["test_name"], c["failure_reason"]) for c in gate["cases"]
     ]
     assert gate["total_cases"] == 8
+
+
+def test_the_seed_documents_examples_get_their_expected_verdicts(
+    gate_url: str, tmp_path: Path
+) -> None:
+    from tests.fixtures.seed_bundle import EXPECTED, seed_bundle
+
+    gate = judge(gate_url, bundle_of(seed_bundle(tmp_path / "p")))
+    assert gate["status"] == "failed"  # two examples are meant to fail
+    verdicts = {c["test_name"]: (c["passed"], c["failure_reason"]) for c in gate["cases"]}
+    assert set(verdicts) == set(EXPECTED)
+    for name, (passes, fragment) in EXPECTED.items():
+        passed, reason = verdicts[name]
+        assert passed is passes, (name, reason)
+        if fragment:
+            assert fragment in reason, (name, reason)
