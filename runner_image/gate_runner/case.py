@@ -118,6 +118,15 @@ def project_agents(project: Path) -> tuple[dict[str, Any], list[str]]:
 MAX_PARALLEL_INVOCATIONS = 8
 
 
+def effective_timeout(prepared: PreparedCase) -> tuple[int, str]:
+    """The case's timeout_s, or the agent's own `timeout` when that is smaller (spec 13.19)."""
+    case_limit = int(prepared.resolved["timeout_s"])
+    agent_limit = getattr(prepared.agent_config, "timeout", None)
+    if isinstance(agent_limit, int) and agent_limit < case_limit:
+        return agent_limit, "the agent's timeout"
+    return case_limit, "timeout_s"
+
+
 def parallelism(prepared: PreparedCase, runs: int) -> int:
     allowed = int(getattr(prepared.agent_config, "max_concurrent_runs", 1) or 1)
     return max(1, min(runs, allowed, MAX_PARALLEL_INVOCATIONS))
@@ -292,7 +301,7 @@ def _start(project: Path, prepared: PreparedCase, index: int) -> _Running:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child leaves through os._exit
         _child_run(project, prepared, Path(workdir.name))
-    return _Running(index, pid, workdir, started, started + int(prepared.resolved["timeout_s"]))
+    return _Running(index, pid, workdir, started, started + effective_timeout(prepared)[0])
 
 
 def _run_invocations(
@@ -337,14 +346,14 @@ def _collect(
     timed_out: bool,
     status_code: int,
 ) -> dict[str, Any]:
-    timeout_s = int(prepared.resolved["timeout_s"])
+    timeout_s, which = effective_timeout(prepared)
     duration_ms = int((time.monotonic() - started) * 1000)
     result_file = workdir / "result.json"
     if timed_out:
         data: dict[str, Any] = {
             "status": "failed",
             "output": None,
-            "error": f"timed out after {timeout_s} s (timeout_s)",
+            "error": f"timed out after {timeout_s} s ({which})",
             "run_context": {},
             "traces": [],
         }

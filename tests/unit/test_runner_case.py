@@ -186,3 +186,27 @@ def test_invocations_run_concurrently_up_to_max_concurrent_runs_without_sharing_
     assert judged(project, "tests/serial.yaml", "one_at_a_time").passed
     assert overlaps("p") >= 1  # some invocations ran at the same time
     assert overlaps("s") == 0  # max_concurrent_runs 1: never
+
+
+def test_the_agents_own_timeout_wins_when_smaller(tmp_path: Path) -> None:
+    from tests.fixtures.projects import AGENTS, write
+
+    agent = AGENTS["agents/calc.yaml"].replace(
+        "tool_name: math_ops.add", "tool_name: math_ops.add\n        timeout: 5"
+    )
+    project = write(
+        tmp_path / "p",
+        {
+            **AGENTS,
+            "agents/calc.yaml": agent,
+            "tests/calc.yaml": """
+        tests:
+          - name: slow
+            payload: '{"a": 1, "b": 1, "sleep": 30}'
+            timeout_s: 60
+            expected_result: status == "failed" and "timed out after 5 s (the agent's timeout)" in error
+    """,
+        },
+    )
+    result = judged(project, "tests/calc.yaml", "slow")
+    assert result.passed, result.failure_reason
