@@ -286,7 +286,10 @@ def _run_case(
     if not go_on:
         return False
     s = ctx.settings
-    wall = runs * (timeout_s + PER_INVOCATION_SLACK_SECONDS) + s.case_deadline_slack_seconds
+    # Each invocation: the agent's timeout_s, then a builder cleanup's own budget (the runner
+    # gives it timeout_s, at most 120 s), then forking and judging.
+    per_invocation = timeout_s + min(timeout_s, 120) + PER_INVOCATION_SLACK_SECONDS
+    wall = runs * per_invocation + s.case_deadline_slack_seconds
     limits = RunLimits(
         memory_mb=s.case_memory_mb,
         cpus=s.case_cpus,

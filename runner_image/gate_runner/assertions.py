@@ -135,7 +135,8 @@ def decode_output(output: Any) -> Any:
 
 
 def _matches(name: str, call: ToolCall) -> bool:
-    return name in (call.name, call.ref)
+    """`add`, `calculator.add` and `math.calculator.add` all name math/calculator.py::add."""
+    return name in (call.name, call.ref) or call.ref.endswith("." + name)
 
 
 def _seen(expr: Expression, bindings: Mapping[str, Any]) -> str:
@@ -318,7 +319,10 @@ def calls_in_scope(spans: Sequence[Mapping[str, Any]], scope: str | None) -> lis
             params=s["metadata"].get("params") or {},
         )
         for s in spans
-        if s.get("type") == "tool_call" and trigger_scope(s, by_id) == scope
+        if s.get("type") == "tool_call"
+        # A call the tool never received (hidden, unknown, aborted, refused) does not count.
+        and s["metadata"].get("executed", True)
+        and trigger_scope(s, by_id) == scope
     ]
 
 

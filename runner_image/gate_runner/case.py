@@ -127,6 +127,14 @@ def effective_timeout(prepared: PreparedCase) -> tuple[int, str]:
     return case_limit, "timeout_s"
 
 
+MAX_CLEANUP_SECONDS = 120
+
+
+def cleanup_budget(prepared: PreparedCase) -> int:
+    """The time a builder's cleanup may take after the agent is done: timeout_s, capped."""
+    return min(int(prepared.resolved["timeout_s"]), MAX_CLEANUP_SECONDS)
+
+
 def parallelism(prepared: PreparedCase, runs: int) -> int:
     allowed = int(getattr(prepared.agent_config, "max_concurrent_runs", 1) or 1)
     return max(1, min(runs, allowed, MAX_PARALLEL_INVOCATIONS))
@@ -165,9 +173,29 @@ def prepare(project: Path, suite: str, case_name: str) -> PreparedCase:
     )
 
 
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, default=repr), encoding="utf-8")
+    tmp.rename(path)
+
+
+def _setup_failure(stage: str, exc: BaseException) -> dict[str, Any]:
+    """The test's own setup broke (project, mocks, builder): never the agent's failure."""
+    message = f"{stage} raised {type(exc).__name__}: {exc}"
+    return {
+        "status": "failed",
+        "output": None,
+        "error": message,
+        "run_context": {},
+        "traces": [],
+        "setup_error": f"{message}\n{traceback.format_exc(limit=8)}",
+    }
+
+
 def _child_run(project: Path, prepared: PreparedCase, workdir: Path) -> None:
     """Body of the forked invocation process. Never returns."""
     code = 0
+    data: dict[str, Any] | None = None
     try:
         os.setsid()
         # User output goes to files that become log spans, never to the result channel.
@@ -181,6 +209,7 @@ def _child_run(project: Path, prepared: PreparedCase, workdir: Path) -> None:
         from connic import ProjectLoader
 
         from .approvals import Approvals
+        from .builders import fixture_entries, load_builder, run_build, run_cleanup, with_files
         from .mocks import Mocks, StrictFlags
         from .runtime import Runtime, Trace, install_predefined, jsonable
 
@@ -188,82 +217,79 @@ def _child_run(project: Path, prepared: PreparedCase, workdir: Path) -> None:
         runtime = Runtime({}, project=project, model_mode=os.environ.get("GATE_MODEL_MODE") or None)
         install_predefined(runtime)  # before user modules import connic.tools names
         resolved = prepared.resolved
-        runtime.mocks = Mocks.load(
-            project,
-            resolved.get("mocks"),
-            StrictFlags(
-                tools=bool(resolved.get("strict_mocks")),
-                hooks=bool(resolved.get("strict_hook_mocks")),
-                middleware=bool(resolved.get("strict_middleware_mocks")),
-                guardrails=bool(resolved.get("strict_guardrail_mocks")),
-            ),
-        )
-        loader = ProjectLoader(str(project))
-        runtime.agents = {a.config.name: a for a in loader.load_agents()}
-        runtime.loader = loader
-        load_errors = list(getattr(loader, "_load_errors", []))
-        if prepared.agent_name not in runtime.agents:
-            raise RuntimeError("; ".join(load_errors) or f"agent {prepared.agent_name} not loaded")
         payload, builder = prepared.payload, None
         context: dict[str, Any] = {}
-        if prepared.resolved.get("builder"):
-            from .builders import fixture_entries, load_builder, run_build, with_files
-
-            builder = load_builder(project, prepared.resolved["builder"])
-            built = run_build(builder, prepared.resolved, context)
-            files = fixture_entries(project, list(prepared.resolved.get("files") or []))
-            payload = with_files(built, files)
-            # Saved now, so that a cleanup after a timeout or crash still has the context,
-            # and assertions see the context exactly as build() left it.
-            (workdir / "builder.json").write_text(
-                json.dumps({"context": jsonable(context), "input": jsonable(payload)}),
-                encoding="utf-8",
+        stage = "loading the project"
+        try:
+            loader = ProjectLoader(str(project))
+            runtime.agents = {a.config.name: a for a in loader.load_agents()}
+            runtime.loader = loader
+            if prepared.agent_name not in runtime.agents:
+                errors = list(getattr(loader, "_load_errors", []))
+                raise RuntimeError("; ".join(errors) or f"agent {prepared.agent_name} not loaded")
+            stage = f"the mocks module {resolved.get('mocks')!r}"
+            runtime.mocks = Mocks.load(
+                project,
+                resolved.get("mocks"),
+                StrictFlags(
+                    tools=bool(resolved.get("strict_mocks")),
+                    hooks=bool(resolved.get("strict_hook_mocks")),
+                    middleware=bool(resolved.get("strict_middleware_mocks")),
+                    guardrails=bool(resolved.get("strict_guardrail_mocks")),
+                ),
             )
-        runtime.approvals = Approvals.from_case(resolved, context)
-        outcome = runtime.run(prepared.agent_name, payload, trace)
-        if runtime.approvals.strict:
-            for left in runtime.approvals.unused():
-                runtime.violations.append(
-                    f"strict_approval_decisions: the decision for {left.tool} "
-                    f"({left.decision}) was never used"
+            if resolved.get("builder"):
+                stage = f"builder {resolved['builder']!r} build()"
+                builder = load_builder(project, resolved["builder"])
+                built = run_build(builder, resolved, context)
+                files = fixture_entries(project, list(resolved.get("files") or []))
+                payload = with_files(built, files)
+                # Saved now, so that a cleanup after a timeout or crash still has the
+                # context, and assertions see the context exactly as build() left it.
+                _write_json(
+                    workdir / "builder.json",
+                    {"context": jsonable(context), "input": jsonable(payload)},
                 )
-        data = {
-            "status": outcome.status,
-            "input": jsonable(payload),
-            "output": jsonable(outcome.output),
-            "error": outcome.error,
-            "run_context": jsonable(outcome.run_context),
-            "traces": [s.as_json() for s in trace.spans],
-            "violations": list(runtime.violations),
-        }
-        if builder is not None:
-            from .builders import run_cleanup
-
-            # cleanup sees the parsed output (spec 8.1), as assertions do.
-            run = {
-                "input": payload,
-                "output": decode_output(outcome.output),
-                "context": outcome.run_context,
+        except BaseException as exc:
+            data = _setup_failure(stage, exc)
+        if data is None:
+            runtime.approvals = Approvals.from_case(resolved, context)
+            outcome = runtime.run(prepared.agent_name, payload, trace)
+            if runtime.approvals.strict:
+                for left in runtime.approvals.unused():
+                    runtime.violations.append(
+                        f"strict_approval_decisions: the decision for {left.tool} "
+                        f"({left.decision}) was never used"
+                    )
+            data = {
+                "status": outcome.status,
+                "input": jsonable(payload),
+                "output": jsonable(outcome.output),
+                "error": outcome.error,
+                "run_context": jsonable(outcome.run_context),
+                "traces": [s.as_json() for s in trace.spans],
+                "violations": list(runtime.violations),
             }
-            data["cleanup_failure"] = run_cleanup(builder, prepared.resolved, context, run)
+            if builder is not None:
+                # The agent's part is kept before cleanup runs: a cleanup that hangs then
+                # costs only itself, and is never run a second time.
+                _write_json(workdir / "agent.json", data)
+                # cleanup sees the parsed output (spec 8.1), as assertions do.
+                run = {
+                    "input": payload,
+                    "output": decode_output(outcome.output),
+                    "context": outcome.run_context,
+                }
+                data["cleanup_failure"] = run_cleanup(builder, resolved, context, run)
     except BaseException as exc:
-        data = {
-            "status": "failed",
-            "output": None,
-            "error": f"{type(exc).__name__}: {exc}",
-            "run_context": {},
-            "traces": [],
-            "traceback": traceback.format_exc(),
-        }
+        data = _setup_failure("the runner", exc)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # user code may have closed or replaced it
             pass
     try:
-        tmp = workdir / "result.json.tmp"
-        tmp.write_text(json.dumps(data, default=repr), encoding="utf-8")
-        tmp.rename(workdir / "result.json")
+        _write_json(workdir / "result.json", data)
     except BaseException:
         code = 70
     os._exit(code)
@@ -293,6 +319,7 @@ class _Running:
     workdir: tempfile.TemporaryDirectory[str]
     started: float
     deadline: float
+    cleanup_time: bool = False
 
 
 def _start(project: Path, prepared: PreparedCase, index: int) -> _Running:
@@ -316,7 +343,14 @@ def _run_invocations(
             active.append(_start(project, prepared, pending.pop(0)))
         for running in list(active):
             done, status_code = os.waitpid(running.pid, os.WNOHANG)
-            timed_out = not done and time.monotonic() >= running.deadline
+            now = time.monotonic()
+            agent_done = (Path(running.workdir.name) / "agent.json").exists()
+            if not done and now >= running.deadline and agent_done and not running.cleanup_time:
+                # The agent finished in time; its builder cleanup gets a budget of its own.
+                running.cleanup_time = True
+                running.deadline = now + cleanup_budget(prepared)
+                continue
+            timed_out = not done and now >= running.deadline
             if timed_out:
                 _kill_group(running.pid)
                 os.waitpid(running.pid, 0)
@@ -349,8 +383,13 @@ def _collect(
     timeout_s, which = effective_timeout(prepared)
     duration_ms = int((time.monotonic() - started) * 1000)
     result_file = workdir / "result.json"
-    if timed_out:
-        data: dict[str, Any] = {
+    agent_file = workdir / "agent.json"
+    if timed_out and agent_file.exists():
+        # The agent finished; its builder cleanup is what ran out of time.
+        data: dict[str, Any] = json.loads(agent_file.read_text(encoding="utf-8"))
+        data["cleanup_failure"] = f"builder cleanup timed out after {cleanup_budget(prepared)} s"
+    elif timed_out:
+        data = {
             "status": "failed",
             "output": None,
             "error": f"timed out after {timeout_s} s ({which})",
@@ -360,22 +399,26 @@ def _collect(
     elif result_file.exists():
         data = json.loads(result_file.read_text(encoding="utf-8"))
     else:
-        how = (
-            f"was killed by signal {os.WTERMSIG(status_code)}"
-            if os.WIFSIGNALED(status_code)
-            else f"exited with code {os.WEXITSTATUS(status_code)}"
-        )
+        if os.WIFSIGNALED(status_code):
+            signum = os.WTERMSIG(status_code)
+            how = f"was killed by signal {signum}" + (
+                " (out of memory?)" if signum == signal.SIGKILL else ""
+            )
+        else:
+            how = f"exited with code {os.WEXITSTATUS(status_code)} (os._exit in user code?)"
         data = {
             "status": "failed",
             "output": None,
-            "error": f"the invocation process {how} before reporting (out of memory?)",
+            "error": f"the invocation process {how} before reporting",
             "run_context": {},
             "traces": [],
         }
     saved = workdir / "builder.json"
-    if "cleanup_failure" not in data and saved.exists():
-        # The invocation died before its own cleanup: run cleanup in a fresh process.
-        data["cleanup_failure"] = _late_cleanup(project, prepared, workdir, timeout_s)
+    if "cleanup_failure" not in data and saved.exists() and not agent_file.exists():
+        # The invocation died before its own cleanup began: run it in a fresh process.
+        data["cleanup_failure"] = _late_cleanup(
+            project, prepared, workdir, cleanup_budget(prepared)
+        )
     if saved.exists():
         built = json.loads(saved.read_text(encoding="utf-8"))
         data["builder_context"] = built["context"]
@@ -477,6 +520,9 @@ def judge_invocation(prepared: PreparedCase, data: Mapping[str, Any]) -> list[st
     failures.extend(
         check_children(prepared.assertions.expected_child_agents, spans, builder_context)
     )
+    if data.get("setup_error"):
+        # Whatever expected_result says (even `status == "failed"`), a broken setup fails.
+        failures.insert(0, str(data["setup_error"]))
     failures.extend(str(v) for v in data.get("violations") or [])
     if data.get("cleanup_failure"):
         failures.append(str(data["cleanup_failure"]))

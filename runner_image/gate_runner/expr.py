@@ -307,6 +307,8 @@ def accessor_values(expr: Expression, bindings: Mapping[str, Any]) -> list[tuple
                     seen.append((label, describe(_eval(node, bindings))))
                 except EvaluationError as exc:
                     seen.append((label, f"<{exc}>"))
+                except (TypeError, ValueError, RecursionError) as exc:
+                    seen.append((label, f"<{type(exc).__name__}: {exc}>"))
             return
         for child in ast.iter_child_nodes(node):
             visit(child)

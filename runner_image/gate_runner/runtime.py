@@ -8,9 +8,11 @@ plain attributes and patch ``connic.tools`` for the user code it imports.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import json
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -30,6 +32,7 @@ from .runtime_errors import AgentNotFound, AgentRunError
 
 __all__ = ["AgentNotFound", "AgentRunError", "RunOutcome", "Runtime", "Span", "Trace"]
 
+Frame = tuple["Trace", "Span | None", dict[str, Any]]
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -62,17 +65,19 @@ class Trace:
 
     def __init__(self) -> None:
         self.spans: list[Span] = []
+        self._lock = threading.Lock()  # parallel children open spans from several threads
 
     def open(self, type_: str, name: str, parent: Span | None, **metadata: Any) -> Span:
-        span = Span(
-            span_id=f"s{len(self.spans) + 1}",
-            parent_span_id=parent.span_id if parent else None,
-            span_order=len(self.spans) + 1,
-            type=type_,
-            name=name,
-            metadata=dict(metadata),
-        )
-        self.spans.append(span)
+        with self._lock:
+            span = Span(
+                span_id=f"s{len(self.spans) + 1}",
+                parent_span_id=parent.span_id if parent else None,
+                span_order=len(self.spans) + 1,
+                type=type_,
+                name=name,
+                metadata=dict(metadata),
+            )
+            self.spans.append(span)
         return span
 
     def tool_calls(self) -> list[Span]:
@@ -251,7 +256,16 @@ class Runtime:
         # Strict-flag and mock-signature violations: they fail the invocation whatever the
         # run's own status says.
         self.violations: list[str] = []
-        self._stack: list[tuple[Trace, Span | None, dict[str, Any]]] = []
+        # The frames of the runs in progress. A ContextVar, not a list: children triggered
+        # in parallel (asyncio.gather over trigger_agent) each run in their own thread with
+        # a copy of the context, so each sees its own parent.
+        self._frames: contextvars.ContextVar[tuple[Frame, ...]] = contextvars.ContextVar(
+            "gate_runner_frames", default=()
+        )
+
+    def _frame(self) -> Frame:
+        frames = self._frames.get()
+        return frames[-1] if frames else (Trace(), None, {})
 
     # -- entry points -----------------------------------------------------------------------
 
@@ -275,7 +289,7 @@ class Runtime:
             context["parent_run_id"] = parent_run_id
         started = time.monotonic()
         publish = True
-        self._stack.append((trace, parent, context))
+        token = self._frames.set((*self._frames.get(), (trace, parent, context)))
         try:
             output = self._run_agent(agent_name, payload, context, trace, parent)
             status, error = "completed", None
@@ -298,7 +312,7 @@ class Runtime:
         except Exception as exc:
             output, status, error = None, "failed", f"{type(exc).__name__}: {exc}"
         finally:
-            self._stack.pop()
+            self._frames.reset(token)
         context["duration_ms"] = int((time.monotonic() - started) * 1000)
         if parent is None and status == "completed":
             # Outbound connectors would publish this run; a gate records, never delivers.
@@ -320,7 +334,7 @@ class Runtime:
         timeout_seconds: int = 60,
     ) -> dict[str, Any]:
         """trigger_agent: waited children run here, in-process, with their own run."""
-        trace, parent, parent_context = self._stack[-1] if self._stack else (Trace(), None, {})
+        trace, parent, parent_context = self._frame()
         run_id = str(uuid.uuid4())
         span = trace.open(
             "child_agent",
@@ -366,7 +380,7 @@ class Runtime:
         self, agent_name: str, payload: Any, delay: Any = None, unix_timestamp: Any = None
     ) -> dict[str, Any]:
         """trigger_agent_at is always fire-and-forget in a gate: recorded, never run."""
-        trace, parent, _ = self._stack[-1] if self._stack else (Trace(), None, {})
+        trace, parent, _ = self._frame()
         run_id = str(uuid.uuid4())
         trace.open(
             "child_agent",
@@ -400,7 +414,7 @@ class Runtime:
         kind = str(getattr(agent.config.type, "value", agent.config.type))
         span = trace.open("agent", name, parent, agent_type=kind)
         started = time.monotonic()
-        self._stack.append((trace, span, context))
+        token = self._frames.set((*self._frames.get(), (trace, span, context)))
         try:
             if kind == "tool":
                 return self._with_retries(
@@ -424,7 +438,7 @@ class Runtime:
             )
             raise
         finally:
-            self._stack.pop()
+            self._frames.reset(token)
             span.duration_ms = int((time.monotonic() - started) * 1000)
 
     @staticmethod
@@ -519,10 +533,17 @@ class Runtime:
                 redacted = self._guardrails(rails.input, "input", raw_text, context, trace, span)
             except GuardrailBlocked as blocked:
                 # Spec §4.1: the agent never runs; `after` still sees the rejection message.
-                after = self._phase(
-                    "middleware", middleware.after if middleware else None, config.name, "after"
+                after = (
+                    self._phase(
+                        "middleware",
+                        middleware.after if middleware else None,
+                        config.name,
+                        "after",
+                    )
+                    if rails.run_after_on_block  # first: a phase that will not run is not due
+                    else None
                 )
-                if after is not None and rails.run_after_on_block:
+                if after is not None:
                     blocked.message = self._middleware_phase(
                         "after", after, blocked.message, context, trace, span
                     )
@@ -800,9 +821,13 @@ class Runtime:
         params = dict(arguments)
         try:
             if tool is None:
+                # Hidden by its condition or never declared: the model asked, nothing ran.
+                span.metadata["executed"] = False
                 raise AgentRunError(f"unknown tool {name!r}")
             refused = self._approval(agent, tool, ref, name, params, context, trace, span)
             if refused is not None:
+                span.status = "error"
+                span.metadata.update(executed=False, result=jsonable(refused))
                 return refused
             before = self._phase("hook", hooks.before if hooks else None, ref, "before")
             if before is not None:
@@ -819,7 +844,7 @@ class Runtime:
                 except AbortTool as abort:
                     span.status = "error"
                     result = getattr(abort, "result", str(abort))
-                    span.metadata.update(aborted=True, result=jsonable(result))
+                    span.metadata.update(aborted=True, executed=False, result=jsonable(result))
                     return result
                 if isinstance(changed, dict):
                     params = {**params, **changed}

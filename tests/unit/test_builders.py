@@ -26,7 +26,6 @@ def judged(project: Path, case: str) -> CaseResult:
     [
         "context_and_files_reach_the_agent",
         "async_builder_text_payload",
-        "build_returning_an_int_fails",
     ],
 )
 def test_builder_cases_pass(project: Path, case: str) -> None:
@@ -47,6 +46,11 @@ def test_each_invocation_gets_a_fresh_module_and_context(project: Path) -> None:
         ("cleanup_false_fails", "builder cleanup returned False"),
         ("cleanup_wrong_type_fails", "builder cleanup must return bool or None, got str"),
         ("cleanup_raising_fails", "builder cleanup raised: could not delete the charge"),
+        (
+            "build_returning_an_int_fails",
+            "builder 'bad_return' build() raised AgentRunError: builder build() must return str or "
+            "dict, got int",
+        ),
     ],
 )
 def test_cleanup_return_contract(project: Path, case: str, reason: str) -> None:

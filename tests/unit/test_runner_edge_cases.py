@@ -1,0 +1,208 @@
+"""Edge cases of the runner's verdicts, each named for the property it guards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gate_runner.assertions import ToolCall, check_tool_calls, compile_assertions
+from gate_runner.case import run_case
+from gate_runner.expr import accessor_values, compile_expression
+from gate_service.runner_contract import CaseResult
+from tests.fixtures.projects import AGENTS, write
+
+
+def judged(project: Path, suite: str, case: str) -> CaseResult:
+    return CaseResult.model_validate(run_case(project, suite, case))
+
+
+def test_a_shorter_dotted_suffix_names_a_nested_tool() -> None:
+    a = compile_assertions(
+        {
+            "expected_tool_calls": ["calculator.add", "add", "math.calculator.add"],
+            "expected_tool_call_order": ["calculator.add"],
+        }
+    )
+    call = ToolCall(name="add", ref="math.calculator.add", params={})
+    assert check_tool_calls(a, [call, call, call], {}) == []
+    b = compile_assertions({"expected_tool_calls": ["lator.add"]})
+    assert check_tool_calls(b, [call], {}) != []  # a suffix must start at a dot
+
+
+def test_describing_a_failed_assertion_never_raises() -> None:
+    expr = compile_expression("output[output.keys] == 1", ("output",))
+    seen = dict(accessor_values(expr, {"output": {"keys": [1, 2]}}))
+    assert "TypeError" in seen["output[output.keys]"]
+
+
+def test_a_broken_setup_fails_even_a_status_failed_expectation(tmp_path: Path) -> None:
+    project = write(
+        tmp_path / "p",
+        {
+            **AGENTS,
+            "tests/mocks/broken.py": "raise ImportError('no such library')\n",
+            "tests/calc.yaml": """
+            tests:
+              - name: broken_mocks
+                payload: '{"a": 1, "b": 1}'
+                mocks: broken
+                expected_result: status == "failed" and error != null
+        """,
+        },
+    )
+    result = judged(project, "tests/calc.yaml", "broken_mocks")
+    assert not result.passed
+    assert "the mocks module 'broken' raised ImportError: no such library" in (
+        result.failure_reason or ""
+    )
+
+
+def test_children_triggered_in_parallel_each_get_their_own_parent(tmp_path: Path) -> None:
+    project = write(
+        tmp_path / "p",
+        {
+            **AGENTS,
+            "agents/fan.yaml": """
+            version: "1.0"
+            name: fan
+            description: Triggers three children at once.
+            type: tool
+            tool_name: fan.out
+        """,
+            "tools/fan.py": """
+            import asyncio
+
+            from connic.tools import trigger_agent
+
+
+            async def out(payload: dict) -> dict:
+                done = await asyncio.gather(*[trigger_agent("calc", {"a": i, "b": 1}) for i in range(3)])
+                return {"sums": sorted(d["response"]["sum"] for d in done)}
+        """,
+            "tests/fan.yaml": """
+            tests:
+              - name: three_at_once
+                payload: '{}'
+                expected_result: output.sums == [1, 2, 3]
+                expected_child_agents:
+                  calc:
+                    expected_triggered: 3
+                    expected_payload: payload.a == 2
+                    expected_result: output.sum == 3
+        """,
+        },
+    )
+    result = judged(project, "tests/fan.yaml", "three_at_once")
+    assert result.passed, result.failure_reason
+    spans = result.invocations[0].traces
+    children = [s for s in spans if s.type == "child_agent"]
+    agents = [s for s in spans if s.type == "agent" and s.name == "calc"]
+    assert {a.parent_span_id for a in agents} == {c.span_id for c in children}
+
+
+def test_calls_the_tool_never_received_do_not_count(tmp_path: Path) -> None:
+    project = write(
+        tmp_path / "p",
+        {
+            "agents/clerk.yaml": """
+            version: "1.0"
+            name: clerk
+            description: Has a tool only admins see.
+            model: openai/gpt-4o
+            system_prompt: x
+            tools:
+              - admin.refund: context.admin == true
+        """,
+            "tools/admin.py": "def refund(amount: int) -> int:\n    return amount\n",
+            "tests/models/clerk.py": """
+            def respond(messages, tools, context):
+                if any(m["role"] == "tool" for m in messages):
+                    return {"content": "done"}
+                return {"tool_calls": [{"name": "refund", "arguments": {"amount": 5}}]}
+        """,
+            "tests/clerk.yaml": """
+            tests:
+              - name: hidden_tool_was_not_called
+                payload: hi
+                expected_no_tool_calls: [refund]
+        """,
+        },
+    )
+    result = judged(project, "tests/clerk.yaml", "hidden_tool_was_not_called")
+    assert result.passed, result.failure_reason
+    span = next(s for s in result.invocations[0].traces if s.type == "tool_call")
+    assert (span.status, span.metadata["executed"]) == ("error", False)
+
+
+def test_a_hanging_cleanup_runs_once_and_keeps_the_agents_result(tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    project = write(
+        tmp_path / "p",
+        {
+            **AGENTS,
+            "tests/builders/slow_cleanup.py": f"""
+            import os
+            import time
+
+
+            def build(context, builder_args, test_name, payload, files):
+                return {{"a": 1, "b": 2}}
+
+
+            def cleanup(run, context, builder_args):
+                open(os.path.join({str(marks)!r}, str(os.getpid())), "w").write("x")
+                time.sleep(30)
+        """,
+            "tests/calc.yaml": """
+            tests:
+              - name: cleanup_hangs
+                builder: slow_cleanup
+                timeout_s: 2
+                expected_result: output.sum == 3
+        """,
+        },
+    )
+    result = judged(project, "tests/calc.yaml", "cleanup_hangs")
+    inv = result.invocations[0]
+    assert inv.output == {"sum": 3}
+    assert inv.failed_assertions == ["builder cleanup timed out after 2 s"]
+    assert len(list(marks.iterdir())) == 1  # never run a second time
+
+
+def test_no_strict_middleware_violation_for_an_after_that_will_not_run(tmp_path: Path) -> None:
+    project = write(
+        tmp_path / "p",
+        {
+            "agents/quiet.yaml": """
+            version: "1.0"
+            name: quiet
+            description: Blocks without running after().
+            model: openai/gpt-4o
+            system_prompt: x
+            guardrails:
+              run_after_on_block: false
+              input:
+                - {type: regex, config: {patterns: [{pattern: "forbidden"}]}}
+        """,
+            "middleware/quiet.py": """
+            def before(content, context):
+                return content
+
+
+            def after(response, context):
+                return response
+        """,
+            "tests/models/quiet.py": "def respond(messages, tools, context):\n    return {'content': 'x'}\n",
+            "tests/mocks/before_only.py": "def middleware_before(content, context):\n    return content\n",
+            "tests/quiet.yaml": """
+            tests:
+              - name: blocked_before_anything_ran
+                payload: this is forbidden
+                mocks: before_only
+                strict_middleware_mocks: true
+                expected_result: status == "blocked"
+        """,
+        },
+    )
+    result = judged(project, "tests/quiet.yaml", "blocked_before_anything_ran")
+    assert result.passed, result.failure_reason
