@@ -358,15 +358,38 @@ class Runtime:
             # Fire-and-forget is recorded, never run: its payload is what tests can check.
             return {"run_id": run_id}
         started = time.monotonic()
-        outcome = self.run(
-            agent_name,
-            as_payload(payload),
-            trace,
-            span,
-            run_id=run_id,
-            parent_run_id=parent_context.get("run_id"),
+        # The child runs in a thread of its own so that timeout_seconds can be kept: past
+        # it the parent gets status "timeout" (spec 3.2), and the child, which cannot be
+        # killed alone, is left to the invocation's own timeout.
+        box: list[RunOutcome] = []
+        context = contextvars.copy_context()
+        worker = threading.Thread(
+            target=lambda: box.append(
+                context.run(
+                    self.run,
+                    agent_name,
+                    as_payload(payload),
+                    trace,
+                    span,
+                    run_id=run_id,
+                    parent_run_id=parent_context.get("run_id"),
+                )
+            ),
+            daemon=True,
         )
+        worker.start()
+        worker.join(timeout=float(timeout_seconds))
         span.duration_ms = int((time.monotonic() - started) * 1000)
+        if not box:
+            span.status = "error"
+            span.metadata.update(status="timeout", error=f"no answer in {timeout_seconds} s")
+            return {
+                "run_id": run_id,
+                "status": "timeout",
+                "response": None,
+                "error": f"agent {agent_name!r} did not answer in {timeout_seconds} s",
+            }
+        outcome = box[0]
         span.status = "ok" if outcome.status == "completed" else "error"
         span.metadata.update(
             status=outcome.status, output=jsonable(outcome.output), error=outcome.error

@@ -206,3 +206,37 @@ def test_no_strict_middleware_violation_for_an_after_that_will_not_run(tmp_path:
     )
     result = judged(project, "tests/quiet.yaml", "blocked_before_anything_ran")
     assert result.passed, result.failure_reason
+
+
+def test_a_waited_child_past_timeout_seconds_answers_timeout(tmp_path: Path) -> None:
+    project = write(
+        tmp_path / "p",
+        {
+            **AGENTS,
+            "agents/impatient.yaml": """
+            version: "1.0"
+            name: impatient
+            description: Waits one second for a slow child.
+            type: tool
+            tool_name: waiter.run
+        """,
+            "tools/waiter.py": """
+            from connic.tools import trigger_agent
+
+
+            async def run(payload: dict) -> dict:
+                done = await trigger_agent("calc", {"a": 1, "b": 1, "sleep": 20}, timeout_seconds=1)
+                return {"status": done["status"]}
+        """,
+            "tests/impatient.yaml": """
+            tests:
+              - name: child_times_out
+                payload: '{}'
+                timeout_s: 15
+                expected_result: output.status == "timeout"
+        """,
+        },
+    )
+    result = judged(project, "tests/impatient.yaml", "child_times_out")
+    assert result.passed, result.failure_reason
+    assert result.invocations[0].duration_ms < 10_000
