@@ -15,7 +15,8 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -92,6 +93,28 @@ class RunOutcome:
     output: Any
     error: str | None
     run_context: dict[str, Any]
+
+
+def error_text(exc: BaseException) -> str:
+    """How an error reads in a span or a run: our own messages plain, others with a type."""
+    return str(exc) if isinstance(exc, AgentRunError) else f"{type(exc).__name__}: {exc}"
+
+
+@contextmanager
+def timed(span: Span) -> Iterator[Span]:
+    """Time a span's work and record how it ended: stopped, failed, or fine."""
+    started = time.monotonic()
+    try:
+        yield span
+    except StopProcessing:
+        span.metadata["stopped"] = True
+        raise
+    except Exception as exc:
+        span.status = "error"
+        span.metadata["error"] = error_text(exc)
+        raise
+    finally:
+        span.duration_ms = int((time.monotonic() - started) * 1000)
 
 
 def jsonable(value: Any) -> Any:
@@ -307,10 +330,8 @@ class Runtime:
             context["stored_status"] = "failed" if blocked.fail_run else "completed"
         except AgentNotFound:
             raise
-        except AgentRunError as exc:
-            output, status, error = None, "failed", str(exc)
         except Exception as exc:
-            output, status, error = None, "failed", f"{type(exc).__name__}: {exc}"
+            output, status, error = None, "failed", error_text(exc)
         finally:
             self._frames.reset(token)
         context["duration_ms"] = int((time.monotonic() - started) * 1000)
@@ -436,33 +457,25 @@ class Runtime:
             raise AgentNotFound(f"agent {name!r} does not exist")
         kind = str(getattr(agent.config.type, "value", agent.config.type))
         span = trace.open("agent", name, parent, agent_type=kind)
-        started = time.monotonic()
         token = self._frames.set((*self._frames.get(), (trace, span, context)))
         try:
-            if kind == "tool":
-                return self._with_retries(
-                    agent,
-                    span,
-                    lambda: self._run_tool_agent(agent, stage_input(payload), context, trace, span),
-                )
-            if kind == "sequential":
-                value = payload
-                for stage in agent.config.agents:
-                    value = self._run_agent(stage, value, context, trace, span)
-                return value
-            return self._run_llm_agent(agent, as_payload(payload), context, trace, span)
-        except StopProcessing:
-            span.metadata["stopped"] = True
-            raise
-        except Exception as exc:
-            span.status = "error"
-            span.metadata["error"] = (
-                str(exc) if isinstance(exc, AgentRunError) else (f"{type(exc).__name__}: {exc}")
-            )
-            raise
+            with timed(span):
+                if kind == "tool":
+                    return self._with_retries(
+                        agent,
+                        span,
+                        lambda: self._run_tool_agent(
+                            agent, stage_input(payload), context, trace, span
+                        ),
+                    )
+                if kind == "sequential":
+                    value = payload
+                    for stage in agent.config.agents:
+                        value = self._run_agent(stage, value, context, trace, span)
+                    return value
+                return self._run_llm_agent(agent, as_payload(payload), context, trace, span)
         finally:
             self._frames.reset(token)
-            span.duration_ms = int((time.monotonic() - started) * 1000)
 
     @staticmethod
     def _with_retries(agent: Any, span: Span, attempt: Callable[[], Any]) -> Any:
@@ -501,18 +514,8 @@ class Runtime:
             params=jsonable(payload),
             mocked=False,
         )
-        started = time.monotonic()
-        try:
+        with timed(span):
             result = self._call_custom_tool(tool, {"payload": payload}, context, span)
-        except StopProcessing:
-            span.metadata["stopped"] = True
-            raise
-        except Exception as exc:
-            span.status = "error"
-            span.metadata["error"] = f"{type(exc).__name__}: {exc}"
-            raise
-        finally:
-            span.duration_ms = int((time.monotonic() - started) * 1000)
         span.metadata["result"] = jsonable(result)
         return result
 
@@ -647,19 +650,8 @@ class Runtime:
         trace: Trace,
         parent: Span,
     ) -> Any:
-        span = trace.open("middleware", f"middleware.{phase}", parent)
-        started = time.monotonic()
-        try:
+        with timed(trace.open("middleware", f"middleware.{phase}", parent)) as span:
             result = call_user_function(func, value, context)
-        except StopProcessing:
-            span.metadata["stopped"] = True
-            raise
-        except Exception as exc:
-            span.status = "error"
-            span.metadata["error"] = f"{type(exc).__name__}: {exc}"
-            raise
-        finally:
-            span.duration_ms = int((time.monotonic() - started) * 1000)
         if result is None:
             span.status = "error"
             raise AgentRunError(f"middleware {phase}() returned None; it must return its input")
@@ -770,8 +762,7 @@ class Runtime:
             mode=model.mode,
             temperature=config.temperature,
         )
-        started = time.monotonic()
-        try:
+        with timed(span):
             reply = model.complete(
                 model=config.model or "",
                 messages=messages,
@@ -779,12 +770,6 @@ class Runtime:
                 temperature=config.temperature,
                 context=context,
             )
-        except Exception as exc:
-            span.status = "error"
-            span.metadata["error"] = str(exc)
-            raise
-        finally:
-            span.duration_ms = int((time.monotonic() - started) * 1000)
         span.metadata.update(
             content=reply.content,
             tool_calls=[{"name": c.name, "arguments": c.arguments} for c in reply.tool_calls],
@@ -894,7 +879,7 @@ class Runtime:
             raise
         except Exception as exc:
             span.status = "error"
-            message = str(exc) if isinstance(exc, AgentRunError) else f"{type(exc).__name__}: {exc}"
+            message = error_text(exc)
             span.metadata["error"] = message
             return {"error": message}
         finally:
@@ -914,17 +899,8 @@ class Runtime:
         if _accepts(func, "context") or len(inspect.signature(func).parameters) > len(args):
             args.append(context)
         trace, parent = extra["trace"], extra["parent"]
-        span = trace.open("hook", f"hook.{extra['phase']}", parent, tool_name=name)
-        started = time.monotonic()
-        try:
-            result = call_user_function(func, *args)
-        except Exception as exc:
-            span.status = "error"
-            span.metadata["error"] = f"{type(exc).__name__}: {exc}"
-            raise
-        finally:
-            span.duration_ms = int((time.monotonic() - started) * 1000)
-        return result
+        with timed(trace.open("hook", f"hook.{extra['phase']}", parent, tool_name=name)):
+            return call_user_function(func, *args)
 
     def _execute_tool(
         self, tool: Any, params: dict[str, Any], context: dict[str, Any], span: Span
