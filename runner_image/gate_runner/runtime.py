@@ -461,32 +461,83 @@ class Runtime:
         try:
             with timed(span):
                 if kind == "tool":
-                    return self._with_retries(
+                    return self._operation(
                         agent,
+                        payload,
+                        context,
+                        trace,
                         span,
                         lambda: self._run_tool_agent(
                             agent, stage_input(payload), context, trace, span
                         ),
                     )
                 if kind == "sequential":
-                    value = payload
-                    for stage in agent.config.agents:
-                        value = self._run_agent(stage, value, context, trace, span)
-                    return value
+
+                    def chain() -> Any:
+                        value = payload
+                        for stage in agent.config.agents:
+                            value = self._run_agent(stage, value, context, trace, span)
+                        return value
+
+                    return self._operation(agent, payload, context, trace, span, chain)
                 return self._run_llm_agent(agent, as_payload(payload), context, trace, span)
         finally:
             self._frames.reset(token)
 
+    def _operation(
+        self,
+        agent: Any,
+        payload: Any,
+        context: dict[str, Any],
+        trace: Trace,
+        span: Span,
+        body: Callable[[], Any],
+    ) -> Any:
+        """A tool or sequential agent's run: middleware around retried attempts (spec 4.1).
+
+        `before` runs once, or before every attempt with `rerun_middleware: true` (with
+        `context["retry_attempt"]`); its content must come back but does not feed the tool,
+        which gets the payload. `after` runs once, on the output as text.
+        """
+        name = agent.config.name
+        middleware = self._middleware(name)
+        before = self._phase(
+            "middleware", middleware.before if middleware else None, name, "before"
+        )
+        after = self._phase("middleware", middleware.after if middleware else None, name, "after")
+        retry = getattr(agent.config, "retry_options", None)
+        rerun = bool(getattr(retry, "rerun_middleware", False))
+        content = user_content(as_payload(payload))
+
+        def attempt(number: int) -> Any:
+            if before is not None and (number == 1 or rerun):
+                if rerun:
+                    context["retry_attempt"] = number - 1
+                returned = self._middleware_phase("before", before, content, context, trace, span)
+                if not isinstance(returned, dict):
+                    raise AgentRunError(
+                        f"middleware before() for {name!r} must return the content dict, "
+                        f"got {type(returned).__name__}"
+                    )
+            return body()
+
+        output = self._with_retries(agent, span, attempt)
+        if after is not None:
+            text = output if isinstance(output, str) else json.dumps(jsonable(output))
+            output = self._middleware_phase("after", after, text, context, trace, span)
+        return output
+
     @staticmethod
-    def _with_retries(agent: Any, span: Span, attempt: Callable[[], Any]) -> Any:
-        """retry_options for tool agents: operation attempts, the first included (spec 2.2)."""
+    def _with_retries(agent: Any, span: Span, attempt: Callable[[int], Any]) -> Any:
+        """retry_options for tool and sequential agents: operation attempts, the first
+        included (spec 2.2)."""
         retry = getattr(agent.config, "retry_options", None)
         attempts = int(getattr(retry, "attempts", 1) or 1)
         initial = float(getattr(retry, "initial_delay", 0) or 0)
         ceiling = float(getattr(retry, "max_delay", 0) or 0)
         for number in range(1, attempts + 1):
             try:
-                return attempt()
+                return attempt(number)
             except (StopProcessing, AgentRunError):
                 raise
             except Exception:

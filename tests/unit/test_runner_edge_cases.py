@@ -240,3 +240,57 @@ def test_a_waited_child_past_timeout_seconds_answers_timeout(tmp_path: Path) -> 
     result = judged(project, "tests/impatient.yaml", "child_times_out")
     assert result.passed, result.failure_reason
     assert result.invocations[0].duration_ms < 10_000
+
+
+def test_middleware_runs_around_tool_agents_and_reruns_on_retries(tmp_path: Path) -> None:
+    project = write(
+        tmp_path / "p",
+        {
+            "agents/guarded-tool.yaml": """
+            version: "1.0"
+            name: guarded-tool
+            description: A tool agent behind middleware.
+            type: tool
+            tool_name: once.run
+            retry_options: {attempts: 2, initial_delay: 0, max_delay: 1, rerun_middleware: true}
+        """,
+            "tools/once.py": """
+            CALLS = []
+
+
+            def run(payload: dict, context: dict) -> dict:
+                CALLS.append(1)
+                if len(CALLS) == 1:
+                    raise RuntimeError("first attempt fails")
+                return {"attempts": len(CALLS), "seen_by_before": context["before_calls"]}
+        """,
+            "middleware/guarded-tool.py": """
+            from connic import StopProcessing
+
+
+            def before(content, context):
+                if "deny" in content["parts"][0]["text"]:
+                    raise StopProcessing("denied by middleware")
+                context["before_calls"] = context.get("before_calls", 0) + 1
+                return content
+
+
+            def after(response, context):
+                return response.replace("attempts", "tries")
+        """,
+            "tests/guarded-tool.yaml": """
+            tests:
+              - name: retried_with_middleware_rerun
+                payload: '{"ok": 1}'
+                expected_result: output.tries == 2 and output.seen_by_before == 2
+              - name: middleware_can_stop_the_run
+                payload: '{"deny": 1}'
+                expected_result: output == "denied by middleware"
+        """,
+        },
+    )
+    for case in ("retried_with_middleware_rerun", "middleware_can_stop_the_run"):
+        result = judged(project, "tests/guarded-tool.yaml", case)
+        assert result.passed, (case, result.failure_reason)
+    inv = judged(project, "tests/guarded-tool.yaml", "retried_with_middleware_rerun").invocations[0]
+    assert inv.run_context["retry_attempt"] == 1
