@@ -243,26 +243,26 @@ class RecordingModel(LiveModel):
         super().__init__(**kwargs)
         self.directory = directory
 
-    def complete(
+    def raw_completion(
         self,
         *,
         model: str,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]],
         temperature: float,
-        context: dict[str, Any],
-    ) -> ModelReply:
-        request = {"model": model, "messages": messages, "tools": tools, "temperature": temperature}
-        raw = self.raw_completion(
+    ) -> dict[str, Any]:
+        """The live answer, also written under the replay key of the whole request."""
+        raw = super().raw_completion(
             model=model, messages=messages, tools=tools, temperature=temperature
         )
+        request = {"model": model, "messages": messages, "tools": tools, "temperature": temperature}
         key = request_key(request)
         self.directory.mkdir(parents=True, exist_ok=True)
         record = {"key": key, "request": request, "response": raw}
         (self.directory / f"{key[:24]}.json").write_text(
             json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8"
         )
-        return parse_reply(raw, source=f"live model {model}")
+        return raw
 
 
 MODES = ("scripted", "replay", "live", "record")

@@ -81,9 +81,6 @@ class Trace:
             self.spans.append(span)
         return span
 
-    def tool_calls(self) -> list[Span]:
-        return [s for s in self.spans if s.type == "tool_call"]
-
 
 @dataclass
 class RunOutcome:
