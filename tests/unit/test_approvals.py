@@ -4,20 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from gate_runner.case import run_case
-from gate_service.runner_contract import CaseResult
 from tests.fixtures.projects import approval_project
+from tests.fixtures.runner import judged
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return approval_project(tmp_path_factory.mktemp("approvals") / "p")
-
-
-def judged(project: Path, suite: str, case: str) -> CaseResult:
-    result = CaseResult.model_validate(run_case(project, suite, case))
-    assert result.case_error is None, result.case_error
-    return result
 
 
 @pytest.mark.parametrize(

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from gate_runner.case import run_case
 from gate_service.runner_contract import CaseResult
 from tests.fixtures.projects import builder_project
+from tests.fixtures.runner import judged as judge
 
 
 @pytest.fixture(scope="module")
@@ -16,9 +16,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def judged(project: Path, case: str) -> CaseResult:
-    result = CaseResult.model_validate(run_case(project, "tests/refunder.yaml", case))
-    assert result.case_error is None, result.case_error
-    return result
+    return judge(project, "tests/refunder.yaml", case)
 
 
 @pytest.mark.parametrize(
@@ -66,7 +64,7 @@ def test_cleanup_runs_after_a_timeout_with_the_built_context(project: Path, tmp_
         f"    builder_args: {{amount: 7, sleep: 30, marker_dir: '{tmp_path}'}}\n"
         '    expected_result: status == "failed" and "timed out" in error\n'
     )
-    result = CaseResult.model_validate(run_case(project, "tests/late.yaml", "slow"))
+    result = judge(project, "tests/late.yaml", "slow")
     assert result.passed, result.failure_reason
     marker = tmp_path / "ch_7_1"
     assert marker.read_text() == "None"  # cleanup saw no output: the run never finished

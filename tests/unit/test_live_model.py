@@ -6,14 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gate_runner.case import run_case
-from gate_service.runner_contract import CaseResult
 from tests.fixtures.fake_llm import FakeProvider
 from tests.fixtures.projects import live_project
-
-
-def judged(project: Path, suite: str, case: str) -> CaseResult:
-    return CaseResult.model_validate(run_case(project, suite, case))
+from tests.fixtures.runner import judged
 
 
 def test_a_429_is_retried_by_the_library_then_succeeds(

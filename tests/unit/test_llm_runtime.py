@@ -4,18 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from gate_runner.case import run_case
-from gate_service.runner_contract import CaseResult
 from tests.fixtures.projects import llm_project
+from tests.fixtures.runner import judged
 
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     return llm_project(tmp_path / "proj")
-
-
-def judged(project: Path, suite: str, case: str) -> CaseResult:
-    return CaseResult.model_validate(run_case(project, suite, case))
 
 
 def test_tool_calls_hooks_and_a_waited_child_agent(project: Path) -> None:

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from gate_runner.case import run_case
 from gate_runner.mocks import normalise
 from gate_service.runner_contract import CaseResult
 from tests.fixtures.projects import mock_project
+from tests.fixtures.runner import judged as judge
 
 
 @pytest.fixture(scope="module")
@@ -17,9 +17,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def judged(project: Path, case: str) -> CaseResult:
-    result = CaseResult.model_validate(run_case(project, "tests/crm-bot.yaml", case))
-    assert result.case_error is None, result.case_error
-    return result
+    return judge(project, "tests/crm-bot.yaml", case)
 
 
 def test_name_normalisation() -> None:

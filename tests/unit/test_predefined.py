@@ -5,11 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from gate_runner.case import run_case
 from gate_runner.predefined import DocumentStore, RetrievalStore, matches
 from gate_runner.runtime_errors import AgentRunError
-from gate_service.runner_contract import CaseResult
 from tests.fixtures.projects import write
+from tests.fixtures.runner import judged
 
 DOC = {
     "name": "Ada",
@@ -108,7 +107,5 @@ def test_user_code_importing_connic_tools_reaches_the_gate_store(tmp_path: Path)
         """,
         },
     )
-    result = CaseResult.model_validate(
-        run_case(project, "tests/crm.yaml", "counts_only_this_invocations_rows")
-    )
+    result = judged(project, "tests/crm.yaml", "counts_only_this_invocations_rows")
     assert result.passed, result.failure_reason

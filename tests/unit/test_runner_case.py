@@ -6,19 +6,14 @@ from pathlib import Path
 import pytest
 
 from gate_runner.__main__ import main as runner_main
-from gate_runner.case import run_case
-from gate_service.runner_contract import CaseResult, parse_runner_output
+from gate_service.runner_contract import parse_runner_output
 from tests.fixtures.projects import calculator_project, unknown_agent_project
+from tests.fixtures.runner import judged
 
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     return calculator_project(tmp_path / "proj", failing=True)
-
-
-def judged(project: Path, suite: str, case: str) -> CaseResult:
-    # Every result must satisfy the service's mirror of the contract.
-    return CaseResult.model_validate(run_case(project, suite, case))
 
 
 def test_passing_case_counts_every_run(project: Path) -> None:
@@ -77,7 +72,7 @@ def test_sequential_chain_passes_values_between_stages(project: Path) -> None:
 
 def test_unknown_agent_is_a_case_error_naming_suite_and_agent(tmp_path: Path) -> None:
     project = unknown_agent_project(tmp_path / "p")
-    result = judged(project, "tests/ghost.yaml", "talks_to_nobody")
+    result = judged(project, "tests/ghost.yaml", "talks_to_nobody", judgeable=False)
     assert result.case_error is not None
     assert "tests/ghost.yaml" in result.case_error and "'ghost'" in result.case_error
 

@@ -5,14 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from gate_runner.assertions import ToolCall, check_tool_calls, compile_assertions
-from gate_runner.case import run_case
 from gate_runner.expr import accessor_values, compile_expression
-from gate_service.runner_contract import CaseResult
 from tests.fixtures.projects import AGENTS, write
-
-
-def judged(project: Path, suite: str, case: str) -> CaseResult:
-    return CaseResult.model_validate(run_case(project, suite, case))
+from tests.fixtures.runner import judged
 
 
 def test_a_shorter_dotted_suffix_names_a_nested_tool() -> None:

@@ -5,8 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gate_runner.case import run_case
-from gate_service.runner_contract import CaseResult
+from tests.fixtures.runner import judged
 from tests.fixtures.seed_bundle import EXPECTED, seed_bundle
 
 
@@ -29,8 +28,7 @@ def test_every_example_is_covered(project: Path) -> None:
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_seed_example_verdict(project: Path, name: str) -> None:
-    result = CaseResult.model_validate(run_case(project, cases(project)[name], name))
-    assert result.case_error is None, result.case_error
+    result = judged(project, cases(project)[name], name)
     passes, fragment = EXPECTED[name]
     assert result.passed is passes, result.failure_reason
     if fragment:
