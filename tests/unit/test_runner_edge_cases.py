@@ -233,8 +233,9 @@ def test_a_waited_child_past_timeout_seconds_answers_timeout(tmp_path: Path) -> 
         },
     )
     result = judged(project, "tests/impatient.yaml", "child_times_out")
+    # The trigger's own timeout answered, not the case's timeout_s (which would fail the run).
     assert result.passed, result.failure_reason
-    assert result.invocations[0].duration_ms < 10_000
+    assert result.invocations[0].status == "completed"
 
 
 def test_middleware_runs_around_tool_agents_and_reruns_on_retries(tmp_path: Path) -> None:
