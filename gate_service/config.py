@@ -57,6 +57,18 @@ class Settings(BaseSettings):
     pip_offline: bool = Field(
         default=False, description="Install only from GATE_WHEELHOUSE_DIR, never an index."
     )
+    pip_download_timeout_seconds: float = Field(
+        default=300, gt=0, description="Time pip may take to fetch a bundle's wheels."
+    )
+    pip_download_max_bytes: int = Field(
+        default=512 * MIB, ge=1, description="Bytes pip may fetch for a bundle's wheels."
+    )
+    build_timeout_seconds: float = Field(
+        default=600, gt=0, description="Time a test image build may take."
+    )
+    build_output_limit_bytes: int = Field(
+        default=4 * MIB, ge=1, description="Build log a test image build may write."
+    )
 
     # Worker
     embedded_workers: int = Field(default=1, ge=0, description="Worker threads in `gate serve`.")
@@ -73,6 +85,12 @@ class Settings(BaseSettings):
     # Added to runs * timeout_s for container start and verdict writing.
     case_deadline_slack_seconds: int = 60
     case_output_limit_bytes: int = 32 * MIB
+    case_invocation_output_limit_bytes: int = Field(
+        default=8 * MIB,
+        ge=1024,
+        description="stdout and stderr one invocation may print; past it the rest is dropped "
+        "and the invocation fails saying so.",
+    )
     case_env: str = Field(
         default="",
         description="Comma-separated variables passed from the worker to case containers "

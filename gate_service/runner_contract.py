@@ -6,12 +6,16 @@ runs the real runner and validates its output here.
 
 from __future__ import annotations
 
+import hmac
 import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-SCHEMA_VERSION = 1
+from gate_runner.verdict import case_passes
+
+SCHEMA_VERSION = 2
+NONCE_ENV = "GATE_RESULT_NONCE"  # how the worker hands the runner its nonce
 BEGIN_MARKER = b"===GATE-RUNNER-RESULT-BEGIN==="
 END_MARKER = b"===GATE-RUNNER-RESULT-END==="
 
@@ -48,7 +52,7 @@ class InvocationResult(BaseModel):
 class CaseResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: Literal[1]
+    schema_version: Literal[2]
     suite: str
     test_name: str
     agent_name: str | None
@@ -60,6 +64,8 @@ class CaseResult(BaseModel):
     failure_reason: str | None
     duration_ms: int
     invocations: list[InvocationResult]
+    # The worker's per-container nonce, which user code never sees; None in-process.
+    nonce: str | None = None
 
 
 def without_nul(value: Any) -> Any:
@@ -74,17 +80,62 @@ def without_nul(value: Any) -> Any:
 
 
 class RunnerOutputError(Exception):
-    """The container's stdout held no valid result document."""
+    """The container's stdout held no result document: the runner itself broke."""
 
 
-def parse_runner_output(stdout: bytes) -> CaseResult:
-    """Take the last complete marker block; anything before it is not ours to trust."""
-    end = stdout.rfind(END_MARKER)
-    begin = stdout.rfind(BEGIN_MARKER, 0, end if end >= 0 else None)
-    if begin < 0 or end < 0:
+class UntrustedResult(RunnerOutputError):
+    """The output held a result the worker will not believe (forged, doubled, foreign)."""
+
+
+def parse_runner_output(
+    stdout: bytes,
+    *,
+    nonce: str | None = None,
+    suite: str | None = None,
+    test_name: str | None = None,
+) -> CaseResult:
+    """The one result block of the runner, checked against what the worker handed in.
+
+    Exactly one block must be there: the runner writes one, and anything else on its stdout
+    did not come from it. With ``nonce`` the block must carry it; with ``suite`` and
+    ``test_name`` it must be the result of that case.
+    """
+    begins, ends = stdout.count(BEGIN_MARKER), stdout.count(END_MARKER)
+    if begins == 0 and ends == 0:
         raise RunnerOutputError("the runner printed no result (no result markers in its output)")
+    if begins != 1 or ends != 1:
+        raise UntrustedResult(
+            f"the output held {begins} result start and {ends} result end marker(s), not one result"
+        )
+    begin, end = stdout.find(BEGIN_MARKER), stdout.find(END_MARKER)
+    if end < begin:
+        raise UntrustedResult("the result markers are out of order")
     body = stdout[begin + len(BEGIN_MARKER) : end].strip()
     try:
-        return CaseResult.model_validate(without_nul(json.loads(body)))
+        result = CaseResult.model_validate(without_nul(json.loads(body)))
     except (ValueError, RecursionError) as exc:
-        raise RunnerOutputError(f"the runner's result does not match contract v1: {exc}") from None
+        raise RunnerOutputError(f"the runner's result does not match contract v2: {exc}") from None
+    if nonce is not None and not hmac.compare_digest((result.nonce or "").encode(), nonce.encode()):
+        raise UntrustedResult("the result does not carry the nonce handed to this container")
+    if (suite is not None and result.suite != suite) or (
+        test_name is not None and result.test_name != test_name
+    ):
+        raise UntrustedResult(
+            f"the result is for {result.suite}::{result.test_name}, not {suite}::{test_name}"
+        )
+    return result
+
+
+def trusted_verdict(result: CaseResult, *, runs: int, success_threshold: int) -> tuple[int, bool]:
+    """(successes, passed) from the validated suite's runs and threshold, not the runner's.
+
+    The runner's own `runs`, `success_threshold`, `successes` and `passed` are not taken:
+    there must be one invocation for each run, and the verdict is recomputed here.
+    """
+    indices = sorted(inv.index for inv in result.invocations)
+    if indices != list(range(runs)):
+        raise UntrustedResult(
+            f"the result holds invocations {indices}, but the suite asks for {runs} run(s)"
+        )
+    successes = sum(1 for inv in result.invocations if inv.passed)
+    return successes, case_passes(successes, runs, success_threshold)

@@ -18,7 +18,7 @@ from ..bundles.archive import Manifest
 from ..bundles.suites import CaseRef
 from ..errors import Conflict, NotFound
 from ..models import Bundle, Case, CaseStatus, Gate, GateStatus, Phase, Run, utcnow
-from ..runner_contract import CaseResult, without_nul
+from ..runner_contract import CaseResult, trusted_verdict, without_nul
 from ..worker import queue
 from .schemas import BundleRead, CaseRead, GateList, GateRead, GateSummary
 
@@ -259,17 +259,20 @@ def save_cases(session: Session, gate: Gate, refs: Sequence[CaseRef]) -> list[Ca
 
 
 def save_case_result(session: Session, gate: Gate, case: Case, result: CaseResult) -> None:
-    """Store a judged case and each of its invocations."""
-    session.query(Run).filter(Run.case_id == case.id).delete()
+    """Store a judged case and each of its invocations.
+
+    `runs` and `success_threshold` stay those of the suite the worker validated; the verdict
+    is recomputed from the invocations (UntrustedResult when they do not fit the suite).
+    """
     if result.case_error:
-        case.status = CaseStatus.error
-        case.passed = None
+        status, passed, successes = CaseStatus.error, None, 0
     else:
-        case.status = CaseStatus.passed if result.passed else CaseStatus.failed
-        case.passed = result.passed
-    case.successes = result.successes
-    case.runs = result.runs or case.runs
-    case.success_threshold = result.success_threshold
+        successes, passed = trusted_verdict(
+            result, runs=case.runs, success_threshold=case.success_threshold
+        )
+        status = CaseStatus.passed if passed else CaseStatus.failed
+    session.query(Run).filter(Run.case_id == case.id).delete()
+    case.status, case.passed, case.successes = status, passed, successes
     case.duration_ms = result.duration_ms
     case.failure_reason = result.failure_reason
     for inv in result.invocations:

@@ -7,7 +7,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+# Where a test image holds the bundle's dependencies: root-owned, outside the runner's venv,
+# and put on sys.path after the runner's own paths (the runner owns that name), so no wheel
+# can replace runner modules or add a .pth startup hook to the runner's interpreter.
+from gate_runner import BUNDLE_DEPS_DIR as BUNDLE_DEPS_DIR
+
 LABEL = "gate.managed"  # every container and image we create carries it, for the reaper
+# The runner starts as root with only SETUID, SETGID and KILL, and runs every invocation
+# (all user code) under this uid, which holds no capability at all.
+INVOCATION_UID = 10001
+SCRATCH_DIR = "/tmp"  # the case's only writable place, a size-capped tmpfs
 
 
 @dataclass(frozen=True)
@@ -37,9 +46,19 @@ class TestImageSpec:
     """What goes into a bundle's test image."""
 
     tag: str
-    context_dir: Path  # holds bundle/ and, when with_wheels, wheels/
-    with_wheels: bool = False
+    context_dir: Path  # holds bundle/ and, when there are requirements, wheels/
+    # Canonical PEP 508 strings (gate_service.bundles.requirements), installed from wheels/
+    # into BUNDLE_DEPS_DIR; never a requirements file.
+    requirements: tuple[str, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
+
+
+class BuildRefused(Exception):
+    """A test image build went past its time limit or output cap.
+
+    Not a SandboxError: the build steps are ours and fixed, so what makes one slow or loud is
+    the bundle (its files, its wheels); a retry would hit the same limit.
+    """
 
 
 class Sandbox(Protocol):
@@ -49,8 +68,8 @@ class Sandbox(Protocol):
 
     def image_exists(self, tag: str) -> bool: ...
 
-    def download_wheels(self, requirements: Path, dest: Path) -> None:
-        """Fetch the wheels a requirements file names into ``dest`` on the host."""
+    def download_wheels(self, requirements: Sequence[str], dest: Path) -> None:
+        """Fetch the wheels of these (already parsed) requirements into ``dest`` on the host."""
         ...
 
     def build_test_image(self, spec: TestImageSpec) -> str: ...

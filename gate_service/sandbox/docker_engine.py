@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,15 +24,16 @@ from typing import Any
 import docker
 import docker.errors
 import requests.exceptions
-from docker.types import LogConfig
+from docker.types import LogConfig, Ulimit
 
+from ..bundles.requirements import read_requirements
 from ..config import BaseImageSource, Settings
 from ..errors import SandboxError
-from . import LABEL, RunLimits, RunResult, TestImageSpec
+from . import BUNDLE_DEPS_DIR, LABEL, BuildRefused, RunLimits, RunResult, TestImageSpec
 
 log = logging.getLogger(__name__)
 
-CASE_USER = "10001:10001"
+MIB = 1024 * 1024
 DEBOOTSTRAP_TAG = "gate-base:bookworm-debootstrap"
 DEBOOTSTRAP_PACKAGES = "python3,python3-venv,ca-certificates"
 
@@ -36,14 +41,31 @@ TEST_DOCKERFILE = """\
 FROM {runner}
 COPY --chown=0:0 bundle/ /bundle/
 """
-TEST_DOCKERFILE_WHEELS = """\
+# With requirements, two stages: `deps` installs the bundle's wheels into BUNDLE_DEPS_DIR
+# (never into the runner's venv, so no wheel can replace a runner module or add a .pth hook
+# to the runner's interpreter), and the final image copies only that directory, so the
+# wheels themselves never reach it. Every RUN is exec form: the requirement strings are JSON
+# arguments to pip that no shell ever sees. chmod leaves the directory root-owned and
+# writable by root alone (the case's invocations run as another uid).
+TEST_DOCKERFILE_DEPS = """\
+FROM {runner} AS deps
 USER 0:0
 COPY wheels/ /tmp/bundle-wheels/
-RUN /opt/gate-runner/bin/pip install --no-cache-dir --disable-pip-version-check --no-index \\
-        --find-links /tmp/bundle-wheels -r /bundle/requirements.txt \\
- && rm -rf /tmp/bundle-wheels
-USER {user}
+RUN {mkdir}
+RUN {install}
+RUN {chmod}
+
+FROM {runner}
+COPY --chown=0:0 bundle/ /bundle/
+COPY --from=deps --chown=0:0 {deps}/ {deps}/
 """
+BUNDLE_WHEELS_DIR = "/tmp/bundle-wheels"
+# Seconds between looks at a pip download's size and age.
+PIP_POLL_SECONDS = 0.1
+_NO_WHEEL = (
+    re.compile(r"No matching distribution found for ([A-Za-z0-9][A-Za-z0-9._-]*)"),
+    re.compile(r"satisfies the requirement ([A-Za-z0-9][A-Za-z0-9._-]*)"),
+)
 
 _DOCKER_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
 
@@ -86,6 +108,137 @@ def pip_environment() -> dict[str, str]:
         "http_proxy", "https_proxy", "no_proxy",
     }  # fmt: skip
     return {k: v for k, v in os.environ.items() if k in keep}
+
+
+def pip_sources(settings: Settings) -> list[str]:
+    args: list[str] = []
+    if settings.wheelhouse_dir:
+        args += ["--find-links", str(settings.wheelhouse_dir)]
+    if settings.pip_offline:
+        args.append("--no-index")
+    elif settings.pip_index_url:
+        args += ["--index-url", settings.pip_index_url]
+    return args
+
+
+def _tree_bytes(path: Path) -> int:
+    """Bytes of the regular files under ``path`` (racing pip, which adds and moves them)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def fetch_wheels(settings: Settings, requirements: Sequence[str], dest: Path) -> None:
+    """Fetch the wheels of parsed requirements into ``dest`` on the host, within limits.
+
+    ``--only-binary=:all:`` means no package code runs here (a package with no wheel is
+    refused, never built), and pip sees none of the service's environment. The requirements
+    are separate arguments after ``--``, never a file pip would read as its own language.
+    pip runs in its own process group with its temporary files in a directory of ours, and is
+    killed (with anything it started) once it runs past GATE_PIP_DOWNLOAD_TIMEOUT_SECONDS or
+    what it fetched passes GATE_PIP_DOWNLOAD_MAX_BYTES.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    if not requirements:
+        return
+    timeout = settings.pip_download_timeout_seconds
+    budget = settings.pip_download_max_bytes
+    with tempfile.TemporaryDirectory(prefix="gate-pip-", dir=settings.runtime_dir()) as scratch:
+        tmp, log_path = Path(scratch) / "tmp", Path(scratch) / "pip.log"
+        tmp.mkdir()
+        argv = [
+            sys.executable, "-m", "pip", "download",
+            "--disable-pip-version-check", "--no-input", "--no-cache-dir",
+            "--progress-bar", "off",
+            "--only-binary=:all:",
+            "--dest", str(dest),
+            *pip_sources(settings),
+            "--", *requirements,
+        ]  # fmt: skip
+        refused: str | None = None
+        with log_path.open("wb") as out:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**pip_environment(), "TMPDIR": str(tmp)},
+                start_new_session=True,  # its own process group, killed as one
+            )
+            deadline = time.monotonic() + timeout
+            try:
+                while True:
+                    try:
+                        proc.wait(timeout=PIP_POLL_SECONDS)
+                        break
+                    except subprocess.TimeoutExpired:
+                        pass
+                    if time.monotonic() > deadline:
+                        refused = f"downloading requirements took longer than {timeout:g} s"
+                        break
+                    if _tree_bytes(dest) + _tree_bytes(tmp) > budget:
+                        refused = f"requirements' wheels exceed {budget} bytes"
+                        break
+            finally:
+                if proc.returncode is None:
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    proc.wait()
+        if refused is None and _tree_bytes(dest) > budget:
+            refused = f"requirements' wheels exceed {budget} bytes"
+        if refused is not None:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise WheelDownloadError(refused)
+        output = log_path.read_text(errors="replace")
+    if proc.returncode != 0:
+        for pattern in _NO_WHEEL:
+            match = pattern.search(output)
+            if match:
+                raise WheelDownloadError(
+                    f"no wheel for {match.group(1)}: only wheels are installed, never source "
+                    "distributions (check the name and version, and that the index or "
+                    "wheelhouse has a wheel for this platform and Python)"
+                )
+        raise WheelDownloadError(output.strip()[-2000:])
+
+
+def bundle_dockerfile(runner: str, requirements: Sequence[str]) -> str:
+    """The test image's Dockerfile: the runner, the bundle and, if any, its dependencies."""
+    if not requirements:
+        return TEST_DOCKERFILE.format(runner=runner)
+    install = [
+        "/opt/gate-runner/bin/pip", "install",
+        "--no-cache-dir", "--disable-pip-version-check", "--no-input",
+        "--no-index", "--find-links", BUNDLE_WHEELS_DIR,
+        "--only-binary=:all:", "--no-compile",
+        "--target", BUNDLE_DEPS_DIR,
+        "--", *requirements,
+    ]  # fmt: skip
+    return TEST_DOCKERFILE_DEPS.format(
+        runner=runner,
+        mkdir=json.dumps(["/bin/mkdir", "-p", BUNDLE_DEPS_DIR]),
+        install=json.dumps(install),
+        chmod=json.dumps(["/bin/chmod", "-R", "u=rwX,go=rX", BUNDLE_DEPS_DIR]),
+        deps=BUNDLE_DEPS_DIR,
+    )
+
+
+def _build_response(stream: Any) -> Any:
+    """The HTTP response behind the generator that docker-py's ``api.build`` returns.
+
+    ``api.build`` posts the request itself and returns ``_stream_helper(response, ...)``, a
+    generator not yet started, whose frame holds the response: the only handle from which a
+    build that is blocked reading a silent step can be cut off.
+    """
+    frame = getattr(stream, "gi_frame", None)
+    return None if frame is None else frame.f_locals.get("response")
 
 
 class DockerSandbox:
@@ -189,41 +342,9 @@ class DockerSandbox:
             self._runner_tag = tag
             return tag
 
-    def _pip_sources(self) -> list[str]:
-        s = self.settings
-        args: list[str] = []
-        if s.wheelhouse_dir:
-            args += ["--find-links", str(s.wheelhouse_dir)]
-        if s.pip_offline:
-            args.append("--no-index")
-        elif s.pip_index_url:
-            args += ["--index-url", s.pip_index_url]
-        return args
-
-    def download_wheels(self, requirements: Path, dest: Path) -> None:
-        """Fetch wheels on the host; --only-binary means no package code runs here."""
-        dest.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--disable-pip-version-check",
-                "--only-binary=:all:",
-                "--dest",
-                str(dest),
-                "-r",
-                str(requirements),
-                *self._pip_sources(),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            env=pip_environment(),
-        )
-        if proc.returncode != 0:
-            raise WheelDownloadError(proc.stderr.strip()[-2000:] or proc.stdout[-2000:])
+    def download_wheels(self, requirements: Sequence[str], dest: Path) -> None:
+        """Fetch the wheels of parsed requirements on the host (see fetch_wheels)."""
+        fetch_wheels(self.settings, requirements, dest)
 
     def _build_runner(self, base: str, tag: str) -> None:
         src = self.settings.runner_source_dir
@@ -237,8 +358,12 @@ class DockerSandbox:
                 ctx / "gate_runner",
                 ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
             )
+            # Our own file, but read the same way as a bundle's: requirements, not pip input.
+            report = read_requirements(src / "requirements.txt")
+            if report.problems:
+                raise SandboxError(f"the runner's requirements.txt is invalid: {report.problems}")
             try:
-                self.download_wheels(src / "requirements.txt", ctx / "wheels")
+                self.download_wheels(report.requirements, ctx / "wheels")
             except WheelDownloadError as exc:
                 raise SandboxError(f"cannot fetch the runner's wheels: {exc}") from None
             with _docker_errors(f"building {tag}"):
@@ -254,21 +379,97 @@ class DockerSandbox:
                 )
 
     def build_test_image(self, spec: TestImageSpec) -> str:
-        dockerfile = TEST_DOCKERFILE.format(runner=self.runner_image())
-        if spec.with_wheels:
-            dockerfile += TEST_DOCKERFILE_WHEELS.format(user=CASE_USER)
+        dockerfile = bundle_dockerfile(self.runner_image(), spec.requirements)
         (spec.context_dir / "Dockerfile").write_text(dockerfile)
-        with _docker_errors(f"building test image {spec.tag}"):
-            self.client.images.build(
-                path=str(spec.context_dir),
-                tag=spec.tag,
-                rm=True,
-                forcerm=True,
-                pull=False,
-                network_mode="none",
-                labels={LABEL: "test", **spec.labels},
-            )
+        self._build(
+            f"building test image {spec.tag}",
+            timeout_seconds=self.settings.build_timeout_seconds,
+            output_limit_bytes=self.settings.build_output_limit_bytes,
+            path=str(spec.context_dir),
+            tag=spec.tag,
+            rm=True,
+            forcerm=True,
+            pull=False,
+            network_mode="none",
+            labels={LABEL: "test", **spec.labels},
+        )
         return spec.tag
+
+    def _build(
+        self, action: str, *, timeout_seconds: float, output_limit_bytes: int, **kwargs: Any
+    ) -> None:
+        """One image build through the streaming API, within a time limit and an output cap.
+
+        Past either limit the connection is shut down, which ends the build in the engine too
+        (it cancels a build whose client went away), and BuildRefused is raised: our build
+        steps are fixed, so what makes a build slow or loud is the bundle, and a retry would
+        hit the same limit. An error the engine reports in the stream stays a SandboxError
+        (an infrastructure error, as before), with the tail of the log.
+        """
+        started = time.monotonic()
+        tail: deque[str] = deque(maxlen=200)
+        received = 0
+        expired = threading.Event()
+        with _docker_errors(action):
+            # The HTTP read timeout is only a backstop; the timer below cuts the build first.
+            stream = self.client.api.build(decode=True, timeout=int(timeout_seconds) + 60, **kwargs)
+        response = _build_response(stream)
+
+        def cut() -> None:
+            if response is None:
+                return
+            try:
+                # As docker-py's own attach does: the socket under http.client's reader.
+                raw = response.raw._fp.fp.raw
+                getattr(raw, "_sock", raw).shutdown(socket.SHUT_RDWR)
+            except Exception as exc:  # best effort: the connection may be gone already
+                log.debug("shutting down a build connection: %s", exc)
+            response.close()
+
+        def expire() -> None:
+            expired.set()
+            cut()
+
+        timer = threading.Timer(max(0.0, started + timeout_seconds - time.monotonic()), expire)
+        timer.daemon = True
+        timer.start()
+        error: str | None = None
+        try:
+            try:
+                for item in stream:
+                    if expired.is_set():
+                        break
+                    chunk: dict[str, Any] = (
+                        item if isinstance(item, dict) else {"stream": str(item)}
+                    )
+                    received += len(json.dumps(chunk))
+                    if received > output_limit_bytes:
+                        cut()
+                        raise BuildRefused(
+                            f"the build wrote more than {output_limit_bytes} bytes of output; "
+                            "stopped"
+                        )
+                    text = str(chunk.get("stream") or chunk.get("status") or "")
+                    if "error" in chunk or "errorDetail" in chunk:
+                        detail = chunk.get("errorDetail") or {}
+                        error = str(detail.get("message") or chunk.get("error") or "")
+                        text = error + "\n"
+                    if text:
+                        tail.append(text)
+            except BuildRefused:
+                raise
+            except Exception as exc:
+                if not expired.is_set():
+                    raise SandboxError(f"{action} failed: {exc}") from None
+            if expired.is_set():
+                raise BuildRefused(f"the build took longer than {timeout_seconds:g} s; stopped")
+        finally:
+            timer.cancel()
+            stream.close()
+            if response is not None:
+                response.close()
+        if error is not None:
+            raise SandboxError(f"{action} failed: {error}\n{''.join(tail)[-2000:]}")
 
     # -- containers -----------------------------------------------------------------------
 
@@ -283,9 +484,18 @@ class DockerSandbox:
     ) -> RunResult:
         kwargs: dict[str, Any] = {
             "command": list(argv),
-            "user": CASE_USER,
+            # The runner starts as root with only what it needs to run each invocation under
+            # INVOCATION_UID (which then holds no capability) and to kill what it leaves.
+            "user": "0:0",
             "cap_drop": ["ALL"],
+            "cap_add": ["SETUID", "SETGID", "KILL"],
             "security_opt": ["no-new-privileges"],
+            "init": True,  # reaps the orphans that invocations leave and the runner kills
+            "ulimits": [
+                Ulimit(name="nofile", soft=1024, hard=1024),
+                Ulimit(name="core", soft=0, hard=0),
+                Ulimit(name="fsize", soft=limits.tmpfs_mb * MIB, hard=limits.tmpfs_mb * MIB),
+            ],
             "read_only": True,
             "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={limits.tmpfs_mb}m,mode=1777"},
             "pids_limit": limits.pids,

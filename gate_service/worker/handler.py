@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-import re
+import secrets
 import tempfile
 import threading
 import uuid
@@ -23,14 +23,29 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..bundles.archive import read_archive
+from ..bundles.requirements import FILE as REQUIREMENTS_FILE
+from ..bundles.requirements import read_requirements
 from ..bundles.suites import validate_project
 from ..config import Settings
 from ..db import session_scope
 from ..errors import GateError, SandboxError
 from ..gates import service
 from ..models import Bundle, Case, CaseStatus, Gate, Phase
-from ..runner_contract import RunnerOutputError, parse_runner_output
-from ..sandbox import RunLimits, Sandbox, TestImageSpec
+from ..runner_contract import (
+    BEGIN_MARKER,
+    NONCE_ENV,
+    RunnerOutputError,
+    UntrustedResult,
+    parse_runner_output,
+)
+from ..sandbox import (
+    INVOCATION_UID,
+    SCRATCH_DIR,
+    BuildRefused,
+    RunLimits,
+    Sandbox,
+    TestImageSpec,
+)
 from ..sandbox.docker_engine import WheelDownloadError
 from . import queue
 from .queue import ClaimedJob
@@ -40,7 +55,6 @@ T = TypeVar("T")
 
 # Seconds the runner may spend per invocation beyond timeout_s (fork, load, verdict).
 PER_INVOCATION_SLACK_SECONDS = 5
-_REQUIREMENT_OPTION = re.compile(r"^\s*-")
 
 
 class BundleRejected(Exception):
@@ -87,47 +101,23 @@ def case_environment(settings: Settings, model_mode: str | None) -> dict[str, st
     return env
 
 
+def runner_argv(settings: Settings, suite: str, test_name: str) -> list[str]:
+    """The runner's command line for one case (runner contract v2)."""
+    return [
+        "run-case",
+        "--project", "/bundle",
+        "--suite", suite,
+        "--case", test_name,
+        "--invocation-uid", str(INVOCATION_UID),
+        "--output-limit-bytes", str(settings.case_invocation_output_limit_bytes),
+        "--scratch-dir", SCRATCH_DIR,
+    ]  # fmt: skip
+
+
 def test_image_tag(sha256: str, runner_tag: str) -> str:
+    """The full bundle sha256: a prefix could let one bundle's image stand in for another's."""
     runner_digest = runner_tag.rsplit(":", 1)[-1]
-    return f"gate-test:{sha256[:16]}-{runner_digest}"
-
-
-def requirement_lines(path: Path) -> list[str]:
-    """The requirement specifiers of a bundle's requirements.txt; pip options are refused.
-
-    An option line could point pip at another index, and a URL or path at anything on the
-    host, so only plain specifiers (name, extras, version, markers) are accepted.
-    """
-    if not path.is_file():
-        return []
-    lines = []
-    for number, raw in enumerate(
-        path.read_text(encoding="utf-8", errors="replace").splitlines(), 1
-    ):
-        line = raw.split(" #", 1)[0].strip()
-        if not line or line.startswith("#"):
-            continue
-        if (
-            _REQUIREMENT_OPTION.match(line)
-            or "/" in line
-            or "\\" in line
-            or "$" in line  # pip expands ${VAR} from the host's environment
-            or " @ " in line
-            or line.startswith(".")
-        ):
-            raise BundleRejected(
-                f"requirements.txt line {number} ({line!r}) is not a plain requirement; "
-                "options, URLs and paths are not allowed",
-                [
-                    {
-                        "file": "requirements.txt",
-                        "line": number,
-                        "message": "not a plain requirement",
-                    }
-                ],
-            )
-        lines.append(line)
-    return lines
+    return f"gate-test:{sha256}-{runner_digest}"
 
 
 def judge_gate(ctx: WorkerContext, job: ClaimedJob) -> None:
@@ -186,7 +176,18 @@ def _judge(ctx: WorkerContext, job: ClaimedJob) -> None:
             read_archive(data, bundle_dir)
         except GateError as exc:
             raise BundleRejected(f"the bundle cannot be read: {exc.detail}", exc.problems) from None
+        # requirements.txt is data: parsed here, before anything is fetched, and only what
+        # parsed as a plain PEP 508 requirement ever reaches pip (as arguments, never a file).
+        requirements = read_requirements(bundle_dir / REQUIREMENTS_FILE)
         report = validate_project(bundle_dir, name_filter)
+        if requirements.problems:
+            first = requirements.problems[0]
+            problems = requirements.problems + report.problems
+            raise BundleRejected(
+                f"{len(problems)} problem(s) in the bundle; first: "
+                f"{REQUIREMENTS_FILE} line {first['line']}: {first['message']}",
+                problems,
+            )
         if report.problems:
             first = report.problems[0]
             where = f"{first['file']}" + (f" case {first['case']!r}" if first.get("case") else "")
@@ -201,7 +202,7 @@ def _judge(ctx: WorkerContext, job: ClaimedJob) -> None:
             service.set_phase(gate, Phase.building)
 
         _write(ctx, job, enter_building)
-        image = _build_image(ctx, context_dir, sha256)
+        image = _build_image(ctx, context_dir, sha256, requirements.requirements)
 
     _write(ctx, job, lambda _s, gate: service.set_phase(gate, Phase.running_tests))
     _run_cases(ctx, job, image)
@@ -216,30 +217,33 @@ def _judge(ctx: WorkerContext, job: ClaimedJob) -> None:
     _write(ctx, job, conclude)
 
 
-def _build_image(ctx: WorkerContext, context_dir: Path, sha256: str) -> str:
+def _build_image(
+    ctx: WorkerContext, context_dir: Path, sha256: str, requirements: list[str]
+) -> str:
     sandbox = ctx.sandbox
     tag = test_image_tag(sha256, sandbox.runner_image())
     if sandbox.image_exists(tag):
         return tag
-    requirements = requirement_lines(context_dir / "bundle" / "requirements.txt")
     if requirements:
-        clean = context_dir / "requirements.clean.txt"
-        clean.write_text("\n".join(requirements) + "\n")
         try:
-            sandbox.download_wheels(clean, context_dir / "wheels")
+            sandbox.download_wheels(requirements, context_dir / "wheels")
         except WheelDownloadError as exc:
             raise BundleRejected(
-                f"requirements.txt cannot be installed from the configured wheelhouse or index: "
-                f"{exc}"
+                f"{REQUIREMENTS_FILE} cannot be installed from the configured wheelhouse or "
+                f"index: {exc}",
+                [{"file": REQUIREMENTS_FILE, "message": str(exc)}],
             ) from None
-    return sandbox.build_test_image(
-        TestImageSpec(
-            tag=tag,
-            context_dir=context_dir,
-            with_wheels=bool(requirements),
-            labels={"gate.bundle": sha256},
+    try:
+        return sandbox.build_test_image(
+            TestImageSpec(
+                tag=tag,
+                context_dir=context_dir,
+                requirements=tuple(requirements),
+                labels={"gate.bundle": sha256},
+            )
         )
-    )
+    except BuildRefused as exc:
+        raise BundleRejected(f"the test image cannot be built: {exc}") from None
 
 
 def _run_cases(ctx: WorkerContext, job: ClaimedJob, image: str) -> None:
@@ -299,11 +303,13 @@ def _run_case(
         output_limit_bytes=s.case_output_limit_bytes,
         network=s.case_network,
     )
+    # Only the runner can read this (see gate_runner.__main__); a result without it is forged.
+    nonce = secrets.token_hex(32)
     try:
         result = ctx.sandbox.run(
             image,
-            ["run-case", "--project", "/bundle", "--suite", suite, "--case", test_name],
-            env=case_environment(s, model_mode),
+            runner_argv(s, suite, test_name),
+            env={**case_environment(s, model_mode), NONCE_ENV: nonce},
             limits=limits,
             labels={
                 "gate.gate_id": str(job.gate_id),
@@ -336,7 +342,23 @@ def _run_case(
             )
         else:
             try:
-                parsed = parse_runner_output(result.stdout)
+                if result.exit_code != 0 and BEGIN_MARKER in result.stdout:
+                    raise UntrustedResult(
+                        f"the container exited with code {result.exit_code}, so its result "
+                        "block is not the runner's verdict"
+                    )
+                parsed = parse_runner_output(
+                    result.stdout, nonce=nonce, suite=suite, test_name=test_name
+                )
+                service.save_case_result(session, gate, case, parsed)
+            except UntrustedResult as exc:
+                service.save_case_outcome(
+                    gate,
+                    case,
+                    status=CaseStatus.failed,
+                    duration_ms=result.duration_ms,
+                    reason=f"the case's result was not trusted: {exc}",
+                )
             except RunnerOutputError as exc:
                 tail = result.stderr.decode("utf-8", "replace").replace("\x00", "")[-1500:].strip()
                 service.save_case_outcome(
@@ -347,8 +369,6 @@ def _run_case(
                     reason=f"the runner failed (exit code {result.exit_code}): {exc}"
                     + (f"; stderr: {tail}" if tail else ""),
                 )
-            else:
-                service.save_case_result(session, gate, case, parsed)
 
     _write(ctx, job, store)
     return True

@@ -1,20 +1,50 @@
-"""Entry point: ``python -m gate_runner run-case --project DIR --suite PATH --case NAME``.
+"""Entry point: ``python -I -m gate_runner run-case --project DIR --suite PATH --case NAME``.
 
 Exit codes: 0 means the case was judged (the verdict is in the JSON, pass or fail); 2 means
 the command line was wrong; 70 means the runner itself broke. The JSON document is written to
-stdout between the marker lines, and nothing else the runner does writes to stdout.
+stdout between the marker lines, and nothing else writes to the runner's stdout: invocations
+print into pipes the runner reads.
+
+The worker hands in a nonce (``GATE_RESULT_NONCE``) that the result must carry. Forked
+invocations inherit the runner's memory, so the nonce must never be in it while they run:
+the runner moves it into a pipe, re-executes itself without it, and reads it back only after
+the last invocation has ended.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
 
+from .invocations import DEFAULT_OUTPUT_LIMIT_BYTES, Isolation, make_undumpable
+
 BEGIN_MARKER = "===GATE-RUNNER-RESULT-BEGIN==="
 END_MARKER = "===GATE-RUNNER-RESULT-END==="
+NONCE_ENV = "GATE_RESULT_NONCE"
+
+
+def _stash_nonce_and_reexec(argv: list[str]) -> None:
+    """Move the nonce out of this process's memory (environment included) into a pipe."""
+    nonce = os.environ.pop(NONCE_ENV)
+    read_end, write_end = os.pipe()
+    os.write(write_end, nonce.encode())
+    os.close(write_end)
+    os.set_inheritable(read_end, True)
+    args = [sys.executable, "-I", "-m", "gate_runner", *argv, "--nonce-fd", str(read_end)]
+    os.execve(sys.executable, args, dict(os.environ))
+
+
+def _read_nonce(fd: int | None) -> str | None:
+    if fd is None:
+        return None
+    try:
+        return os.read(fd, 4096).decode()
+    finally:
+        os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,6 +54,19 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--project", default="/bundle", type=Path)
     run.add_argument("--suite", required=True, help="suite path relative to the project")
     run.add_argument("--case", required=True, help="the case's name")
+    run.add_argument(
+        "--invocation-uid",
+        type=int,
+        help="run user code under this uid (the runner must be root with SETUID/SETGID/KILL)",
+    )
+    run.add_argument(
+        "--output-limit-bytes",
+        type=int,
+        default=DEFAULT_OUTPUT_LIMIT_BYTES,
+        help="stdout and stderr one invocation may print; the rest is dropped",
+    )
+    run.add_argument("--scratch-dir", type=Path, help="the case's scratch space, e.g. /tmp")
+    run.add_argument("--nonce-fd", type=int, help=argparse.SUPPRESS)
     record = sub.add_parser(
         "record", help="run suites with live models and write tests/recordings/ for replay"
     )
@@ -33,10 +76,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "record":
         return _record(args.project.resolve(), args.suite, args.case)
+    if NONCE_ENV in os.environ:
+        _stash_nonce_and_reexec(sys.argv[1:] if argv is None else argv)
     try:
         from .case import run_case
 
-        result = run_case(args.project, args.suite, args.case)
+        if args.invocation_uid is not None:
+            make_undumpable()
+        isolation = Isolation(
+            uid=args.invocation_uid,
+            output_limit_bytes=args.output_limit_bytes,
+            scratch_dir=args.scratch_dir,
+        )
+        result = run_case(args.project, args.suite, args.case, isolation)
+        result["nonce"] = _read_nonce(args.nonce_fd)
         text = json.dumps(result, default=repr)
     except Exception:
         traceback.print_exc()

@@ -1,18 +1,16 @@
 """Run one test case: its `runs` invocations, each in a forked process, then the verdict.
 
 The parent never imports user code. Each invocation forks a child that loads the project
-afresh (so module state never carries over between invocations), runs the agent, and writes
-plain data to a file; the parent kills the child's whole process group at `timeout_s` and
-forms every assertion itself.
+afresh (so module state never carries over between invocations), runs the agent, and reports
+plain data over a pipe (see invocations.py); the parent kills the child's whole process group
+at `timeout_s` and forms every assertion itself.
 """
 
 from __future__ import annotations
 
-import json
+import functools
 import os
-import signal
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Mapping
@@ -24,7 +22,7 @@ import yaml
 from connic.test_schema import TestFile
 from pydantic import ValidationError
 
-from . import SCHEMA_VERSION
+from . import BUNDLE_DEPS_DIR, SCHEMA_VERSION
 from .assertions import (
     CompiledAssertions,
     calls_in_scope,
@@ -35,6 +33,7 @@ from .assertions import (
     decode_output,
 )
 from .expr import ExpressionError
+from .invocations import MAX_REPORT_BYTES, Channel, Isolation, Proc, Supervisor
 from .verdict import case_failure_reason, case_passes
 
 MAX_LOG_LINES = 500
@@ -173,12 +172,6 @@ def prepare(project: Path, suite: str, case_name: str) -> PreparedCase:
     )
 
 
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, default=repr), encoding="utf-8")
-    tmp.rename(path)
-
-
 def _setup_failure(stage: str, exc: BaseException) -> dict[str, Any]:
     """The test's own setup broke (project, mocks, builder): never the agent's failure."""
     message = f"{stage} raised {type(exc).__name__}: {exc}"
@@ -192,20 +185,10 @@ def _setup_failure(stage: str, exc: BaseException) -> dict[str, Any]:
     }
 
 
-def _child_run(project: Path, prepared: PreparedCase, workdir: Path) -> None:
-    """Body of the forked invocation process. Never returns."""
-    code = 0
+def _invocation_body(project: Path, prepared: PreparedCase, channel: Channel) -> None:
+    """What a forked invocation runs: the agent, then a builder's cleanup; reports over pipe."""
     data: dict[str, Any] | None = None
     try:
-        os.setsid()
-        # User output goes to files that become log spans, never to the result channel.
-        for fd, name in ((1, "stdout"), (2, "stderr")):
-            out = os.open(workdir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.dup2(out, fd)
-            os.close(out)
-        # Rebind the Python-level streams too, whatever they were (a test harness, say).
-        sys.stdout = open(1, "w", buffering=1, closefd=False)
-        sys.stderr = open(2, "w", buffering=1, closefd=False)
         from connic import ProjectLoader
 
         from .approvals import Approvals
@@ -213,6 +196,10 @@ def _child_run(project: Path, prepared: PreparedCase, workdir: Path) -> None:
         from .mocks import Mocks, StrictFlags
         from .runtime import Runtime, Trace, install_predefined, jsonable
 
+        # The bundle's own dependencies come after the runner's: a wheel cannot shadow the
+        # runner's modules, and no .pth file in it is ever processed.
+        if BUNDLE_DEPS_DIR not in sys.path:
+            sys.path.append(BUNDLE_DEPS_DIR)
         trace = Trace()
         runtime = Runtime({}, project=project, model_mode=os.environ.get("GATE_MODEL_MODE") or None)
         install_predefined(runtime)  # before user modules import connic.tools names
@@ -244,12 +231,9 @@ def _child_run(project: Path, prepared: PreparedCase, workdir: Path) -> None:
                 built = run_build(builder, resolved, context)
                 files = fixture_entries(project, list(resolved.get("files") or []))
                 payload = with_files(built, files)
-                # Saved now, so that a cleanup after a timeout or crash still has the
+                # Reported now, so that a cleanup after a timeout or crash still has the
                 # context, and assertions see the context exactly as build() left it.
-                _write_json(
-                    workdir / "builder.json",
-                    {"context": jsonable(context), "input": jsonable(payload)},
-                )
+                channel.send("builder", {"context": jsonable(context), "input": jsonable(payload)})
         except BaseException as exc:
             data = _setup_failure(stage, exc)
         if data is None:
@@ -271,9 +255,9 @@ def _child_run(project: Path, prepared: PreparedCase, workdir: Path) -> None:
                 "violations": list(runtime.violations),
             }
             if builder is not None:
-                # The agent's part is kept before cleanup runs: a cleanup that hangs then
+                # The agent's part is reported before cleanup runs: a cleanup that hangs then
                 # costs only itself, and is never run a second time.
-                _write_json(workdir / "agent.json", data)
+                channel.send("agent", data)
                 # cleanup sees the parsed output (spec 8.1), as assertions do.
                 run = {
                     "input": payload,
@@ -288,217 +272,138 @@ def _child_run(project: Path, prepared: PreparedCase, workdir: Path) -> None:
             stream.flush()
         except Exception:  # user code may have closed or replaced it
             pass
-    try:
-        _write_json(workdir / "result.json", data)
-    except BaseException:
-        code = 70
-    os._exit(code)
+    channel.send("result", data)
 
 
-def _read_logs(workdir: Path) -> list[dict[str, Any]]:
+def _late_cleanup_body(
+    project: Path, prepared: PreparedCase, built: dict[str, Any], channel: Channel
+) -> None:
+    """cleanup() for an invocation that timed out or crashed, with the context build() left."""
+    from .builders import load_builder, run_cleanup
+
+    module = load_builder(project, prepared.resolved["builder"])
+    run = {"input": built["input"], "output": None, "context": {}}
+    channel.send(
+        "cleanup", {"failure": run_cleanup(module, prepared.resolved, built["context"], run)}
+    )
+
+
+def _log_spans(proc: Proc) -> list[dict[str, Any]]:
     spans: list[dict[str, Any]] = []
     for stream, level in (("stdout", "INFO"), ("stderr", "ERROR")):
-        path = workdir / stream
-        if not path.exists():
-            continue
-        with path.open("rb") as fh:
-            for raw in fh:
-                if len(spans) >= MAX_LOG_LINES:
-                    return spans
-                line = raw[:MAX_LOG_LINE_CHARS].decode("utf-8", "replace").rstrip("\n")
-                spans.append({"stream": stream, "level": level, "message": line})
+        for raw in proc.stream_text(stream).splitlines():
+            if len(spans) >= MAX_LOG_LINES:
+                return spans
+            line = raw[:MAX_LOG_LINE_CHARS].decode("utf-8", "replace")
+            spans.append({"stream": stream, "level": level, "message": line})
     return spans
 
 
+def _agent_data(prepared: PreparedCase, proc: Proc, reports: dict[str, Any]) -> dict[str, Any]:
+    """What the invocation process reported, or what its end says when it did not."""
+    timeout_s, which = effective_timeout(prepared)
+    if proc.timed_out and "agent" in reports:
+        # The agent finished; its builder cleanup is what ran out of time.
+        data: dict[str, Any] = dict(reports["agent"])
+        data["cleanup_failure"] = f"builder cleanup timed out after {cleanup_budget(prepared)} s"
+        return data
+    if proc.timed_out:
+        error = f"timed out after {timeout_s} s ({which})"
+    elif isinstance(reports.get("result"), dict):
+        return dict(reports["result"])
+    elif proc.report_overflow:
+        error = f"the invocation's report was larger than {MAX_REPORT_BYTES} bytes"
+    else:
+        error = f"the invocation process {proc.exit_description()} before reporting"
+    return {"status": "failed", "output": None, "error": error, "run_context": {}, "traces": []}
+
+
 @dataclass
-class _Running:
-    """An invocation's process while it runs."""
+class _Invocation:
+    """One invocation in flight: its agent process, then perhaps a late cleanup process."""
 
     index: int
-    pid: int
-    workdir: tempfile.TemporaryDirectory[str]
-    started: float
-    deadline: float
-    cleanup_time: bool = False
-
-
-def _start(project: Path, prepared: PreparedCase, index: int) -> _Running:
-    workdir = tempfile.TemporaryDirectory(prefix=f"inv{index}-")
-    started = time.monotonic()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child leaves through os._exit
-        _child_run(project, prepared, Path(workdir.name))
-    return _Running(index, pid, workdir, started, started + effective_timeout(prepared)[0])
+    agent: Proc
+    data: dict[str, Any] | None = None
+    cleanup: Proc | None = None
 
 
 def _run_invocations(
-    project: Path, prepared: PreparedCase, runs: int, parallel: int
+    project: Path, prepared: PreparedCase, runs: int, parallel: int, isolation: Isolation
 ) -> list[dict[str, Any]]:
-    """All invocations, at most ``parallel`` at once, each in its own process group."""
+    """All invocations, at most ``parallel`` at once, each in its own process group.
+
+    One loop reads every pipe and enforces every deadline; nothing in it blocks on one
+    invocation, so a slow cleanup never delays another invocation's timeout.
+    """
+    supervisor = Supervisor(isolation)
     results: dict[int, dict[str, Any]] = {}
     pending = list(range(runs))
-    active: list[_Running] = []
-    while pending or active:
-        while pending and len(active) < parallel:
-            active.append(_start(project, prepared, pending.pop(0)))
-        for running in list(active):
-            done, status_code = os.waitpid(running.pid, os.WNOHANG)
-            now = time.monotonic()
-            agent_done = (Path(running.workdir.name) / "agent.json").exists()
-            if not done and now >= running.deadline and agent_done and not running.cleanup_time:
-                # The agent finished in time; its builder cleanup gets a budget of its own.
-                running.cleanup_time = True
-                running.deadline = now + cleanup_budget(prepared)
-                continue
-            timed_out = not done and now >= running.deadline
-            if timed_out:
-                _kill_group(running.pid)
-                os.waitpid(running.pid, 0)
-            if done or timed_out:
-                _kill_group(running.pid)  # user code may have left processes behind
-                active.remove(running)
-                try:
-                    results[running.index] = _collect(
-                        project,
-                        prepared,
-                        Path(running.workdir.name),
-                        running.started,
-                        timed_out,
-                        status_code,
-                    )
-                finally:
-                    running.workdir.cleanup()
-        time.sleep(0.005)
-    return [results[i] for i in range(runs)]
-
-
-def _collect(
-    project: Path,
-    prepared: PreparedCase,
-    workdir: Path,
-    started: float,
-    timed_out: bool,
-    status_code: int,
-) -> dict[str, Any]:
-    timeout_s, which = effective_timeout(prepared)
-    duration_ms = int((time.monotonic() - started) * 1000)
-    result_file = workdir / "result.json"
-    agent_file = workdir / "agent.json"
-    if timed_out and agent_file.exists():
-        # The agent finished; its builder cleanup is what ran out of time.
-        data: dict[str, Any] = json.loads(agent_file.read_text(encoding="utf-8"))
-        data["cleanup_failure"] = f"builder cleanup timed out after {cleanup_budget(prepared)} s"
-    elif timed_out:
-        data = {
-            "status": "failed",
-            "output": None,
-            "error": f"timed out after {timeout_s} s ({which})",
-            "run_context": {},
-            "traces": [],
-        }
-    elif result_file.exists():
-        data = json.loads(result_file.read_text(encoding="utf-8"))
-    else:
-        if os.WIFSIGNALED(status_code):
-            signum = os.WTERMSIG(status_code)
-            how = f"was killed by signal {signum}" + (
-                " (out of memory?)" if signum == signal.SIGKILL else ""
+    in_flight: dict[Proc, _Invocation] = {}
+    builder = bool(prepared.resolved.get("builder"))
+    timeout_s = effective_timeout(prepared)[0]
+    while pending or in_flight:
+        if not supervisor.active:
+            supervisor.sweep()  # nothing of the last invocation(s) survives into the next
+        while pending and len({inv.index for inv in in_flight.values()}) < parallel:
+            index = pending.pop(0)
+            proc = supervisor.spawn(
+                functools.partial(_invocation_body, project, prepared),
+                timeout_s=timeout_s,
+                after_agent_seconds=cleanup_budget(prepared) if builder else None,
             )
-        else:
-            how = f"exited with code {os.WEXITSTATUS(status_code)} (os._exit in user code?)"
-        data = {
-            "status": "failed",
-            "output": None,
-            "error": f"the invocation process {how} before reporting",
-            "run_context": {},
-            "traces": [],
-        }
-    saved = workdir / "builder.json"
-    if "cleanup_failure" not in data and saved.exists() and not agent_file.exists():
-        # The invocation died before its own cleanup began: run it in a fresh process.
-        data["cleanup_failure"] = _late_cleanup(
-            project, prepared, workdir, cleanup_budget(prepared)
-        )
-    if saved.exists():
-        built = json.loads(saved.read_text(encoding="utf-8"))
-        data["builder_context"] = built["context"]
-        data.setdefault("input", built["input"])
-    logs = _read_logs(workdir)
-    traces = list(data.get("traces") or [])
-    parent = traces[0]["span_id"] if traces else None
-    for line in logs:
-        traces.append(
-            {
-                "span_id": f"s{len(traces) + 1}",
-                "parent_span_id": parent,
-                "span_order": len(traces) + 1,
-                "type": "log",
-                "name": line["stream"],
-                "status": "ok",
-                "duration_ms": 0,
-                "metadata": {"level": line["level"], "message": line["message"]},
-            }
-        )
-    data["traces"] = traces
-    data["duration_ms"] = duration_ms
-    return data
-
-
-def _wait(pid: int, deadline: float) -> tuple[bool, int]:
-    """Wait for a forked child until ``deadline``; kill its whole group then, and after."""
-    timed_out, status_code = False, 0
-    while True:
-        done, status_code = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() >= deadline:
-            timed_out = True
-            _kill_group(pid)
-            os.waitpid(pid, 0)
-            break
-        time.sleep(0.005)
-    _kill_group(pid)  # user code may have left background processes behind
-    return timed_out, status_code
-
-
-def _late_cleanup(
-    project: Path, prepared: PreparedCase, workdir: Path, timeout_s: int
-) -> str | None:
-    """cleanup() for an invocation that timed out or crashed, with the context build() left."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child leaves through os._exit
-        code = 0
-        try:
-            os.setsid()
-            for fd, name in ((1, "stdout"), (2, "stderr")):
-                out = os.open(workdir / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-                os.dup2(out, fd)
-                os.close(out)
-            from .builders import load_builder, run_cleanup
-
-            built = json.loads((workdir / "builder.json").read_text(encoding="utf-8"))
-            module = load_builder(project, prepared.resolved["builder"])
-            run = {"input": built["input"], "output": None, "context": {}}
-            failure = run_cleanup(module, prepared.resolved, built["context"], run)
-            (workdir / "cleanup.json").write_text(json.dumps({"failure": failure}))
-        except BaseException:
-            code = 70
-        os._exit(code)
-    timed_out, _ = _wait(pid, time.monotonic() + timeout_s)
-    result = workdir / "cleanup.json"
-    if timed_out:
-        return f"builder cleanup timed out after {timeout_s} s"
-    if not result.exists():
-        return "builder cleanup could not run after the invocation ended"
-    reported: str | None = json.loads(result.read_text())["failure"]
-    return reported
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+            in_flight[proc] = _Invocation(index, proc)
+        for proc in supervisor.wait():
+            inv = in_flight.pop(proc)
+            if inv.cleanup is proc:
+                assert inv.data is not None
+                late = proc.messages().get("cleanup")
+                failure: str | None
+                if proc.timed_out:
+                    failure = f"builder cleanup timed out after {cleanup_budget(prepared)} s"
+                elif isinstance(late, dict):
+                    failure = late.get("failure")
+                else:
+                    failure = "builder cleanup could not run after the invocation ended"
+                inv.data["cleanup_failure"] = failure
+                results[inv.index] = inv.data
+                continue
+            reports = proc.messages()
+            data = _agent_data(prepared, proc, reports)
+            data["duration_ms"] = int((proc.ended_at - proc.started) * 1000)
+            data["limit_failures"] = supervisor.limit_failures(proc)
+            built = reports.get("builder")
+            if isinstance(built, dict):
+                data["builder_context"] = built.get("context")
+                data.setdefault("input", built.get("input"))
+            traces = list(data.get("traces") or [])
+            parent = traces[0]["span_id"] if traces else None
+            for line in _log_spans(proc):
+                traces.append(
+                    {
+                        "span_id": f"s{len(traces) + 1}",
+                        "parent_span_id": parent,
+                        "span_order": len(traces) + 1,
+                        "type": "log",
+                        "name": line["stream"],
+                        "status": "ok",
+                        "duration_ms": 0,
+                        "metadata": {"level": line["level"], "message": line["message"]},
+                    }
+                )
+            data["traces"] = traces
+            inv.data = data
+            if isinstance(built, dict) and "cleanup_failure" not in data and "agent" not in reports:
+                # The invocation died before its own cleanup began: run it in a fresh process.
+                inv.cleanup = supervisor.spawn(
+                    functools.partial(_late_cleanup_body, project, prepared, built),
+                    timeout_s=cleanup_budget(prepared),
+                )
+                in_flight[inv.cleanup] = inv
+                continue
+            results[inv.index] = data
+    supervisor.sweep()
+    return [results[i] for i in range(runs)]
 
 
 def judge_invocation(prepared: PreparedCase, data: Mapping[str, Any]) -> list[str]:
@@ -524,12 +429,15 @@ def judge_invocation(prepared: PreparedCase, data: Mapping[str, Any]) -> list[st
         # Whatever expected_result says (even `status == "failed"`), a broken setup fails.
         failures.insert(0, str(data["setup_error"]))
     failures.extend(str(v) for v in data.get("violations") or [])
+    failures.extend(str(v) for v in data.get("limit_failures") or [])
     if data.get("cleanup_failure"):
         failures.append(str(data["cleanup_failure"]))
     return failures
 
 
-def run_case(project: Path, suite: str, case_name: str) -> dict[str, Any]:
+def run_case(
+    project: Path, suite: str, case_name: str, isolation: Isolation | None = None
+) -> dict[str, Any]:
     """Run a case and return the result document of the runner contract."""
     started = time.monotonic()
     base: dict[str, Any] = {
@@ -556,7 +464,9 @@ def run_case(project: Path, suite: str, case_name: str) -> dict[str, Any]:
     threshold = int(prepared.resolved["success_threshold"])
     invocations: list[dict[str, Any]] = []
     reasons: list[str | None] = []
-    all_data = _run_invocations(project, prepared, runs, parallelism(prepared, runs))
+    all_data = _run_invocations(
+        project, prepared, runs, parallelism(prepared, runs), isolation or Isolation()
+    )
     for index, data in enumerate(all_data):
         failures = judge_invocation(prepared, data)
         reason = "; ".join(failures) if failures else None

@@ -8,6 +8,7 @@ baseline measured in the same run: the same image starting `python -c pass`.
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import statistics
 import tempfile
@@ -18,9 +19,10 @@ import docker
 
 from gate_service.bundles.archive import read_archive
 from gate_service.config import Settings
-from gate_service.runner_contract import parse_runner_output
-from gate_service.sandbox import RunLimits, TestImageSpec
-from gate_service.sandbox.docker_engine import CASE_USER, DockerSandbox
+from gate_service.runner_contract import NONCE_ENV, parse_runner_output
+from gate_service.sandbox import INVOCATION_UID, RunLimits, TestImageSpec
+from gate_service.sandbox.docker_engine import DockerSandbox
+from gate_service.worker.handler import runner_argv
 from tests.fixtures.projects import AGENTS, LLM_PROJECT, bundle_of, write
 
 REPEATS = 7
@@ -54,14 +56,16 @@ def build(sandbox: DockerSandbox, files: dict[str, str], tag: str, tmp: Path) ->
 def time_case(sandbox: DockerSandbox, image: str, suite: str, case: str) -> list[float]:
     times = []
     for _ in range(REPEATS):
+        nonce = secrets.token_hex(32)
         started = time.monotonic()
         result = sandbox.run(
             image,
-            ["run-case", "--suite", suite, "--case", case],
+            runner_argv(sandbox.settings, suite, case),
             limits=LIMITS,
             labels={"gate.bench": "1"},
+            env={NONCE_ENV: nonce},
         )
-        assert parse_runner_output(result.stdout).passed
+        assert parse_runner_output(result.stdout, nonce=nonce).passed
         times.append(time.monotonic() - started)
     return times
 
@@ -74,7 +78,7 @@ def time_baseline(client: docker.DockerClient, image: str) -> list[float]:
             image,
             ["-c", "pass"],
             entrypoint=["python"],
-            user=CASE_USER,
+            user=f"{INVOCATION_UID}:{INVOCATION_UID}",
             network_mode="none",
             remove=True,
         )

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.fixtures.projects import make_wheel
+from tests.fixtures.projects import RUNNER_TAKEOVER_WHEEL, make_wheel
 
 STARTUP_SECONDS = 900  # a first start bootstraps the base image and builds the runner
 
@@ -70,6 +70,7 @@ def gate_url(docker_engine: None, tmp_path_factory: pytest.TempPathFactory) -> I
     port = free_port()
     wheelhouse = Path(tmp_path_factory.mktemp("wheelhouse"))
     make_wheel(wheelhouse)
+    make_wheel(wheelhouse, "gate_takeover", extra_files=RUNNER_TAKEOVER_WHEEL)
     proc, log_path = start(
         "serve",
         Path(tmp_path_factory.mktemp("serve")),

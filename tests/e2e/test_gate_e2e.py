@@ -186,7 +186,7 @@ def test_requirements_install_from_the_configured_wheelhouse(gate_url: str, tmp_
 def test_requirement_options_are_refused(gate_url: str, tmp_path: Path) -> None:
     reqs = "--index-url http://127.0.0.1:9/simple\ngate-e2e-demo==1.0\n"
     gate = judge(gate_url, bundle_of(requirements_project(tmp_path / "p", reqs)))
-    assert (gate["status"], gate["phase"]) == ("error", "building")
+    assert (gate["status"], gate["phase"]) == ("error", "validating")
     assert "requirements.txt line 1" in gate["failure_reason"]
 
 

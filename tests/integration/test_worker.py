@@ -15,7 +15,12 @@ from gate_service.models import Case, Gate, Job, Run
 from gate_service.worker import queue
 from gate_service.worker.handler import WorkerContext, judge_gate
 from gate_service.worker.loop import Worker
-from tests.fixtures.projects import bundle_of, calculator_project, unknown_agent_project
+from tests.fixtures.projects import (
+    bundle_of,
+    calculator_project,
+    requirements_project,
+    unknown_agent_project,
+)
 from tests.fixtures.sandbox import FakeSandbox
 
 
@@ -247,10 +252,13 @@ def test_model_mode_and_named_variables_reach_the_case_container(
     assert response.json()["model_mode"] == "replay"
     worker.run_once()
     assert sandbox.envs
+    nonces = [env.pop("GATE_RESULT_NONCE") for env in sandbox.envs]
     assert all(
         env == {"OPENAI_API_KEY": "sk-from-the-worker", "GATE_MODEL_MODE": "replay"}
         for env in sandbox.envs
     )
+    # A fresh, unguessable nonce per case container.
+    assert len(set(nonces)) == len(nonces) and all(len(n) == 64 for n in nonces)
 
 
 def test_an_unknown_model_mode_is_a_400(client: TestClient, tmp_path: Path) -> None:
@@ -260,3 +268,31 @@ def test_an_unknown_model_mode_is_a_400(client: TestClient, tmp_path: Path) -> N
     )
     assert response.status_code == 400
     assert "scripted, replay, live" in response.json()["detail"]
+
+
+def test_a_bad_requirements_file_ends_error_in_validating_before_any_download(
+    client: TestClient, worker: Worker, tmp_path: Path, sandbox: FakeSandbox
+) -> None:
+    reqs = "\ufeff--no-binary=:all:\ngate-e2e-demo==1.0\nx @ https://example.invalid/x.whl\n"
+    gate_id = submit(client, bundle_of(requirements_project(tmp_path / "p", reqs)))
+    worker.run_once()
+    gate = client.get(f"/v1/gates/{gate_id}").json()
+    assert (gate["status"], gate["phase"]) == ("error", "validating")
+    assert "requirements.txt line 1" in gate["failure_reason"]
+    assert "byte order mark" in gate["failure_reason"]
+    assert [(p["file"], p["line"]) for p in gate["problems"]] == [
+        ("requirements.txt", 1),
+        ("requirements.txt", 3),
+    ]
+    assert "URL" in gate["problems"][1]["message"]
+    assert sandbox.downloads == []  # nothing was fetched
+    assert sandbox.images == {}  # nor built
+
+
+def test_parsed_requirements_not_the_file_are_what_is_downloaded(
+    client: TestClient, worker: Worker, tmp_path: Path, sandbox: FakeSandbox
+) -> None:
+    reqs = "# deps\ngate-e2e-demo == 1.0  # pinned\n\nattrs>=22; python_version >= '3.8'\n"
+    submit(client, bundle_of(requirements_project(tmp_path / "p", reqs)))
+    worker.run_once()
+    assert sandbox.downloads == [["gate-e2e-demo==1.0", 'attrs>=22; python_version >= "3.8"']]

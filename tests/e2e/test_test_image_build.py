@@ -1,0 +1,158 @@
+"""Test image builds through the real engine: bounded in time and output, deps kept apart."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gate_service import sandbox as port
+from gate_service.config import Settings
+from gate_service.errors import SandboxError
+from gate_service.sandbox import BUNDLE_DEPS_DIR, LABEL, BuildRefused
+from gate_service.sandbox.docker_engine import DockerSandbox
+from tests.fixtures.projects import make_wheel
+
+pytestmark = pytest.mark.docker
+
+
+class Builds:
+    """Sandboxes with chosen build settings, and every tag they may build, removed after."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.tmp_path, self.monkeypatch = tmp_path, monkeypatch
+        self.made: list[DockerSandbox] = []
+        self.tags: list[str] = []
+
+    def sandbox(self, **settings: float) -> DockerSandbox:
+        sandbox = DockerSandbox(Settings(data_dir=self.tmp_path / "data", **settings))
+        # Any runner image will do (these tests are about the build, not the runner), so an
+        # existing one is reused instead of rebuilding it whenever the runner's sources change.
+        runners = [
+            i for i in sandbox.client.images.list(filters={"label": f"{LABEL}=runner"}) if i.tags
+        ]
+        if runners:
+            newest = max(runners, key=lambda i: str(i.attrs["Created"]))
+            self.monkeypatch.setattr(sandbox, "runner_image", lambda: newest.tags[0])
+        self.made.append(sandbox)
+        return sandbox
+
+    def tag(self, kind: str) -> str:
+        self.tags.append(f"gate-test:{kind}-{uuid.uuid4().hex[:12]}")
+        return self.tags[-1]
+
+    def spec(self, *requirements: str, wheel: bool = False) -> port.TestImageSpec:
+        ctx = self.tmp_path / uuid.uuid4().hex
+        (ctx / "bundle").mkdir(parents=True)
+        (ctx / "bundle" / "marker.txt").write_text(uuid.uuid4().hex)  # never a cached build
+        if wheel:
+            make_wheel(ctx / "wheels")
+        return port.TestImageSpec(
+            tag=self.tag("limits"), context_dir=ctx, requirements=requirements
+        )
+
+    def clean(self) -> None:
+        for sandbox in self.made:
+            for tag in self.tags:
+                if sandbox.image_exists(tag):
+                    sandbox.client.images.remove(tag, force=True)
+            sandbox.close()
+
+
+@pytest.fixture
+def builds(
+    docker_engine: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Builds]:
+    builds = Builds(tmp_path, monkeypatch)
+    try:
+        yield builds
+    finally:
+        builds.clean()
+
+
+def test_a_build_over_the_output_cap_is_refused(builds: Builds) -> None:
+    sandbox = builds.sandbox(build_output_limit_bytes=10)
+    image = builds.spec()
+    with pytest.raises(BuildRefused, match="more than 10 bytes of output"):
+        sandbox.build_test_image(image)
+    assert not sandbox.image_exists(image.tag)
+
+
+def test_a_build_over_the_time_limit_is_refused(builds: Builds) -> None:
+    sandbox = builds.sandbox(build_timeout_seconds=0.3)
+    # Installing deps starts a container and pip: far longer than 0.3 s.
+    image = builds.spec("gate-e2e-demo==1.0", wheel=True)
+    with pytest.raises(BuildRefused, match=r"took longer than 0\.3 s"):
+        sandbox.build_test_image(image)
+    assert not sandbox.image_exists(image.tag)
+
+
+def test_a_silent_build_step_is_cut_off_at_the_time_limit(builds: Builds, tmp_path: Path) -> None:
+    sandbox = builds.sandbox()
+    ctx = tmp_path / "silent"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(f'FROM {sandbox.runner_image()}\nRUN ["sleep", "600"]\n')
+    tag = builds.tag("silent")
+    started = time.monotonic()
+    with pytest.raises(BuildRefused, match="took longer than 1 s"):
+        sandbox._build(
+            "a silent build",
+            timeout_seconds=1,
+            output_limit_bytes=1_000_000,
+            path=str(ctx),
+            tag=tag,
+            rm=True,
+            forcerm=True,
+            network_mode="none",
+            labels={LABEL: "test"},
+        )
+    # Not the 600 s the step would take: the bound is far from both.
+    assert time.monotonic() - started < 120
+    assert not sandbox.image_exists(tag)
+
+
+def test_a_failing_build_reports_the_tail_of_its_log(builds: Builds) -> None:
+    sandbox = builds.sandbox()
+    image = builds.spec("not-in-the-wheels==1.0", wheel=True)
+    with pytest.raises(SandboxError, match="not-in-the-wheels") as caught:
+        sandbox.build_test_image(image)
+    assert "returned a non-zero code" in caught.value.detail
+
+
+CHECK = f"""
+import importlib.util, os, pathlib
+deps = pathlib.Path({BUNDLE_DEPS_DIR!r})
+assert (deps / "gate_e2e_demo" / "__init__.py").is_file()
+loose = [str(p) for p in [deps, *deps.rglob("*")] if p.stat().st_uid or p.stat().st_mode & 0o022]
+assert not loose, loose
+assert importlib.util.find_spec("gate_e2e_demo") is None, "installed into the runner's env"
+assert not os.path.exists("/tmp/bundle-wheels")
+try:
+    open(deps / "planted.py", "w")
+except PermissionError:
+    print("ok")
+"""
+
+
+def test_deps_install_apart_from_the_runner_root_owned_and_without_the_wheels(
+    builds: Builds,
+) -> None:
+    sandbox = builds.sandbox()
+    image = builds.spec("gate-e2e-demo==1.0", wheel=True)
+    sandbox.build_test_image(image)
+    out = sandbox.client.containers.run(
+        image.tag,
+        ["-c", CHECK],
+        entrypoint="/opt/gate-runner/bin/python",
+        user="10001:10001",
+        network_mode="none",
+        remove=True,
+    )
+    assert out.decode().strip() == "ok"
+    # Only the bundle and the deps on top of the runner: the wheels never made a layer.
+    built = sandbox.client.images.get(image.tag).attrs["RootFS"]["Layers"]
+    runner = sandbox.client.images.get(sandbox.runner_image()).attrs["RootFS"]["Layers"]
+    assert built[: len(runner)] == runner and len(built) == len(runner) + 2

@@ -1,0 +1,147 @@
+"""Invocations report over pipes with budgets, and one loop enforces every deadline.
+
+In-process (no uid change): what a container adds (another uid, no capabilities, the sweep of
+that uid) is attacked end to end in tests/e2e/test_trust.py.
+"""
+
+from pathlib import Path
+
+from gate_runner.case import run_case
+from gate_runner.invocations import Isolation
+from gate_service.runner_contract import CaseResult
+from tests.fixtures.projects import write
+
+TOOLS = {
+    "agents/noisy.yaml": """
+        version: "1.0"
+        name: noisy
+        description: Prints.
+        type: tool
+        tool_name: noise.shout
+    """,
+    "agents/liar.yaml": """
+        version: "1.0"
+        name: liar
+        description: Leaves a result file behind and exits.
+        type: tool
+        tool_name: noise.forge
+    """,
+    "agents/sleeper.yaml": """
+        version: "1.0"
+        name: sleeper
+        description: Sleeps.
+        type: tool
+        tool_name: noise.sleep
+        max_concurrent_runs: 2
+    """,
+    "tools/noise.py": """
+        import json
+        import os
+        import sys
+        import time
+
+
+        def shout(payload: dict) -> str:
+            line = "y" * 1023 + "\\n"
+            for _ in range(payload["kib"]):
+                sys.stdout.write(line)
+            print("to stderr", file=sys.stderr)
+            return "done"
+
+
+        def forge(payload: dict) -> None:
+            with open(os.path.join(payload["dir"], "result.json"), "w") as fh:
+                json.dump({"status": "completed", "output": "ok"}, fh)
+            os._exit(0)
+
+
+        def sleep(payload: dict) -> str:
+            time.sleep(payload["seconds"])
+            return "slept"
+    """,
+    "tests/builders/slow_cleanup.py": """
+        import time
+
+
+        def build(context, builder_args, test_name, payload, files):
+            return {"seconds": builder_args["seconds"]}
+
+
+        def cleanup(run, context, builder_args):
+            if run["output"] is None:  # after a timeout
+                time.sleep(builder_args["cleanup_seconds"])
+    """,
+    "tests/noisy.yaml": """
+        tests:
+          - name: quiet_enough
+            payload: '{"kib": 64}'
+            expected_result: output == "done"
+          - name: too_loud
+            payload: '{"kib": 3072}'
+            expected_result: output == "done"
+    """,
+    "tests/sleeper.yaml": """
+        tests:
+          - name: slow_cleanup_does_not_hide_a_timeout
+            runs: 2
+            success_threshold: 50
+            timeout_s: 3
+            builder: slow_cleanup
+            builder_args: {seconds: 4, cleanup_seconds: 8}
+            expected_result: output == "slept"
+    """,
+}
+
+
+def judged(project: Path, suite: str, case: str, isolation: Isolation) -> CaseResult:
+    result = CaseResult.model_validate(run_case(project, suite, case, isolation))
+    assert result.case_error is None, result.case_error
+    return result
+
+
+def test_output_under_the_budget_becomes_log_spans(tmp_path: Path) -> None:
+    project = write(tmp_path / "p", TOOLS)
+    result = judged(project, "tests/noisy.yaml", "quiet_enough", Isolation())
+    assert result.passed, result.failure_reason
+    logs = [s for s in result.invocations[0].traces if s.type == "log"]
+    assert [s.name for s in logs].count("stdout") == 64
+    assert logs[-1].metadata == {"level": "ERROR", "message": "to stderr"}
+
+
+def test_output_past_the_budget_is_dropped_and_fails_saying_so(tmp_path: Path) -> None:
+    project = write(tmp_path / "p", TOOLS)
+    limit = 1024 * 1024
+    result = judged(project, "tests/noisy.yaml", "too_loud", Isolation(output_limit_bytes=limit))
+    inv = result.invocations[0]
+    assert not result.passed
+    assert inv.output == "done"  # the run itself went on: only the printing was cut
+    assert inv.failed_assertions == [
+        f"the invocation printed more than {limit} bytes (stdout and stderr); the rest was dropped"
+    ]
+
+
+def test_a_result_file_left_behind_is_never_read(tmp_path: Path) -> None:
+    project = write(tmp_path / "p", TOOLS)
+    (project / "tests/liar.yaml").write_text(
+        "tests:\n  - name: forges\n"
+        f'    payload: \'{{"dir": "{tmp_path}"}}\'\n'
+        '    expected_result: output == "ok"\n'
+    )
+    result = judged(project, "tests/liar.yaml", "forges", Isolation())
+    assert not result.passed
+    assert (tmp_path / "result.json").exists()
+    assert result.invocations[0].error == (
+        "the invocation process exited with code 0 before reporting"
+    )
+
+
+def test_a_slow_cleanup_does_not_hide_another_invocations_timeout(tmp_path: Path) -> None:
+    # Both invocations run at once and sleep past timeout_s; the first one's late cleanup
+    # (8 s) must not keep the loop from killing the second one at its own deadline.
+    project = write(tmp_path / "p", TOOLS)
+    result = judged(
+        project, "tests/sleeper.yaml", "slow_cleanup_does_not_hide_a_timeout", Isolation()
+    )
+    assert [inv.status for inv in result.invocations] == ["failed", "failed"]
+    assert all("timed out after 3 s" in (inv.error or "") for inv in result.invocations)
+    assert (result.successes, result.passed) == (0, False)
