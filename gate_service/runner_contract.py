@@ -100,17 +100,19 @@ def parse_runner_output(
     did not come from it. With ``nonce`` the block must carry it; with ``suite`` and
     ``test_name`` it must be the result of that case.
     """
-    begins, ends = stdout.count(BEGIN_MARKER), stdout.count(END_MARKER)
-    if begins == 0 and ends == 0:
+    lines = [line.rstrip(b"\r") for line in stdout.split(b"\n")]
+    begins = [i for i, line in enumerate(lines) if line == BEGIN_MARKER]
+    ends = [i for i, line in enumerate(lines) if line == END_MARKER]
+    if not begins and not ends:
         raise RunnerOutputError("the runner printed no result (no result markers in its output)")
-    if begins != 1 or ends != 1:
+    if len(begins) != 1 or len(ends) != 1:
         raise UntrustedResult(
-            f"the output held {begins} result start and {ends} result end marker(s), not one result"
+            f"the output held {len(begins)} result start and {len(ends)} result end marker "
+            "line(s), not one result"
         )
-    begin, end = stdout.find(BEGIN_MARKER), stdout.find(END_MARKER)
-    if end < begin:
-        raise UntrustedResult("the result markers are out of order")
-    body = stdout[begin + len(BEGIN_MARKER) : end].strip()
+    if ends[0] != begins[0] + 2:
+        raise UntrustedResult("the result block is not one line between its markers")
+    body = lines[begins[0] + 1]
     try:
         result = CaseResult.model_validate(without_nul(json.loads(body)))
     except (ValueError, RecursionError) as exc:
@@ -124,6 +126,15 @@ def parse_runner_output(
             f"the result is for {result.suite}::{result.test_name}, not {suite}::{test_name}"
         )
     return result
+
+
+def result_blocks(stdout: bytes) -> int:
+    """How many result start markers stand on a line of their own.
+
+    The runner prints its result as one line of JSON, in which a newline can only appear
+    escaped, so a marker inside a string of the result never starts a line.
+    """
+    return sum(1 for line in stdout.split(b"\n") if line.rstrip(b"\r") == BEGIN_MARKER)
 
 
 def trusted_verdict(result: CaseResult, *, runs: int, success_threshold: int) -> tuple[int, bool]:

@@ -23,6 +23,10 @@ FILE = "requirements.txt"
 
 # pip's own comment rule: '#' at the start of a line or after whitespace ends the line.
 _COMMENT = re.compile(r"(?:^|\s)#.*$")
+ARCHIVE_SUFFIXES = (
+    ".whl", ".zip", ".tar", ".tgz", ".tar.gz", ".tbz", ".tbz2", ".tar.bz2", ".txz",
+    ".tar.xz", ".tlz", ".tar.lz", ".tar.lzma", ".egg",
+)  # fmt: skip
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # a scheme such as https:, git+ssh:, file:
 
 
@@ -81,6 +85,10 @@ def _parse_line(raw: bytes) -> Requirement | str | None:
         return f"not a PEP 508 requirement: {str(exc).splitlines()[0]}"
     if requirement.url is not None:
         return "URL requirements (name @ url) are not allowed; give a version instead"
+    if requirement.name.lower().endswith(ARCHIVE_SUFFIXES):
+        # A valid PEP 508 name, but pip reads `x-1.0-py3-none-any.whl` or `x.tar.gz` as a
+        # file to install (and would build an sdist it found), so it is refused as a path.
+        return "a name ending like an archive (.whl, .zip, .tar.gz, ...) is read by pip as a file"
     return requirement
 
 

@@ -151,8 +151,11 @@ def fetch_wheels(settings: Settings, requirements: Sequence[str], dest: Path) ->
     with tempfile.TemporaryDirectory(prefix="gate-pip-", dir=settings.runtime_dir()) as scratch:
         tmp, log_path = Path(scratch) / "tmp", Path(scratch) / "pip.log"
         tmp.mkdir()
+        empty = Path(scratch) / "cwd"
+        empty.mkdir()
         argv = [
-            sys.executable, "-m", "pip", "download",
+            # -I: not the working directory on sys.path (nor PYTHONPATH or user site).
+            sys.executable, "-I", "-m", "pip", "download",
             "--disable-pip-version-check", "--no-input", "--no-cache-dir",
             "--progress-bar", "off",
             "--only-binary=:all:",
@@ -168,6 +171,9 @@ def fetch_wheels(settings: Settings, requirements: Sequence[str], dest: Path) ->
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env={**pip_environment(), "TMPDIR": str(tmp)},
+                # An empty working directory: pip reads a requirement that names an existing
+                # path as a file, so nothing of the service's may be reachable relative to it.
+                cwd=empty,
                 start_new_session=True,  # its own process group, killed as one
             )
             deadline = time.monotonic() + timeout

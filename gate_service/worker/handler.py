@@ -32,11 +32,11 @@ from ..errors import GateError, SandboxError
 from ..gates import service
 from ..models import Bundle, Case, CaseStatus, Gate, Phase
 from ..runner_contract import (
-    BEGIN_MARKER,
     NONCE_ENV,
     RunnerOutputError,
     UntrustedResult,
     parse_runner_output,
+    result_blocks,
 )
 from ..sandbox import (
     INVOCATION_UID,
@@ -102,12 +102,16 @@ def case_environment(settings: Settings, model_mode: str | None) -> dict[str, st
 
 
 def runner_argv(settings: Settings, suite: str, test_name: str) -> list[str]:
-    """The runner's command line for one case (runner contract v2)."""
+    """The runner's command line for one case (runner contract v2).
+
+    `--case=NAME`: a case name is the bundle's text, and one that starts with '-' must stay
+    the option's value.
+    """
     return [
         "run-case",
         "--project", "/bundle",
-        "--suite", suite,
-        "--case", test_name,
+        f"--suite={suite}",
+        f"--case={test_name}",
         "--invocation-uid", str(INVOCATION_UID),
         "--output-limit-bytes", str(settings.case_invocation_output_limit_bytes),
         "--scratch-dir", SCRATCH_DIR,
@@ -342,7 +346,12 @@ def _run_case(
             )
         else:
             try:
-                if result.exit_code != 0 and BEGIN_MARKER in result.stdout:
+                if result.output_truncated:
+                    raise UntrustedResult(
+                        "the container printed more than its output limit "
+                        f"({s.case_output_limit_bytes} bytes), so its result is incomplete"
+                    )
+                if result.exit_code != 0 and result_blocks(result.stdout):
                     raise UntrustedResult(
                         f"the container exited with code {result.exit_code}, so its result "
                         "block is not the runner's verdict"

@@ -34,6 +34,7 @@ from .assertions import (
 )
 from .expr import ExpressionError
 from .invocations import MAX_REPORT_BYTES, Channel, Isolation, Proc, Supervisor
+from .reports import BuilderReport, CleanupReport, InvocationReport, checked
 from .verdict import case_failure_reason, case_passes
 
 MAX_LOG_LINES = 500
@@ -302,15 +303,28 @@ def _log_spans(proc: Proc) -> list[dict[str, Any]]:
 def _agent_data(prepared: PreparedCase, proc: Proc, reports: dict[str, Any]) -> dict[str, Any]:
     """What the invocation process reported, or what its end says when it did not."""
     timeout_s, which = effective_timeout(prepared)
-    if proc.timed_out and "agent" in reports:
+    agent, agent_problem = (
+        checked(InvocationReport, reports["agent"])
+        if "agent" in reports
+        else (
+            None,
+            None,
+        )
+    )
+    result, result_problem = (
+        checked(InvocationReport, reports["result"]) if "result" in reports else (None, None)
+    )
+    if proc.timed_out and agent is not None:
         # The agent finished; its builder cleanup is what ran out of time.
-        data: dict[str, Any] = dict(reports["agent"])
-        data["cleanup_failure"] = f"builder cleanup timed out after {cleanup_budget(prepared)} s"
-        return data
-    if proc.timed_out:
+        agent["cleanup_failure"] = f"builder cleanup timed out after {cleanup_budget(prepared)} s"
+        return agent
+    malformed = agent_problem or result_problem
+    if malformed:
+        error = f"the invocation's report is malformed: {malformed}"
+    elif proc.timed_out:
         error = f"timed out after {timeout_s} s ({which})"
-    elif isinstance(reports.get("result"), dict):
-        return dict(reports["result"])
+    elif result is not None:
+        return result
     elif proc.report_overflow:
         error = f"the invocation's report was larger than {MAX_REPORT_BYTES} bytes"
     else:
@@ -342,38 +356,61 @@ def _run_invocations(
     in_flight: dict[Proc, _Invocation] = {}
     builder = bool(prepared.resolved.get("builder"))
     timeout_s = effective_timeout(prepared)[0]
+    unswept: list[int] = []  # invocations that ended since the last sweep
+
+    def sweep() -> None:
+        # Nothing of the last invocation(s) survives into the next; if something did, the
+        # invocations that may have left it fail.
+        if not supervisor.sweep():
+            for index in unswept:
+                results[index].setdefault("limit_failures", []).append(
+                    "the invocation left processes behind that could not be killed"
+                )
+        unswept.clear()
+
     while pending or in_flight:
         if not supervisor.active:
-            supervisor.sweep()  # nothing of the last invocation(s) survives into the next
+            sweep()
         while pending and len({inv.index for inv in in_flight.values()}) < parallel:
             index = pending.pop(0)
-            proc = supervisor.spawn(
-                functools.partial(_invocation_body, project, prepared),
-                timeout_s=timeout_s,
-                after_agent_seconds=cleanup_budget(prepared) if builder else None,
-            )
+            try:
+                proc = supervisor.spawn(
+                    functools.partial(_invocation_body, project, prepared),
+                    timeout_s=timeout_s,
+                    after_agent_seconds=cleanup_budget(prepared) if builder else None,
+                )
+            except OSError as exc:  # the pids limit, say: this invocation cannot start
+                results[index] = _not_started(exc)
+                continue
             in_flight[proc] = _Invocation(index, proc)
         for proc in supervisor.wait():
             inv = in_flight.pop(proc)
             if inv.cleanup is proc:
                 assert inv.data is not None
-                late = proc.messages().get("cleanup")
+                late, late_problem = checked(CleanupReport, proc.messages().get("cleanup"))
                 failure: str | None
                 if proc.timed_out:
                     failure = f"builder cleanup timed out after {cleanup_budget(prepared)} s"
-                elif isinstance(late, dict):
+                elif late is not None:
                     failure = late.get("failure")
+                elif "cleanup" in proc.messages():
+                    failure = f"builder cleanup's report is malformed: {late_problem}"
                 else:
                     failure = "builder cleanup could not run after the invocation ended"
                 inv.data["cleanup_failure"] = failure
                 results[inv.index] = inv.data
+                unswept.append(inv.index)
                 continue
             reports = proc.messages()
             data = _agent_data(prepared, proc, reports)
             data["duration_ms"] = int((proc.ended_at - proc.started) * 1000)
             data["limit_failures"] = supervisor.limit_failures(proc)
-            built = reports.get("builder")
-            if isinstance(built, dict):
+            built, built_problem = (
+                checked(BuilderReport, reports["builder"]) if "builder" in reports else (None, None)
+            )
+            if built_problem:
+                data["limit_failures"].append(f"the builder's report is malformed: {built_problem}")
+            if built is not None:
                 data["builder_context"] = built.get("context")
                 data.setdefault("input", built.get("input"))
             traces = list(data.get("traces") or [])
@@ -393,17 +430,33 @@ def _run_invocations(
                 )
             data["traces"] = traces
             inv.data = data
-            if isinstance(built, dict) and "cleanup_failure" not in data and "agent" not in reports:
+            if built is not None and "cleanup_failure" not in data and "agent" not in reports:
                 # The invocation died before its own cleanup began: run it in a fresh process.
-                inv.cleanup = supervisor.spawn(
-                    functools.partial(_late_cleanup_body, project, prepared, built),
-                    timeout_s=cleanup_budget(prepared),
-                )
-                in_flight[inv.cleanup] = inv
-                continue
+                try:
+                    inv.cleanup = supervisor.spawn(
+                        functools.partial(_late_cleanup_body, project, prepared, built),
+                        timeout_s=cleanup_budget(prepared),
+                    )
+                except OSError as exc:
+                    data["cleanup_failure"] = f"builder cleanup could not start: {exc}"
+                else:
+                    in_flight[inv.cleanup] = inv
+                    continue
             results[inv.index] = data
-    supervisor.sweep()
+            unswept.append(inv.index)
+    sweep()
     return [results[i] for i in range(runs)]
+
+
+def _not_started(exc: OSError) -> dict[str, Any]:
+    return {
+        "status": "failed",
+        "output": None,
+        "error": f"the invocation could not start: {exc}",
+        "run_context": {},
+        "traces": [],
+        "duration_ms": 0,
+    }
 
 
 def judge_invocation(prepared: PreparedCase, data: Mapping[str, Any]) -> list[str]:
@@ -433,6 +486,26 @@ def judge_invocation(prepared: PreparedCase, data: Mapping[str, Any]) -> list[st
     if data.get("cleanup_failure"):
         failures.append(str(data["cleanup_failure"]))
     return failures
+
+
+def _judged(prepared: PreparedCase, index: int, data: Mapping[str, Any]) -> dict[str, Any]:
+    """One invocation of the result document: judged on the full data, stored compacted."""
+    failures = judge_invocation(prepared, data)
+    # Compacted, so that fixtures echoed into input, context and spans cannot blow the result
+    # past the container's output cap.
+    return {
+        "index": index,
+        "status": data["status"],
+        "passed": not failures,
+        "input": compact(data.get("input", prepared.payload)),
+        "output": compact(data.get("output")),
+        "error": compact(data.get("error")),
+        "failure_reason": "; ".join(failures) if failures else None,
+        "failed_assertions": failures,
+        "run_context": compact(data.get("run_context") or {}),
+        "duration_ms": data["duration_ms"],
+        "traces": compact(data["traces"]),
+    }
 
 
 def run_case(
@@ -468,26 +541,27 @@ def run_case(
         project, prepared, runs, parallelism(prepared, runs), isolation or Isolation()
     )
     for index, data in enumerate(all_data):
-        failures = judge_invocation(prepared, data)
-        reason = "; ".join(failures) if failures else None
-        reasons.append(reason)
-        # Judged on the full data above; stored compacted, so that fixtures echoed into
-        # input, context and spans cannot blow the result past the container's output cap.
-        invocations.append(
-            {
-                "index": index,
-                "status": data["status"],
-                "passed": not failures,
-                "input": compact(data.get("input", prepared.payload)),
-                "output": compact(data.get("output")),
-                "error": compact(data.get("error")),
-                "failure_reason": reason,
-                "failed_assertions": failures,
-                "run_context": compact(data.get("run_context") or {}),
-                "duration_ms": data["duration_ms"],
-                "traces": compact(data["traces"]),
-            }
-        )
+        try:
+            invocation = _judged(prepared, index, data)
+        except Exception as exc:  # a report that fits its shape and still breaks judging
+            why = (
+                "the runner could not judge this invocation's report: "
+                f"{type(exc).__name__}: {str(exc)[:300]}"
+            )
+            invocation = _judged(
+                prepared,
+                index,
+                # setup_error: it fails whatever expected_result says
+                {
+                    "status": "failed",
+                    "error": why,
+                    "setup_error": why,
+                    "traces": [],
+                    "duration_ms": data.get("duration_ms", 0),
+                },
+            )
+        reasons.append(invocation["failure_reason"])
+        invocations.append(invocation)
     successes = sum(1 for r in reasons if r is None)
     return {
         **base,

@@ -36,6 +36,9 @@ KEPT_STREAM_BYTES = 1024 * 1024
 DEFAULT_OUTPUT_LIMIT_BYTES = 8 * 1024 * 1024
 SCRATCH_FULL_BELOW_BYTES = 64 * 1024
 SWEEP_SECONDS = 5.0
+# After a child is gone, what its pipes still hold is read up to this much: a detached
+# process that kept a write end and never stops writing must not hold the loop.
+DRAIN_CHUNKS = 64
 
 
 @dataclass(frozen=True)
@@ -233,8 +236,9 @@ class Supervisor:
     def _close(self, proc: Proc) -> None:
         """Take what is still in the pipes (the child is gone), then close them."""
         for fd in list(proc.fds):
-            while fd in proc.fds and self._read(fd, proc):
-                pass
+            for _ in range(DRAIN_CHUNKS):
+                if fd not in proc.fds or not self._read(fd, proc):
+                    break
             if fd in proc.fds:
                 self.selector.unregister(fd)
                 os.close(fd)
@@ -259,22 +263,52 @@ class Supervisor:
                 failures.append(f"the case's scratch space ({scratch}, {size_mb} MB) is full")
         return failures
 
-    def sweep(self) -> None:
-        """Kill every process of the user uid: call only when no invocation is running."""
+    def sweep(self) -> bool:
+        """Kill every process of the user uid; False if some survived.
+
+        Call only when no invocation is running. First a helper under that uid sends
+        SIGKILL with kill(-1), which the kernel delivers to all of the uid's processes at
+        once, so a chain of forks cannot slip past it; then (and instead, when the pids limit
+        leaves no room for the helper) every process of the uid found in /proc is killed
+        until none is left and init has reaped them.
+        """
         uid = self.isolation.uid
         if uid is None or self.active:
-            return
+            return True
+        _kill_all_of(uid)
         give_up = time.monotonic() + SWEEP_SECONDS
         while True:
             pids = processes_of(uid)
-            if not pids or time.monotonic() > give_up:
-                return
+            if not pids:
+                return True
+            if time.monotonic() > give_up:
+                return False
             for pid in pids:  # SIGKILL needs no cooperation; init reaps what we kill
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
             time.sleep(0.005)
+
+
+def _kill_all_of(uid: int) -> None:
+    """kill(-1, SIGKILL) from a helper that is ``uid``: all of the uid's processes at once."""
+    try:
+        pid = os.fork()
+    except OSError:
+        return  # no room for a helper (a fork bomb): the /proc pass does it alone
+    if pid == 0:  # pragma: no cover - the child leaves through os._exit
+        code = 0
+        try:
+            drop_privileges(uid)
+            for _ in range(1000):
+                os.kill(-1, signal.SIGKILL)  # everything of the uid but this helper
+        except ProcessLookupError:
+            pass  # nothing left to signal
+        except BaseException:
+            code = 70
+        os._exit(code)
+    os.waitpid(pid, 0)
 
 
 def processes_of(uid: int) -> list[int]:

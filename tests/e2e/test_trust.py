@@ -43,6 +43,7 @@ ATTACKS = {
             "read-limits",
             "look-for-the-nonce",
             "takeover-wheel",
+            "fork-chain",
         )
     },
     "tools/attacks.py": r"""
@@ -180,6 +181,32 @@ ATTACKS = {
             }
 
 
+        def fork_chain(payload: dict) -> dict:
+            # A process that keeps moving to a new pid: fork, and the parent exits.
+            me = os.getpid()
+            others = []
+            for entry in os.listdir("/proc"):
+                if entry.isdigit() and int(entry) != me:
+                    try:
+                        with open(f"/proc/{entry}/status") as fh:
+                            if any(l.split()[1:2] == ["10001"] for l in fh if l.startswith("Uid:")):
+                                others.append(int(entry))
+                    except OSError:
+                        pass
+            if os.path.exists("/tmp/chain-started"):
+                return {"others": len(others)}
+            open("/tmp/chain-started", "w").close()
+            if os.fork() == 0:
+                os.setsid()
+                while True:
+                    try:
+                        if os.fork() > 0:
+                            os._exit(0)
+                    except OSError:
+                        pass
+            return {"others": 0}
+
+
         def takeover_wheel(payload: dict) -> dict:
             import gate_runner.verdict
             import gate_takeover
@@ -253,6 +280,13 @@ ATTACKS = {
             expected_result: >-
               output.in_environ == false and output.in_own_proc_environ == false
     """,
+    "tests/fork-chain.yaml": """
+        tests:
+          - name: a_fork_chain_does_not_outlive_its_invocation
+            payload: '{}'
+            runs: 2
+            expected_result: output.others == 0
+    """,
     "tests/takeover-wheel.yaml": """
         tests:
           - name: a_wheel_cannot_take_over_the_runner
@@ -323,6 +357,13 @@ def test_a_setsid_daemon_is_gone_before_the_next_invocation(
     assert c["passed"], c["failure_reason"]
     second = httpx.get(f"{gate_url}/v1/runs/{c['agent_run_ids'][1]}").json()
     assert second["output"]["alive"] is False and "checked" in second["output"]
+
+
+def test_a_fork_chain_is_gone_before_the_next_invocation(
+    gate_url: str, attacked: dict[str, Any]
+) -> None:
+    c = case(attacked, "a_fork_chain_does_not_outlive_its_invocation")
+    assert c["passed"], c["failure_reason"]
 
 
 def test_printing_200_mb_is_cut_and_named(attacked: dict[str, Any]) -> None:

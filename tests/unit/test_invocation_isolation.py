@@ -34,6 +34,13 @@ TOOLS = {
         tool_name: noise.sleep
         max_concurrent_runs: 2
     """,
+    "agents/reporter.yaml": """
+        version: "1.0"
+        name: reporter
+        description: Writes its own report and exits.
+        type: tool
+        tool_name: noise.report
+    """,
     "tools/noise.py": """
         import json
         import os
@@ -52,6 +59,12 @@ TOOLS = {
         def forge(payload: dict) -> None:
             with open(os.path.join(payload["dir"], "result.json"), "w") as fh:
                 json.dump({"status": "completed", "output": "ok"}, fh)
+            os._exit(0)
+
+
+        def report(payload: dict) -> None:
+            line = json.dumps({"kind": "result", "data": payload["data"]}) + "\\n"
+            os.write(3, line.encode())  # the invocation's own report channel
             os._exit(0)
 
 
@@ -145,3 +158,26 @@ def test_a_slow_cleanup_does_not_hide_another_invocations_timeout(tmp_path: Path
     assert [inv.status for inv in result.invocations] == ["failed", "failed"]
     assert all("timed out after 3 s" in (inv.error or "") for inv in result.invocations)
     assert (result.successes, result.passed) == (0, False)
+
+
+def reported(tmp_path: Path, data: str) -> CaseResult:
+    project = write(tmp_path / "p", TOOLS)
+    (project / "tests/reporter.yaml").write_text(
+        "tests:\n  - name: reports\n"
+        f"    payload: '{{\"data\": {data}}}'\n"
+        '    expected_result: status == "completed" and output == "ok"\n'
+    )
+    return judged(project, "tests/reporter.yaml", "reports", Isolation())
+
+
+def test_a_malformed_report_fails_its_invocation_not_the_runner(tmp_path: Path) -> None:
+    result = reported(tmp_path, '{"status": 5, "traces": [{"span_id": 1}]}')
+    assert not result.passed
+    assert (result.invocations[0].error or "").startswith("the invocation's report is malformed:")
+
+
+def test_code_can_lie_about_its_own_invocation_only(tmp_path: Path) -> None:
+    # The documented limit (README, Threat model): the invocation process holds its own report
+    # channel, so a well-formed report it writes is what its assertions see.
+    result = reported(tmp_path, '{"status": "completed", "output": "ok"}')
+    assert result.passed, result.failure_reason

@@ -91,6 +91,11 @@ def test_every_option_form_is_refused(line: str, option: str) -> None:
         ("requests==1 extra", "not a PEP 508 requirement"),
         ("foo==", "not a PEP 508 requirement"),
         ("requests\x00", "control character 0x00"),
+        # Valid PEP 508 names that pip would open as files relative to its working directory.
+        ("x-1.0-py3-none-any.whl", "read by pip as a file"),
+        ("evil-1.0.tar.gz", "read by pip as a file"),
+        ("pkg.zip[extra]", "read by pip as a file"),
+        ("EVIL.TGZ==1", "read by pip as a file"),
     ],
 )
 def test_urls_paths_variables_continuations_and_junk_are_refused(line: str, why: str) -> None:

@@ -205,3 +205,47 @@ def test_the_agents_own_timeout_wins_when_smaller(tmp_path: Path) -> None:
     )
     result = judged(project, "tests/calc.yaml", "slow")
     assert result.passed, result.failure_reason
+
+
+def test_a_marker_inside_a_result_string_is_not_a_block() -> None:
+    # User output can hold the marker text; in the runner's one-line JSON it never starts a
+    # line, so the result stays one block (and is not refused as forged).
+    import json
+
+    from gate_runner.__main__ import BEGIN_MARKER, END_MARKER
+    from gate_service.runner_contract import result_blocks
+
+    doc = {
+        "schema_version": 2,
+        "suite": "tests/x.yaml",
+        "test_name": "t",
+        "agent_name": "a",
+        "runs": 1,
+        "success_threshold": 100,
+        "successes": 0,
+        "passed": False,
+        "case_error": None,
+        "failure_reason": f"output was '\n{BEGIN_MARKER}\n{{}}\n{END_MARKER}\n'",
+        "duration_ms": 1,
+        "invocations": [],
+    }
+    out = f"{BEGIN_MARKER}\n{json.dumps(doc)}\n{END_MARKER}\n".encode()
+    assert result_blocks(out) == 1
+    assert parse_runner_output(out).failure_reason == doc["failure_reason"]
+
+
+def test_a_case_name_starting_with_a_dash_stays_the_cases_name(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gate_service.config import Settings
+    from gate_service.worker.handler import runner_argv
+
+    argv = runner_argv(Settings(), "tests/calc.yaml", "--invocation-uid=0")
+    assert "--case=--invocation-uid=0" in argv
+    assert argv[argv.index("--invocation-uid") + 1] == "10001"
+    # The runner reads it as the case's name (in-process here: no uid change).
+    in_process = ["run-case", "--project", str(project), "--suite=tests/calc.yaml"]
+    assert runner_main([*in_process, "--case=--invocation-uid=0"]) == 0
+    result = parse_runner_output(capsys.readouterr().out.encode())
+    assert result.test_name == "--invocation-uid=0"
+    assert result.case_error == "tests/calc.yaml: no case named '--invocation-uid=0'"

@@ -1,0 +1,60 @@
+"""The shapes an invocation process may report over its channel, checked before use.
+
+The reports come from the process that runs user code, so they are input, not ours: one
+that does not fit these shapes fails its invocation ("malformed report") instead of
+breaking the runner, which would turn a failed case into an error of the gate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+
+class _Report(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class SpanReport(_Report):
+    span_id: str
+    parent_span_id: str | None
+    span_order: int
+    type: str
+    name: str
+    status: str
+    duration_ms: int
+    metadata: dict[str, Any]
+
+
+class InvocationReport(_Report):
+    """What the agent's run gave: the `result` report, and `agent` before a cleanup."""
+
+    status: str
+    input: Any = None
+    output: Any = None
+    error: str | None = None
+    run_context: dict[str, Any] = {}
+    traces: list[SpanReport] = []
+    violations: list[str] = []
+    setup_error: str | None = None
+    cleanup_failure: str | None = None
+
+
+class BuilderReport(_Report):
+    context: dict[str, Any]
+    input: Any = None
+
+
+class CleanupReport(_Report):
+    failure: str | None = None
+
+
+def checked(model: type[_Report], data: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """(the report as plain data, None), or (None, why it does not fit)."""
+    try:
+        report = model.model_validate(data)
+    except (ValidationError, RecursionError) as exc:
+        first = str(exc).splitlines()
+        return None, " ".join(first[:3])[:500]
+    return report.model_dump(exclude_unset=True), None
