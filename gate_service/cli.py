@@ -1,9 +1,10 @@
-"""`gate`: serve (API + embedded workers), api, worker, images, submit."""
+"""`gate`: serve (API + embedded workers), api, worker, images, submit, admin, record."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -141,7 +142,7 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
     else:
         bundle, name = source.read_bytes(), source.name
     labels = dict(item.split("=", 1) for item in args.label or [])
-    client = GateClient(args.url)
+    client = GateClient(args.url, token=args.token)
     try:
         gate = client.submit(bundle, filename=name, name_filter=args.filter, labels=labels)
         print(f"gate {gate['id']} queued ({len(bundle)} bytes)")
@@ -161,7 +162,7 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
         print(f"gate refused the bundle: {exc}", file=sys.stderr)
         for problem in exc.problems:
             print(f"  - {problem}", file=sys.stderr)
-        return 2 if exc.status_code >= 500 else 1
+        return 2  # refused, unauthorised or broken: never a verdict
     finally:
         client.close()
     for case in gate["cases"]:
@@ -176,6 +177,35 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
         print(f"  - {problem.get('file')}: {problem.get('message')}")
     print(f"gate {gate['id']}: {gate['status']}")
     return EXIT_CODES.get(gate["status"], 2)
+
+
+def cmd_admin(args: argparse.Namespace, settings: Settings) -> int:
+    """A thin client of the admin API; prints its JSON answers."""
+    import json
+
+    from .client.api import GateAPIError, GateClient
+
+    client = GateClient(args.url, token=args.token)
+    try:
+        if args.admin_command == "project-create":
+            answer = client.create_project(args.name, retention_days=args.retention_days)
+        elif args.admin_command == "token-create":
+            answer = client.create_token(
+                args.project, args.scope, expires_in_days=args.expires_in_days, name=args.name
+            )
+        elif args.admin_command == "token-list":
+            answer = client.tokens(args.project)
+        elif args.admin_command == "token-revoke":
+            answer = client.revoke_token(args.token_id)
+        else:
+            answer = client.audit(limit=args.limit)
+    except GateAPIError as exc:
+        print(f"gate admin: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        client.close()
+    print(json.dumps(answer, indent=2))
+    return 0
 
 
 def cmd_record(args: argparse.Namespace, settings: Settings) -> int:
@@ -205,10 +235,36 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("images", help="build the base and runner images, then exit")
     submit = sub.add_parser("submit", help="submit a project folder or archive to a gate")
     submit.add_argument("path")
-    submit.add_argument("--url", default="http://127.0.0.1:8080")
     submit.add_argument("--wait", action="store_true", help="follow the gate to its verdict")
     submit.add_argument("--filter")
     submit.add_argument("--label", action="append", help="key=value, repeatable")
+    admin = sub.add_parser("admin", help="projects, tokens and the audit trail (admin token)")
+    admin_sub = admin.add_subparsers(dest="admin_command", required=True)
+    project_create = admin_sub.add_parser("project-create", help="create a project")
+    project_create.add_argument("name")
+    project_create.add_argument("--retention-days", type=int)
+    token_create = admin_sub.add_parser("token-create", help="issue a token (shown once)")
+    token_create.add_argument("project")
+    token_create.add_argument(
+        "--scope", action="append", required=True, choices=["submit", "read", "admin"]
+    )
+    token_create.add_argument("--expires-in-days", type=int)
+    token_create.add_argument("--name")
+    token_list = admin_sub.add_parser("token-list", help="a project's tokens, without values")
+    token_list.add_argument("project")
+    token_revoke = admin_sub.add_parser("token-revoke", help="revoke a token by id")
+    token_revoke.add_argument("token_id")
+    audit = admin_sub.add_parser("audit", help="recorded events, newest first")
+    audit.add_argument("--limit", type=int, default=100)
+    for client_command in (submit, admin):
+        client_command.add_argument(
+            "--url", default=os.environ.get("GATE_URL", "http://127.0.0.1:8080")
+        )
+        client_command.add_argument(
+            "--token",
+            default=os.environ.get("GATE_TOKEN"),
+            help="bearer token (default: GATE_TOKEN)",
+        )
     record = sub.add_parser(
         "record", help="run a project's suites with live models and write replay recordings"
     )
@@ -219,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if args.command == "submit":
+    if args.command in ("submit", "admin"):
         logging.getLogger("httpx").setLevel(logging.WARNING)
     settings = Settings()
     commands = {
@@ -228,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         "worker": cmd_worker,
         "images": cmd_images,
         "submit": cmd_submit,
+        "admin": cmd_admin,
         "record": cmd_record,
     }
     return commands[args.command](args, settings)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MIB = 1024 * 1024
@@ -99,6 +99,18 @@ class Settings(BaseSettings):
     case_network: str = Field(
         default="none", description="Docker network for case containers; 'none' cuts them off."
     )
+
+    # Tokens
+    bootstrap_token: SecretStr | None = Field(
+        default=None,
+        description="Start-up makes sure project `default` exists with this admin token "
+        "(compose, CI, first use). Unset: the first start creates one, prints it once and "
+        "writes it 0600 to GATE_DATA_DIR/admin-token.",
+    )
+    auth_failure_limit: int = Field(
+        default=20, ge=1, description="Failed authentications per client per window before 429."
+    )
+    auth_failure_window_seconds: int = Field(default=60, ge=1)
 
     # Intake
     upload_limit_bytes: int = 25 * MIB

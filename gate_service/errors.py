@@ -20,10 +20,47 @@ class GateError(Exception):
 
     status_code = 500
 
-    def __init__(self, detail: str, *, problems: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        detail: str,
+        *,
+        problems: list[dict[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(detail)
         self.detail = detail
         self.problems = problems or []
+        self.headers = headers or {}
+
+
+class Unauthorized(GateError):
+    """No token, or one that is unknown, expired or revoked."""
+
+    status_code = 401
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+class Forbidden(GateError):
+    """A valid token without the scope the route needs (in its own project)."""
+
+    status_code = 403
+
+
+class TooManyRequests(GateError):
+    status_code = 429
+
+    def __init__(self, detail: str, *, retry_after_s: int | None = None) -> None:
+        headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
+        super().__init__(detail, headers=headers)
+
+
+class ServiceUnavailable(GateError):
+    status_code = 503
+
+    def __init__(self, detail: str, *, retry_after_s: int = 5) -> None:
+        super().__init__(detail, headers={"Retry-After": str(retry_after_s)})
 
 
 class NotFound(GateError):
@@ -72,7 +109,9 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(GateError)
     async def _gate_error(_: Request, exc: GateError) -> JSONResponse:
         return JSONResponse(
-            error_body(type(exc).__name__, exc.detail, exc.problems), status_code=exc.status_code
+            error_body(type(exc).__name__, exc.detail, exc.problems),
+            status_code=exc.status_code,
+            headers=exc.headers,
         )
 
     @app.exception_handler(RequestValidationError)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
@@ -10,13 +12,20 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
 
 from . import __version__
+from .auth.deps import FailureLimiter
+from .auth.routes import router as auth_router
+from .auth.service import ensure_bootstrap
 from .config import Settings
 from .db import make_engine, make_sessionmaker, session_scope
 from .deps import SessionFactoryDep
-from .errors import error_body, install_handlers
+from .errors import Conflict, error_body, install_handlers
 from .gates.routes import router as gates_router
+
+ADMIN_TOKEN_FILE = "admin-token"
 
 # Room for the multipart envelope and the form fields around the bundle itself.
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
@@ -73,6 +82,33 @@ class DeclaredSizeLimit:
         await self.app(scope, receive, send)
 
 
+def bootstrap_admin(settings: Settings, factory: sessionmaker[Session]) -> None:
+    """Project `default` with an admin token: GATE_BOOTSTRAP_TOKEN's, or one made on first start.
+
+    A made token is shown once: written 0600 to GATE_DATA_DIR/admin-token and printed.
+    """
+    given = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
+    for attempt in range(3):
+        try:
+            with session_scope(factory) as session:
+                created = ensure_bootstrap(session, given)
+            break
+        except (IntegrityError, Conflict):
+            # Another replica bootstrapped at the same moment; its rows are there now.
+            if attempt == 2:
+                raise
+    if created is None:
+        return
+    path = settings.runtime_dir() / ADMIN_TOKEN_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(created + "\n")
+    sys.stderr.write(
+        f"\nCreated the first admin token (project 'default'); it is shown once, and kept in "
+        f"{path}:\n\n    {created}\n\nUse it as 'Authorization: Bearer <token>' or GATE_TOKEN.\n\n"
+    )
+
+
 def create_app(settings: Settings) -> FastAPI:
     if not settings.database_url:
         raise ValueError("create_app needs settings.database_url (gate serve provides one)")
@@ -84,6 +120,7 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.settings = settings
         app.state.engine = engine
         app.state.sessionmaker = make_sessionmaker(engine)
+        bootstrap_admin(settings, app.state.sessionmaker)
         try:
             yield
         finally:
@@ -95,8 +132,12 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
         description="Judges agent-project bundles against their Connic-format test suites.",
     )
+    app.state.auth_failures = FailureLimiter(
+        settings.auth_failure_limit, settings.auth_failure_window_seconds
+    )
     install_handlers(app)
     app.include_router(gates_router)
+    app.include_router(auth_router)
     app.add_middleware(
         DeclaredSizeLimit, limit_bytes=settings.upload_limit_bytes + MULTIPART_OVERHEAD_BYTES
     )

@@ -83,6 +83,68 @@ class JobState(StrEnum):
     done = "done"
 
 
+DEFAULT_PROJECT = "default"  # the bootstrap project; its admin tokens administer the service
+
+
+class Project(Base):
+    """A tenant: its tokens, gates, secrets and audit trail are its own."""
+
+    __tablename__ = "projects"
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    retention_days: Mapped[int] = mapped_column(Integer, default=30)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ApiToken(Base):
+    """A bearer token of one project. Only the SHA-256 of the token is stored."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    project_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("projects.id", ondelete="CASCADE"), index=True
+    )
+    name: Mapped[str | None] = mapped_column(String(200))
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[list[str]] = mapped_column(JSONB, default=list)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class ProjectSecret(Base):
+    """A project's secret, encrypted at rest; it reaches case containers by name."""
+
+    __tablename__ = "project_secrets"
+    __table_args__ = (UniqueConstraint("project_id", "name"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    project_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("projects.id", ondelete="CASCADE"), index=True
+    )
+    name: Mapped[str] = mapped_column(String(128))
+    ciphertext: Mapped[bytes] = mapped_column(LargeBinary)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class AuditEvent(Base):
+    """Who did what: submissions, cancellations, token and secret changes, failed auth."""
+
+    __tablename__ = "audit_events"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    project_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("projects.id", ondelete="CASCADE"), index=True
+    )
+    token_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    action: Mapped[str] = mapped_column(String(64))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+
+
 class Bundle(Base):
     """Uploaded archive bytes, stored once per content hash so any worker can fetch them."""
 
@@ -99,8 +161,13 @@ class Bundle(Base):
 
 class Gate(Base):
     __tablename__ = "gates"
+    # Idempotency keys are per project: another project's key reveals nothing.
+    __table_args__ = (UniqueConstraint("project_id", "idempotency_key"),)
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    project_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("projects.id", ondelete="CASCADE"), index=True
+    )
     status: Mapped[str] = mapped_column(String(16), default=GateStatus.queued, index=True)
     phase: Mapped[str] = mapped_column(String(32), default=Phase.queued)
     bundle_sha256: Mapped[str] = mapped_column(ForeignKey("bundles.sha256"), index=True)
@@ -108,7 +175,7 @@ class Gate(Base):
     # Forces one model mode (scripted, replay, live) for every LLM agent of the gate.
     model_mode: Mapped[str | None] = mapped_column(String(16))
     labels: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
-    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
     error: Mapped[str | None] = mapped_column(Text)
     failure_reason: Mapped[str | None] = mapped_column(Text)
     problems: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, default=list)

@@ -54,10 +54,20 @@ def pack_project(root: Path) -> bytes:
 
 
 class GateClient:
+    """A client of one project: every call carries that project's bearer token."""
+
     def __init__(
-        self, base_url: str, *, timeout: float = 120.0, transport: httpx.BaseTransport | None = None
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout: float = 120.0,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(
+            base_url=base_url, headers=headers, timeout=timeout, transport=transport
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -93,6 +103,41 @@ class GateClient:
 
     def gate(self, gate_id: str) -> dict[str, Any]:
         return self._check(self._http.get(f"/v1/gates/{gate_id}"))
+
+    def cancel(self, gate_id: str) -> dict[str, Any]:
+        return self._check(self._http.post(f"/v1/gates/{gate_id}/cancel"))
+
+    # -- admin ----------------------------------------------------------------------------
+
+    def create_project(self, name: str, *, retention_days: int | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": name}
+        if retention_days is not None:
+            body["retention_days"] = retention_days
+        return self._check(self._http.post("/v1/projects", json=body))
+
+    def create_token(
+        self,
+        project: str,
+        scopes: list[str],
+        *,
+        expires_in_days: int | None = None,
+        name: str | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"scopes": scopes}
+        if expires_in_days is not None:
+            body["expires_in_days"] = expires_in_days
+        if name is not None:
+            body["name"] = name
+        return self._check(self._http.post(f"/v1/projects/{project}/tokens", json=body))
+
+    def tokens(self, project: str) -> dict[str, Any]:
+        return self._check(self._http.get(f"/v1/projects/{project}/tokens"))
+
+    def revoke_token(self, token_id: str) -> dict[str, Any]:
+        return self._check(self._http.delete(f"/v1/tokens/{token_id}"))
+
+    def audit(self, *, limit: int = 100) -> dict[str, Any]:
+        return self._check(self._http.get("/v1/audit", params={"limit": limit}))
 
     def run(self, run_id: str) -> dict[str, Any]:
         return self._check(self._http.get(f"/v1/runs/{run_id}"))

@@ -14,6 +14,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from ..auth.deps import Reader, Submitter
+from ..auth.service import Principal, record_by
 from ..bundles.archive import read_archive
 from ..db import session_scope
 from ..deps import SessionDep, SessionFactoryDep, SettingsDep
@@ -28,11 +30,14 @@ router = APIRouter(prefix="/v1")
 MODEL_MODES = ("scripted", "replay", "live")
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "Bad request"},
-    404: {"description": "Not found"},
+    401: {"description": "No token, or an unknown, expired or revoked one"},
+    403: {"description": "The token lacks the scope this route needs"},
+    404: {"description": "Not found (or another project's)"},
     409: {"description": "Conflict"},
     413: {"description": "Bundle over the size limits"},
     415: {"description": "Not a .tar.gz or .zip"},
     422: {"description": "Unsafe archive or invalid request"},
+    429: {"description": "Too many failed authentications"},
 }
 
 
@@ -90,7 +95,7 @@ UPLOAD_SCHEMA: dict[str, Any] = {
 
 
 def _store_upload(
-    factory: sessionmaker[Session], upload: Upload, idempotency_key: str | None
+    factory: sessionmaker[Session], who: Principal, upload: Upload, idempotency_key: str | None
 ) -> tuple[GateRead, bool]:
     labels = _parse_labels(upload.fields.get("labels"))
     model_mode = upload.fields.get("model_mode") or None
@@ -103,6 +108,7 @@ def _store_upload(
         with session_scope(factory) as session:
             gate, created = service.create_gate(
                 session,
+                project_id=who.project_id,
                 sha256=upload.sha256,
                 data=data,
                 manifest=manifest,
@@ -111,7 +117,9 @@ def _store_upload(
                 labels=labels,
                 idempotency_key=idempotency_key,
             )
-            return service.read_gate(session, gate.id), created
+            if created:
+                record_by(session, who, "gate.submitted", gate=str(gate.id), sha256=upload.sha256)
+            return service.read_gate(session, gate.id, who.project_id), created
 
     try:
         return create()
@@ -133,13 +141,16 @@ async def create_gate(
     request: Request,
     factory: SessionFactoryDep,
     settings: SettingsDep,
+    who: Submitter,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Response:
     """Queue a bundle for judging; poll the Location it answers with."""
     upload = await receive_upload(request, limit_bytes=settings.upload_limit_bytes)
     try:
         # Archive scanning and the database are blocking work: keep them off the event loop.
-        view, created = await run_in_threadpool(_store_upload, factory, upload, idempotency_key)
+        view, created = await run_in_threadpool(
+            _store_upload, factory, who, upload, idempotency_key
+        )
     finally:
         upload.close()
     return JSONResponse(
@@ -152,6 +163,7 @@ async def create_gate(
 @router.get("/gates", response_model=GateList, responses=ERRORS)
 def list_gates(
     session: SessionDep,
+    who: Reader,
     status: Annotated[GateStatus | None, Query()] = None,
     label: Annotated[list[str] | None, Query(description="key=value, repeatable")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
@@ -165,19 +177,24 @@ def list_gates(
             raise BadRequest(f"label filter {item!r} must look like key=value")
         wanted[key] = value
     return service.list_gates(
-        session, status=status, label=wanted or None, limit=limit, offset=offset
+        session,
+        project_id=who.project_id,
+        status=status,
+        label=wanted or None,
+        limit=limit,
+        offset=offset,
     )
 
 
 def _look(
-    factory: sessionmaker[Session], gate_id: uuid.UUID, if_none_match: str | None
+    factory: sessionmaker[Session], who: Principal, gate_id: uuid.UUID, if_none_match: str | None
 ) -> tuple[str, GateRead | None]:
     """One short transaction: the current ETag, and the gate if it differs from the client's."""
     with session_scope(factory) as session:
-        etag = _etag(gate_id, service.gate_revision(session, gate_id))
+        etag = _etag(gate_id, service.gate_revision(session, gate_id, who.project_id))
         if etag == if_none_match:
             return etag, None
-        return etag, service.read_gate(session, gate_id)
+        return etag, service.read_gate(session, gate_id, who.project_id)
 
 
 @router.get("/gates/{gate_id}", response_model=GateRead, responses=ERRORS)
@@ -185,6 +202,7 @@ async def get_gate(
     gate_id: uuid.UUID,
     factory: SessionFactoryDep,
     settings: SettingsDep,
+    who: Reader,
     wait: Annotated[int, Query(ge=0, description="Long-poll up to N seconds for a change")] = 0,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
@@ -192,7 +210,7 @@ async def get_gate(
     deadline = time.monotonic() + min(wait, settings.long_poll_max_seconds)
     while True:
         # Waiting happens on the event loop, so a long-poll holds no thread, snapshot or lock.
-        etag, view = await run_in_threadpool(_look, factory, gate_id, if_none_match)
+        etag, view = await run_in_threadpool(_look, factory, who, gate_id, if_none_match)
         if view is not None:
             return JSONResponse(view.model_dump(mode="json"), headers={"ETag": etag})
         if time.monotonic() >= deadline:
@@ -201,13 +219,14 @@ async def get_gate(
 
 
 @router.post("/gates/{gate_id}/cancel", response_model=GateRead, responses=ERRORS)
-def cancel_gate(gate_id: uuid.UUID, session: SessionDep) -> GateRead:
+def cancel_gate(gate_id: uuid.UUID, session: SessionDep, who: Submitter) -> GateRead:
     """Cancel a gate; a running gate stops before its next case."""
-    service.request_cancel(session, gate_id)
-    return service.read_gate(session, gate_id)
+    service.request_cancel(session, gate_id, who.project_id)
+    record_by(session, who, "gate.cancelled", gate=str(gate_id))
+    return service.read_gate(session, gate_id, who.project_id)
 
 
 @router.get("/runs/{run_id}", response_model=RunRead, responses=ERRORS)
-def get_run(run_id: uuid.UUID, session: SessionDep) -> RunRead:
+def get_run(run_id: uuid.UUID, session: SessionDep, who: Reader) -> RunRead:
     """One invocation of a case, with its trace."""
-    return RunRead.model_validate(service.get_run(session, run_id))
+    return RunRead.model_validate(service.get_run(session, run_id, who.project_id))

@@ -26,6 +26,7 @@ from .schemas import BundleRead, CaseRead, GateList, GateRead, GateSummary
 def create_gate(
     session: Session,
     *,
+    project_id: uuid.UUID,
     sha256: str,
     data: bytes,
     manifest: Manifest,
@@ -36,7 +37,11 @@ def create_gate(
 ) -> tuple[Gate, bool]:
     """Store the bundle (once per hash), the gate and its job; returns (gate, created)."""
     if idempotency_key:
-        existing = session.scalar(select(Gate).where(Gate.idempotency_key == idempotency_key))
+        existing = session.scalar(
+            select(Gate)
+            .where(Gate.project_id == project_id)
+            .where(Gate.idempotency_key == idempotency_key)
+        )
         if existing is not None:
             if existing.bundle_sha256 != sha256:
                 raise Conflict(
@@ -58,6 +63,7 @@ def create_gate(
         .on_conflict_do_nothing(index_elements=["sha256"])
     )
     gate = Gate(
+        project_id=project_id,
         bundle_sha256=sha256,
         filter=name_filter or None,
         model_mode=model_mode or None,
@@ -76,8 +82,17 @@ def create_gate(
     return gate, True
 
 
-def get_gate(session: Session, gate_id: uuid.UUID, *, for_update: bool = False) -> Gate:
+def get_gate(
+    session: Session,
+    gate_id: uuid.UUID,
+    *,
+    project_id: uuid.UUID | None = None,
+    for_update: bool = False,
+) -> Gate:
+    """The gate; with ``project_id``, only that project's (another project's is 404)."""
     stmt = select(Gate).where(Gate.id == gate_id)
+    if project_id is not None:
+        stmt = stmt.where(Gate.project_id == project_id)
     if for_update:
         stmt = stmt.with_for_update()
     gate = session.scalar(stmt)
@@ -86,15 +101,17 @@ def get_gate(session: Session, gate_id: uuid.UUID, *, for_update: bool = False) 
     return gate
 
 
-def gate_revision(session: Session, gate_id: uuid.UUID) -> int:
-    rev = session.scalar(select(Gate.revision).where(Gate.id == gate_id))
+def gate_revision(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> int:
+    rev = session.scalar(
+        select(Gate.revision).where(Gate.id == gate_id).where(Gate.project_id == project_id)
+    )
     if rev is None:
         raise NotFound(f"no gate with id {gate_id}")
     return rev
 
 
-def read_gate(session: Session, gate_id: uuid.UUID) -> GateRead:
-    gate = get_gate(session, gate_id)
+def read_gate(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> GateRead:
+    gate = get_gate(session, gate_id, project_id=project_id)
     bundle = session.get_one(Bundle, gate.bundle_sha256)
     cases = session.scalars(
         select(Case).where(Case.gate_id == gate.id).order_by(Case.position)
@@ -150,12 +167,13 @@ def read_gate(session: Session, gate_id: uuid.UUID) -> GateRead:
 def list_gates(
     session: Session,
     *,
+    project_id: uuid.UUID,
     status: str | None,
     label: dict[str, str] | None,
     limit: int,
     offset: int,
 ) -> GateList:
-    stmt = select(Gate)
+    stmt = select(Gate).where(Gate.project_id == project_id)
     if status:
         stmt = stmt.where(Gate.status == status)
     if label:
@@ -170,16 +188,22 @@ def list_gates(
     )
 
 
-def get_run(session: Session, run_id: uuid.UUID) -> Run:
-    run = session.get(Run, run_id)
+def get_run(session: Session, run_id: uuid.UUID, project_id: uuid.UUID) -> Run:
+    run = session.scalar(
+        select(Run)
+        .join(Case, Case.id == Run.case_id)
+        .join(Gate, Gate.id == Case.gate_id)
+        .where(Run.id == run_id)
+        .where(Gate.project_id == project_id)
+    )
     if run is None:
         raise NotFound(f"no run with id {run_id}")
     return run
 
 
-def request_cancel(session: Session, gate_id: uuid.UUID) -> Gate:
+def request_cancel(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> Gate:
     """Cancel a queued gate at once; a running one stops before its next case."""
-    gate = get_gate(session, gate_id, for_update=True)
+    gate = get_gate(session, gate_id, project_id=project_id, for_update=True)
     if GateStatus(gate.status).terminal:
         raise Conflict(f"gate {gate_id} has already ended with status {gate.status}")
     gate.cancel_requested = True

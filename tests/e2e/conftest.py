@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.fixtures.auth import ADMIN_TOKEN
 from tests.fixtures.projects import RUNNER_TAKEOVER_WHEEL, make_wheel
 
 STARTUP_SECONDS = 900  # a first start bootstraps the base image and builds the runner
@@ -28,7 +29,14 @@ def start(command: str, data_dir: Path, **settings: str) -> tuple[subprocess.Pop
     """`gate <command>` in a subprocess with only the GATE_ settings given here."""
     log_path = data_dir / f"{command}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATE_")}
-    env.update({"GATE_DATA_DIR": str(data_dir), "GATE_ENV": "testing", **settings})
+    env.update(
+        {
+            "GATE_DATA_DIR": str(data_dir),
+            "GATE_ENV": "testing",
+            "GATE_BOOTSTRAP_TOKEN": ADMIN_TOKEN,
+            **settings,
+        }
+    )
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gate_service.cli", command],

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from gate_service.client.api import GateClient
+from tests.fixtures.auth import ADMIN_TOKEN, bearer
 from tests.fixtures.projects import (
     AGENTS,
     bundle_of,
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.docker
 
 
 def judge(url: str, data: bytes) -> dict[str, Any]:
-    client = GateClient(url)
+    client = GateClient(url, token=ADMIN_TOKEN)
     try:
         gate = client.submit(data)
         return client.wait(gate["id"], timeout_s=600)
@@ -55,7 +56,9 @@ def test_bundle_with_failing_cases_ends_failed(gate_url: str, tmp_path: Path) ->
     assert "1 of 3 invocation(s) failed (2 passed, 3 needed for 67%)" in flaky["failure_reason"]
     assert "call 3 fails on purpose" in flaky["failure_reason"]
     assert gate["failed_cases"] == 2 and gate["total_cases"] == 6
-    run = httpx.get(f"{gate_url}/v1/runs/{wrong['agent_run_ids'][0]}").json()
+    run = httpx.get(
+        f"{gate_url}/v1/runs/{wrong['agent_run_ids'][0]}", headers=bearer(ADMIN_TOKEN)
+    ).json()
     assert run["output"] == {"sum": 4}
     assert [s["type"] for s in run["traces"]] == ["agent", "tool_call", "outbound", "log"]
     assert run["traces"][2]["metadata"]["delivered"] is False
@@ -206,7 +209,7 @@ def test_cancel_stops_a_running_gate_and_removes_its_containers(
                 timeout_s: 300
         """,
     }
-    client = GateClient(gate_url)
+    client = GateClient(gate_url, token=ADMIN_TOKEN)
     try:
         gate_id = client.submit(bundle_of(write(tmp_path / "p", sleeper)))["id"]
         deadline = time.monotonic() + 120
@@ -220,7 +223,12 @@ def test_cancel_stops_a_running_gate_and_removes_its_containers(
         engine = docker.from_env()
         label = {"label": f"gate.gate_id={gate_id}"}
         assert engine.containers.list(filters=label), "the case container should be running"
-        assert httpx.post(f"{gate_url}/v1/gates/{gate_id}/cancel").status_code == 200
+        assert (
+            httpx.post(
+                f"{gate_url}/v1/gates/{gate_id}/cancel", headers=bearer(ADMIN_TOKEN)
+            ).status_code
+            == 200
+        )
         # The case sleeps 120 s; ending within the 60 s wait means the cancel stopped it.
         final = client.wait(gate_id, timeout_s=60)
         assert final["status"] == "cancelled"

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from gate_service.client.api import GateClient
+from tests.fixtures.auth import ADMIN_TOKEN, bearer
 from tests.fixtures.projects import bundle_of, write
 
 pytestmark = pytest.mark.docker
@@ -304,7 +305,7 @@ ATTACKS = {
 @pytest.fixture(scope="module")
 def attacked(gate_url: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The gate over the attack bundle, judged once for every test here."""
-    client = GateClient(gate_url)
+    client = GateClient(gate_url, token=ADMIN_TOKEN)
     try:
         data = bundle_of(write(tmp_path_factory.mktemp("attacks") / "p", ATTACKS))
         gate = client.submit(data)
@@ -320,7 +321,9 @@ def case(gate: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def first_run(url: str, c: dict[str, Any]) -> dict[str, Any]:
-    return dict(httpx.get(f"{url}/v1/runs/{c['agent_run_ids'][0]}").json())
+    return dict(
+        httpx.get(f"{url}/v1/runs/{c['agent_run_ids'][0]}", headers=bearer(ADMIN_TOKEN)).json()
+    )
 
 
 def test_the_gate_fails_on_the_failing_attacks(attacked: dict[str, Any]) -> None:
@@ -355,7 +358,9 @@ def test_a_setsid_daemon_is_gone_before_the_next_invocation(
 ) -> None:
     c = case(attacked, "a_daemon_does_not_outlive_its_invocation")
     assert c["passed"], c["failure_reason"]
-    second = httpx.get(f"{gate_url}/v1/runs/{c['agent_run_ids'][1]}").json()
+    second = httpx.get(
+        f"{gate_url}/v1/runs/{c['agent_run_ids'][1]}", headers=bearer(ADMIN_TOKEN)
+    ).json()
     assert second["output"]["alive"] is False and "checked" in second["output"]
 
 

@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gate_service.config import Settings
 from gate_service.db import make_engine, make_sessionmaker
 from gate_service.main import create_app
+from tests.fixtures.auth import ADMIN_TOKEN, bearer
 
 
 @pytest.fixture
@@ -17,12 +18,14 @@ def settings(database_url: str, tmp_path: Path) -> Settings:
         data_dir=tmp_path / "data",
         job_max_attempts=2,
         case_concurrency=2,
+        bootstrap_token=ADMIN_TOKEN,
     )
 
 
 @pytest.fixture
 def client(settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings)) as c:
+    """A client holding the bootstrap admin token of project `default`."""
+    with TestClient(create_app(settings), headers=bearer(ADMIN_TOKEN)) as c:
         yield c
 
 

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gate_service.config import Settings
 from gate_service.main import create_app
 from gate_service.models import Bundle, Gate, Job
+from tests.fixtures.auth import ADMIN_TOKEN, bearer
 from tests.fixtures.projects import bundle_of, calculator_project
 
 
@@ -196,7 +197,7 @@ def test_concurrent_requests_with_one_idempotency_key_get_one_gate(
     answers: list[tuple[int, str]] = []
 
     def post() -> None:
-        with TestClient(create_app(settings)) as c:
+        with TestClient(create_app(settings), headers=bearer(ADMIN_TOKEN)) as c:
             r = c.post(
                 "/v1/gates", files={"bundle": ("p.tgz", data)}, headers={"Idempotency-Key": "race"}
             )

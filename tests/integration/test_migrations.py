@@ -8,7 +8,10 @@ from gate_service import migrate
 from gate_service.db import sqlalchemy_url
 from gate_service.models import Base
 
-TABLES = {"bundles", "gates", "jobs", "cases", "runs"}
+TABLES = {
+    "bundles", "gates", "jobs", "cases", "runs",
+    "projects", "api_tokens", "project_secrets", "audit_events",
+}  # fmt: skip
 
 
 def tables(url: str) -> set[str]:

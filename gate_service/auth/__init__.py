@@ -1,0 +1,1 @@
+"""Projects and bearer tokens: who may call which route, and over whose data."""

@@ -1,0 +1,173 @@
+"""Projects, tokens and the audit trail. Functions take the session and never commit."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from ..errors import BadRequest, Conflict, NotFound
+from ..models import DEFAULT_PROJECT, ApiToken, AuditEvent, Project, utcnow
+from .tokens import Scope, digests_match, new_token, token_digest
+
+PROJECT_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+# last_used_at is written at most this often per token, so reads stay reads.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: one token of one project, with its scopes."""
+
+    token_id: uuid.UUID
+    project_id: uuid.UUID
+    project_name: str
+    scopes: frozenset[str]
+
+    def has(self, scope: Scope) -> bool:
+        return scope in self.scopes or Scope.admin in self.scopes
+
+    @property
+    def service_admin(self) -> bool:
+        """Admin tokens of the bootstrap project administer every project."""
+        return Scope.admin in self.scopes and self.project_name == DEFAULT_PROJECT
+
+
+def authenticate(session: Session, token: str) -> tuple[Principal | None, str]:
+    """The token's principal, or None and why not (for the 401 and the audit trail)."""
+    digest = token_digest(token)
+    row = session.execute(
+        select(ApiToken, Project.name)
+        .join(Project, Project.id == ApiToken.project_id)
+        .where(ApiToken.token_sha256 == digest)
+    ).first()
+    if row is None or not digests_match(row[0].token_sha256, digest):
+        return None, "the token is not known"
+    stored, project_name = row
+    now = utcnow()
+    if stored.revoked_at is not None:
+        record(session, "token.rejected", project_id=stored.project_id, token_id=stored.id,
+               detail={"why": "revoked"})  # fmt: skip
+        return None, "the token was revoked"
+    if stored.expires_at is not None and stored.expires_at <= now:
+        record(session, "token.rejected", project_id=stored.project_id, token_id=stored.id,
+               detail={"why": "expired"})  # fmt: skip
+        return None, "the token has expired"
+    if stored.last_used_at is None or now - stored.last_used_at > LAST_USED_RESOLUTION:
+        stored.last_used_at = now
+    return Principal(stored.id, stored.project_id, project_name, frozenset(stored.scopes)), ""
+
+
+def record(
+    session: Session,
+    action: str,
+    *,
+    project_id: uuid.UUID | None,
+    token_id: uuid.UUID | None = None,
+    detail: dict[str, Any] | None = None,
+) -> None:
+    session.add(
+        AuditEvent(
+            at=utcnow(),
+            project_id=project_id,
+            token_id=token_id,
+            action=action,
+            detail=detail or {},
+        )
+    )
+
+
+def record_by(session: Session, who: Principal, action: str, **detail: Any) -> None:
+    record(session, action, project_id=who.project_id, token_id=who.token_id, detail=detail)
+
+
+def visible_project(session: Session, who: Principal, name: str) -> Project:
+    """A project the caller administers; any other answers 404, as if it did not exist."""
+    project = session.scalar(select(Project).where(Project.name == name))
+    if project is None or not (who.service_admin or project.id == who.project_id):
+        raise NotFound(f"no project named {name!r}")
+    return project
+
+
+def create_project(session: Session, name: str, retention_days: int = 30) -> Project:
+    if not PROJECT_NAME.match(name):
+        raise BadRequest(
+            f"project name {name!r} must be 1 to 64 characters of a-z, 0-9, '.', '_' and '-', "
+            "starting with a letter or digit"
+        )
+    if session.scalar(select(Project.id).where(Project.name == name)) is not None:
+        raise Conflict(f"a project named {name!r} exists already")
+    project = Project(name=name, retention_days=retention_days, created_at=utcnow())
+    session.add(project)
+    session.flush()
+    return project
+
+
+def issue_token(
+    session: Session,
+    project: Project,
+    scopes: list[Scope],
+    *,
+    expires_in_days: int | None = None,
+    name: str | None = None,
+    token: str | None = None,
+) -> tuple[ApiToken, str]:
+    """A new token of ``project``; the token itself is returned here and never again."""
+    token = token or new_token()
+    now = utcnow()
+    row = ApiToken(
+        project_id=project.id,
+        name=name,
+        token_sha256=token_digest(token),
+        scopes=sorted({str(s) for s in scopes}),
+        created_at=now,
+        expires_at=now + timedelta(days=expires_in_days) if expires_in_days else None,
+    )
+    session.add(row)
+    session.flush()
+    return row, token
+
+
+def project_tokens(session: Session, project: Project) -> list[ApiToken]:
+    return list(
+        session.scalars(
+            select(ApiToken).where(ApiToken.project_id == project.id).order_by(ApiToken.created_at)
+        )
+    )
+
+
+def revoke_token(session: Session, who: Principal, token_id: uuid.UUID) -> ApiToken:
+    token = session.get(ApiToken, token_id)
+    if token is None or not (who.service_admin or token.project_id == who.project_id):
+        raise NotFound(f"no token with id {token_id}")
+    if token.revoked_at is None:
+        token.revoked_at = utcnow()
+    return token
+
+
+def ensure_bootstrap(session: Session, token: str | None) -> str | None:
+    """The `default` project, with an admin token.
+
+    With ``token`` (GATE_BOOTSTRAP_TOKEN) that token is made sure of (a revoked one stays
+    revoked). Without it, a new admin token is made only while no token exists at all, and
+    returned so that the caller can hand it over once; otherwise None.
+    """
+    project = session.scalar(select(Project).where(Project.name == DEFAULT_PROJECT))
+    if project is None:
+        project = create_project(session, DEFAULT_PROJECT)
+    if token is not None:
+        known = session.scalar(
+            select(ApiToken.id).where(ApiToken.token_sha256 == token_digest(token))
+        )
+        if known is None:
+            issue_token(session, project, [Scope.admin], name="bootstrap", token=token)
+        return None
+    if session.scalar(select(func.count()).select_from(ApiToken)):
+        return None
+    _row, created = issue_token(session, project, [Scope.admin], name="first start")
+    return created
