@@ -1,0 +1,64 @@
+"""`gate admin` and `gate submit` are thin clients of the API, with GATE_TOKEN or --token."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gate_service.cli import main
+from tests.fixtures.auth import ADMIN_TOKEN
+from tests.fixtures.live import live_server  # noqa: F401 (fixture)
+from tests.fixtures.projects import calculator_project
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_admin_makes_a_project_and_a_token_that_submits(
+    live_server: tuple[str, int],  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    url = "http://{}:{}".format(*live_server)
+    monkeypatch.setenv("GATE_TOKEN", ADMIN_TOKEN)
+    code, out, _ = run(capsys, "admin", "--url", url, "project-create", "shop")
+    assert code == 0 and json.loads(out)["name"] == "shop"
+    code, out, _ = run(
+        capsys, "admin", "--url", url, "token-create", "shop", "--scope", "submit", "--scope",
+        "read",
+    )  # fmt: skip
+    created = json.loads(out)
+    assert code == 0 and created["scopes"] == ["read", "submit"]
+    code, out, _ = run(capsys, "admin", "--url", url, "token-list", "shop")
+    assert [t["id"] for t in json.loads(out)["items"]] == [created["id"]]
+    assert created["token"] not in out
+
+    project = calculator_project(tmp_path / "p", failing=False)
+    monkeypatch.delenv("GATE_TOKEN")
+    code, out, _ = run(capsys, "submit", str(project), "--url", url, "--token", created["token"])
+    assert code == 0 and "queued" in out
+
+    code, out, _ = run(capsys, "admin", "--url", url, "--token", ADMIN_TOKEN, "token-revoke",
+                       created["id"])  # fmt: skip
+    assert code == 0 and json.loads(out)["revoked_at"]
+    code, _, err = run(capsys, "submit", str(project), "--url", url, "--token", created["token"])
+    assert code == 2 and "401 Unauthorized: the token was revoked" in err
+
+
+def test_submit_without_a_token_is_refused_with_exit_2(
+    live_server: tuple[str, int],  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.delenv("GATE_TOKEN", raising=False)
+    url = "http://{}:{}".format(*live_server)
+    project = calculator_project(tmp_path / "p", failing=False)
+    code, _, err = run(capsys, "submit", str(project), "--url", url)
+    assert code == 2 and "401 Unauthorized" in err
