@@ -180,13 +180,40 @@ def _status_failure(status: str, error: str | None) -> str:
     return f"the run ended with status {status!r}, expected 'completed'"
 
 
+class FilterError(Exception):
+    """A tool-call filter failed for a reason that is not the call's (a typo in `context`)."""
+
+    def __init__(self, source: str, error: EvaluationError) -> None:
+        super().__init__(f"`{source}` could not be evaluated: {error}")
+
+
+def _within(value: Any, target: Any) -> bool:
+    """Whether ``target`` is ``value`` or lies inside it (by identity)."""
+    if value is target:
+        return True
+    if isinstance(value, Mapping):
+        return any(_within(v, target) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_within(v, target) for v in value)
+    return False
+
+
 def _filter_passes(exp: ToolExpectation, call: ToolCall, context: Mapping[str, Any]) -> bool:
+    """Whether ``call`` passes every filter of ``exp``.
+
+    A lookup that fails inside the call's `params` (a key this call lacks) means this call
+    does not match (seed: "a missing key fails the predicate"); any other error (a key
+    missing from `context`, a type error) would fail every call alike and is raised, so that
+    `invocations == 0` cannot pass on an expression that never worked.
+    """
     for f in exp.filters:
         try:
             if not f.holds({"params": call.params, "context": context}):
                 return False
-        except EvaluationError:
-            return False
+        except EvaluationError as exc:
+            if exc.container is not None and _within(call.params, exc.container):
+                return False
+            raise FilterError(f.source, exc) from None
     return True
 
 
@@ -225,12 +252,19 @@ def check_tool_calls(
     # Which calls each entry may claim; an entry with only count predicates claims none,
     # because it speaks of how many calls there were, not of one of them.
     candidates: list[list[int]] = []
-    for exp in assertions.expected_tool_calls:
-        eligible = [
-            i
-            for i, c in enumerate(calls)
-            if _matches(exp.tool, c) and _filter_passes(exp, c, context)
-        ]
+    broken: set[int] = set()
+    for index, exp in enumerate(assertions.expected_tool_calls):
+        try:
+            eligible = [
+                i
+                for i, c in enumerate(calls)
+                if _matches(exp.tool, c) and _filter_passes(exp, c, context)
+            ]
+        except FilterError as exc:
+            failures.append(f"expected_tool_calls {exp.tool}: {exc}")
+            broken.add(index)
+            candidates.append([])
+            continue
         if exp.counts:
             bindings = {"invocations": len(eligible), "context": context}
             for pred in exp.counts:
@@ -247,7 +281,11 @@ def check_tool_calls(
             candidates.append([])
         else:
             candidates.append(eligible)
-    needing = [i for i, exp in enumerate(assertions.expected_tool_calls) if not exp.counts]
+    needing = [
+        i
+        for i, exp in enumerate(assertions.expected_tool_calls)
+        if not exp.counts and i not in broken
+    ]
     unmatched = _unmatched_entries(needing, candidates)
     for i in unmatched:
         exp = assertions.expected_tool_calls[i]
@@ -356,9 +394,9 @@ def check_children(
                 f"{label}: expected at least {exp.triggered} trigger(s), saw {len(mine)}"
             )
             continue
-        if exp.payload is not None:
-            failures.extend(_check_payload(label, exp.payload, mine, context))
         if not exp.needs_waited_trigger:
+            if exp.payload is not None:
+                failures.extend(_check_payload(label, exp.payload, mine, context))
             continue
         waited = [
             r
@@ -372,12 +410,18 @@ def check_children(
                 "with wait_for_response=True"
             )
             continue
-        # One waited trigger satisfying the whole spec is enough (spec 6.5).
-        attempts = [_check_waited(exp, r, spans, context, f"{path}{exp.agent}.") for r in waited]
-        if not any(not a for a in attempts):
+        # One waited trigger must satisfy the whole entry, its payload included (spec 6.5,
+        # seed: "at least one must pass"): checks split over two triggers prove nothing.
+        attempts = [
+            _payload_problems(exp.payload, r, context)
+            + _check_waited(exp, r, spans, context, f"{path}{exp.agent}.")
+            for r in waited
+        ]
+        if all(attempts):
+            closest = min(range(len(attempts)), key=lambda i: len(attempts[i]))
             failures.append(
-                f"{label}: none of {len(waited)} waited trigger(s) met the spec; first: "
-                + "; ".join(attempts[0])
+                f"{label}: none of {len(waited)} waited trigger(s) met the whole entry; the "
+                f"closest (trigger {closest + 1} of {len(waited)}): " + "; ".join(attempts[closest])
             )
     return failures
 
@@ -396,6 +440,21 @@ def _check_payload(
     seen = "; ".join(_seen(expr, _payload_bindings(r, context)) for r in records[:3])
     detail = f"; {errors[0]}" if errors else ""
     return [f"{label}: no trigger's payload satisfied `{expr.source}` (seen: {seen}){detail}"]
+
+
+def _payload_problems(
+    expr: Expression | None, record: Mapping[str, Any], context: Mapping[str, Any]
+) -> list[str]:
+    """What keeps one trigger's payload from satisfying ``expr`` (nothing when it does)."""
+    if expr is None:
+        return []
+    bindings = _payload_bindings(record, context)
+    try:
+        if expr.holds(bindings):
+            return []
+    except EvaluationError as exc:
+        return [f"expected_payload `{expr.source}` could not be evaluated: {exc}"]
+    return [f"expected_payload `{expr.source}` was false (seen: {_seen(expr, bindings)})"]
 
 
 def _check_waited(

@@ -53,7 +53,16 @@ class ExpressionError(Exception):
 
 
 class EvaluationError(Exception):
-    """A valid expression failed at run time (missing key, type mismatch, ...)."""
+    """A valid expression failed at run time (missing key, type mismatch, ...).
+
+    ``container`` is the mapping or sequence a failed lookup was made on, so that a caller
+    can tell whether the failure came from one of its bindings (a key missing from one tool
+    call's `params`) or from another (a typo against `context`).
+    """
+
+    def __init__(self, message: str, *, container: Any = None) -> None:
+        super().__init__(message)
+        self.container = container
 
 
 @dataclass(frozen=True)
@@ -244,14 +253,17 @@ def _lookup(container: Any, key: Any, label: str) -> Any:
     if isinstance(container, Mapping):
         if key in container:
             return container[key]
-        raise EvaluationError(f"no key {label.lstrip('.[').rstrip(']')} in {describe(container)}")
+        raise EvaluationError(
+            f"no key {label.lstrip('.[').rstrip(']')} in {describe(container)}",
+            container=container,
+        )
     if isinstance(container, list | tuple | str):
         if isinstance(key, int) and not isinstance(key, bool):
             try:
                 return container[key]
             except IndexError:
                 raise EvaluationError(
-                    f"index {key} out of range for length {len(container)}"
+                    f"index {key} out of range for length {len(container)}", container=container
                 ) from None
         raise EvaluationError(f"cannot look up {label} on a {type(container).__name__}")
     raise EvaluationError(f"cannot look up {label} on {describe(container)}")

@@ -118,3 +118,93 @@ def test_unmatched_filter_shows_the_params_seen_and_evaluation_errors() -> None:
 def test_never_called_says_so() -> None:
     a = compile_assertions({"expected_tool_calls": ["email.send"]})
     assert check_tool_calls(a, [], {}) == ["expected a call to email.send; it was never called"]
+
+
+# -- issue 10, rule 3: an error in a tool-call filter is not "no match" --------------------
+
+
+def tool_failures(
+    entries: list[object], calls: list[ToolCall], context: dict[str, object]
+) -> list[str]:
+    return check_tool_calls(compile_assertions({"expected_tool_calls": entries}), calls, context)
+
+
+def test_a_filter_error_that_is_not_the_calls_fails_the_entry() -> None:
+    # The typo makes every call's filter raise; counting zero matches would pass the entry.
+    calls = [ToolCall("delete_all", "db.delete_all", {"table": "charges"})]
+    entry = {"delete_all": "params.table == context.charge_tabel and invocations == 0"}
+    (failure,) = tool_failures([entry], calls, {"charge_table": "charges"})
+    assert failure.startswith(
+        "expected_tool_calls delete_all: `params.table == context.charge_tabel` could not be "
+        "evaluated: no key charge_tabel"
+    ), failure
+
+
+def test_a_key_missing_from_one_calls_params_is_no_match_for_that_call_only() -> None:
+    calls = [
+        ToolCall("refund", "pay.refund", {"amount": 5}),
+        ToolCall("refund", "pay.refund", {"amount": 7, "reason": "dup"}),
+    ]
+    assert tool_failures([{"refund": 'params.reason == "dup"'}], calls, {}) == []
+    assert (
+        tool_failures([{"refund": 'params.reason == "dup" and invocations == 1'}], calls, {}) == []
+    )
+    # With no call carrying the key, there is simply no match (and no evaluation failure).
+    (failure,) = tool_failures([{"refund": 'params.note == "x"'}], calls[:1], {})
+    assert "saw 1 call(s)" in failure and "could not be evaluated" in failure
+    assert tool_failures([{"refund": 'params.note == "x" and invocations == 0'}], calls, {}) == []
+
+
+def test_a_key_missing_deeper_inside_params_is_still_the_calls() -> None:
+    calls = [ToolCall("send", "mail.send", {"to": {"name": "Ann"}})]
+    assert (
+        tool_failures([{"send": 'params.to.email == "a@x" and invocations == 0'}], calls, {}) == []
+    )
+
+
+# -- issue 10, rule 2: one waited trigger satisfies the whole expected_child_agents entry ---
+
+
+def child_span(span_id: str, a: int, total: int) -> dict[str, object]:
+    return {
+        "span_id": span_id,
+        "parent_span_id": "root",
+        "type": "child_agent",
+        "name": "adder",
+        "metadata": {
+            "payload": {"a": a},
+            "wait_for_response": True,
+            "status": "completed",
+            "output": {"sum": total},
+        },
+    }
+
+
+def children_failures(spans: list[dict[str, object]]) -> list[str]:
+    from gate_runner.assertions import check_children
+
+    compiled = compile_assertions(
+        {
+            "expected_child_agents": {
+                "adder": {
+                    "expected_payload": "payload.a == 1",
+                    "expected_result": "output.sum == 10",
+                }
+            }
+        }
+    )
+    root = {"span_id": "root", "parent_span_id": None, "type": "agent", "name": "p", "metadata": {}}
+    return check_children(compiled.expected_child_agents, [root, *spans], {})
+
+
+def test_payload_and_result_must_hold_on_the_same_trigger() -> None:
+    # One trigger had a == 1, another summed to 10: neither satisfies the whole entry.
+    (failure,) = children_failures([child_span("c1", 1, 3), child_span("c2", 2, 10)])
+    assert failure.startswith(
+        "expected_child_agents adder: none of 2 waited trigger(s) met the whole entry; the "
+        "closest (trigger 1 of 2): expected_result `output.sum == 10` was false"
+    ), failure
+
+
+def test_one_trigger_satisfying_everything_is_enough() -> None:
+    assert children_failures([child_span("c1", 2, 3), child_span("c2", 1, 10)]) == []

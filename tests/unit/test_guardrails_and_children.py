@@ -94,9 +94,10 @@ def test_child_expectations_three_levels_deep(project: Path) -> None:
         ),
         (
             "grandchild_result_mismatch",
-            "expected_child_agents middle: none of 1 waited trigger(s) met the spec; first: "
-            "expected_child_agents middle.leaf: none of 1 waited trigger(s) met the spec; first: "
-            "expected_result `output.depth == 4` was false (seen: output.depth = 3)",
+            "expected_child_agents middle: none of 1 waited trigger(s) met the whole entry; the "
+            "closest (trigger 1 of 1): expected_child_agents middle.leaf: none of 1 waited "
+            "trigger(s) met the whole entry; the closest (trigger 1 of 1): expected_result "
+            "`output.depth == 4` was false (seen: output.depth = 3)",
         ),
     ],
 )
