@@ -1,0 +1,200 @@
+"""LLM agents: input guardrails and middleware around the model loop, then output
+guardrails (spec 2.2, 4.1); the loop asks the model, runs the tool calls it makes and
+hands their results back until it answers or `max_iterations` is reached.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..guardrails import GuardrailBlocked
+from ..models import Model, ModelReply, choose_model
+from ..runtime_errors import AgentRunError
+from .guardrails import run_guardrails
+from .middleware import call_middleware, middleware_of
+from .mocking import resolve_phase
+from .output_schema import final_output
+from .payloads import content_to_message, jsonable, user_content
+from .tool_calls import run_tool_call
+from .toolset import tool_schemas, visible_tools
+from .trace import Span, Trace, timed
+
+if TYPE_CHECKING:
+    from .orchestrator import Runtime
+
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def render_prompt(template: str, context: Mapping[str, Any]) -> str:
+    """`{var}` from the run context; placeholders with no match stay as written (spec §2.2)."""
+
+    def sub(match: re.Match[str]) -> str:
+        key = match.group(1)
+        return str(context[key]) if key in context else match.group(0)
+
+    return PLACEHOLDER.sub(sub, template)
+
+
+def model_for(rt: Runtime, name: str) -> Model:
+    """The agent's model, chosen once per invocation (scripted, replay or live)."""
+    if name not in rt.models:
+        if rt.project is None:
+            raise AgentRunError("LLM agents need the project directory to find their model")
+        retry = getattr(rt.agents[name].config, "retry_options", None)
+        rt.models[name] = choose_model(
+            rt.project, name, rt.model_mode, attempts=int(getattr(retry, "attempts", 3))
+        )
+    return rt.models[name]
+
+
+def run_llm_agent(
+    rt: Runtime,
+    agent: Any,
+    payload: dict[str, Any],
+    context: dict[str, Any],
+    trace: Trace,
+    span: Span,
+) -> Any:
+    config = agent.config
+    middleware = middleware_of(rt, config.name)
+    content = user_content(payload)
+    rails = config.guardrails
+    if rails is not None and rails.input:
+        raw_text = "\n".join(str(p["text"]) for p in content["parts"] if "text" in p)
+        try:
+            redacted = run_guardrails(rt, rails.input, "input", raw_text, context, trace, span)
+        except GuardrailBlocked as blocked:
+            # Spec §4.1: the agent never runs; `after` still sees the rejection message.
+            after = (
+                resolve_phase(
+                    rt,
+                    "middleware",
+                    middleware.after if middleware else None,
+                    config.name,
+                    "after",
+                )
+                if rails.run_after_on_block  # first: a phase that will not run is not due
+                else None
+            )
+            if after is not None:
+                blocked.message = call_middleware(
+                    "after", after, blocked.message, context, trace, span
+                )
+            raise
+        if redacted != raw_text:
+            content = {
+                **content,
+                "parts": [{"text": redacted}] + [p for p in content["parts"] if "text" not in p],
+            }
+    before = resolve_phase(
+        rt, "middleware", middleware.before if middleware else None, config.name, "before"
+    )
+    if before is not None:
+        content = call_middleware("before", before, content, context, trace, span)
+        if not isinstance(content, dict):
+            raise AgentRunError(
+                f"middleware before() for {config.name!r} must return the content dict, "
+                f"got {type(content).__name__}"
+            )
+    output = llm_loop(rt, agent, content, context, trace, span)
+    after = resolve_phase(
+        rt, "middleware", middleware.after if middleware else None, config.name, "after"
+    )
+    if after is not None:
+        output = call_middleware("after", after, output, context, trace, span)
+        if output is None:
+            raise AgentRunError(
+                f"middleware after() for {config.name!r} returned None; it must return the response"
+            )
+    if rails is not None and rails.output:
+        text = output if isinstance(output, str) else json.dumps(jsonable(output))
+        checked = run_guardrails(rt, rails.output, "output", text, context, trace, span)
+        if checked != text:
+            output = checked
+    return output
+
+
+def llm_loop(
+    rt: Runtime,
+    agent: Any,
+    content: dict[str, Any],
+    context: dict[str, Any],
+    trace: Trace,
+    span: Span,
+) -> Any:
+    config = agent.config
+    model = model_for(rt, config.name)
+    tools = {t.name: t for t in visible_tools(agent, context)}
+    schemas = tool_schemas(rt, tools)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": render_prompt(config.system_prompt or "", context)},
+        content_to_message(content),
+    ]
+    span.metadata.update(model=config.model, model_mode=model.mode)
+    for iteration in range(config.max_iterations):
+        reply = call_model(model, config, messages, schemas, context, trace, span, iteration)
+        if not reply.tool_calls:
+            return final_output(agent, reply.content or "")
+        messages.append(
+            {
+                "role": "assistant",
+                "content": reply.content,
+                "tool_calls": [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                    }
+                    for c in reply.tool_calls
+                ],
+            }
+        )
+        for call in reply.tool_calls:
+            result = run_tool_call(
+                rt, agent, tools, call.name, call.arguments, context, trace, span
+            )
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call.id,
+                    "name": call.name,
+                    "content": result if isinstance(result, str) else json.dumps(jsonable(result)),
+                }
+            )
+    raise AgentRunError(f"max_iterations ({config.max_iterations}) reached without a final answer")
+
+
+def call_model(
+    model: Model,
+    config: Any,
+    messages: list[dict[str, Any]],
+    schemas: list[dict[str, Any]],
+    context: dict[str, Any],
+    trace: Trace,
+    parent: Span,
+    iteration: int,
+) -> ModelReply:
+    span = trace.open(
+        "model_call",
+        config.model or "model",
+        parent,
+        iteration=iteration,
+        mode=model.mode,
+        temperature=config.temperature,
+    )
+    with timed(span):
+        reply = model.complete(
+            model=config.model or "",
+            messages=messages,
+            tools=schemas,
+            temperature=config.temperature,
+            context=context,
+        )
+    span.metadata.update(
+        content=reply.content,
+        tool_calls=[{"name": c.name, "arguments": c.arguments} for c in reply.tool_calls],
+    )
+    return reply

@@ -1,0 +1,215 @@
+"""One tool call from an LLM agent, phase by phase: the approval gate (spec 8.5), the
+`before` hook, the tool itself (predefined, mocked or real), the `after` hook.
+
+Errors go back to the model as text; only what ends the run (StopProcessing, a strict
+violation, a pending or failing approval) propagates.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from connic import AbortTool, StopProcessing
+
+from ..approvals import AwaitingApproval, rejection_error, requires_approval
+from ..mocks import StrictViolation, check_arguments, normalise
+from ..runtime_errors import AgentRunError
+from .mocking import guard, resolve_phase, violate
+from .payloads import jsonable
+from .trace import Span, Trace, error_text, timed
+from .usercode import accepts, call_user_function
+
+if TYPE_CHECKING:
+    from .orchestrator import Runtime
+
+
+class ApprovalRejected(AgentRunError):
+    """A rejected (or timed-out) approval with on_rejection: fail ends the run failed."""
+
+
+def hooks_of(rt: Runtime, name: str) -> Any:
+    """The agent's `hooks/<agent>.py` as the SDK loads it, or None."""
+    if rt.loader is None:
+        return None
+    return rt.loader.load_tool_hooks(name)
+
+
+def run_tool_call(
+    rt: Runtime,
+    agent: Any,
+    tools: Mapping[str, Any],
+    name: str,
+    arguments: dict[str, Any],
+    context: dict[str, Any],
+    trace: Trace,
+    parent: Span,
+) -> Any:
+    """One tool call with hooks around it; errors go back to the model as text."""
+    tool = tools.get(name)
+    ref = (tool.ref or tool.name) if tool is not None else name
+    span = trace.open(
+        "tool_call",
+        name,
+        parent,
+        tool_ref=ref,
+        tool_name=name,
+        params=jsonable(arguments),
+        mocked=False,
+    )
+    started = time.monotonic()
+    hooks = hooks_of(rt, agent.config.name)
+    params = dict(arguments)
+    try:
+        if tool is None:
+            # Hidden by its condition or never declared: the model asked, nothing ran.
+            span.metadata["executed"] = False
+            raise AgentRunError(f"unknown tool {name!r}")
+        refused = approval(rt, agent, tool, ref, name, params, context, trace, span)
+        if refused is not None:
+            span.status = "error"
+            span.metadata.update(executed=False, result=jsonable(refused))
+            return refused
+        before = resolve_phase(rt, "hook", hooks.before if hooks else None, ref, "before")
+        if before is not None:
+            try:
+                changed = call_hook(
+                    before,
+                    name,
+                    params,
+                    context,
+                    trace=trace,
+                    parent=span,
+                    phase="before",
+                )
+            except AbortTool as abort:
+                span.status = "error"
+                result = getattr(abort, "result", str(abort))
+                span.metadata.update(aborted=True, executed=False, result=jsonable(result))
+                return result
+            if isinstance(changed, dict):
+                params = {**params, **changed}
+            span.metadata["params"] = jsonable(params)
+        result = execute_tool(rt, tool, params, context, span)
+        after = resolve_phase(rt, "hook", hooks.after if hooks else None, ref, "after")
+        if after is not None:
+            replaced = call_hook(
+                after,
+                name,
+                params,
+                context,
+                result=result,
+                trace=trace,
+                parent=span,
+                phase="after",
+            )
+            if replaced is not None:
+                result = replaced
+        span.metadata["result"] = jsonable(result)
+        return result
+    except (StopProcessing, StrictViolation, AwaitingApproval, ApprovalRejected):
+        span.metadata["stopped"] = True
+        raise
+    except Exception as exc:
+        span.status = "error"
+        message = error_text(exc)
+        span.metadata["error"] = message
+        return {"error": message}
+    finally:
+        span.duration_ms = int((time.monotonic() - started) * 1000)
+
+
+def call_hook(
+    func: Callable[..., Any],
+    name: str,
+    params: dict[str, Any],
+    context: dict[str, Any],
+    **extra: Any,
+) -> Any:
+    args: list[Any] = [name, params]
+    if "result" in extra:
+        args.append(extra["result"])
+    if accepts(func, "context") or len(inspect.signature(func).parameters) > len(args):
+        args.append(context)
+    trace, parent = extra["trace"], extra["parent"]
+    with timed(trace.open("hook", f"hook.{extra['phase']}", parent, tool_name=name)):
+        return call_user_function(func, *args)
+
+
+def execute_tool(
+    rt: Runtime, tool: Any, params: dict[str, Any], context: dict[str, Any], span: Span
+) -> Any:
+    if tool.is_predefined:
+        if tool.name == "trigger_agent":
+            return rt.trigger(**params)
+        if tool.name == "trigger_agent_at":
+            return rt.trigger_at(**params)
+        implementation = rt.predefined.get(tool.name)
+        if implementation is None:
+            raise AgentRunError(f"predefined tool {tool.name!r} is not available in a gate")
+        return implementation(**params)
+    return call_custom_tool(rt, tool, params, context, span)
+
+
+def approval(
+    rt: Runtime,
+    agent: Any,
+    tool: Any,
+    ref: str,
+    name: str,
+    params: dict[str, Any],
+    context: dict[str, Any],
+    trace: Trace,
+    parent: Span,
+) -> Any:
+    """None to go on with the call; else what the model is told instead (a rejection)."""
+    if not requires_approval(agent, ref, name, params, context):
+        return None
+    decision = rt.approvals.answer(ref, name, params)
+    span = trace.open(
+        "approval",
+        ref,
+        parent,
+        params=jsonable(params),
+        decision=decision.decision if decision else None,
+    )
+    if decision is None:
+        span.status = "error"
+        if rt.approvals.strict:
+            violate(
+                rt,
+                f"strict_approval_decisions: no approval_decisions entry answered "
+                f"the approval of {ref} with params {jsonable(params)}",
+            )
+        raise AwaitingApproval(f"waiting for approval of {ref}")
+    if decision.decision == "approve":
+        return None
+    span.status = "error"
+    on_rejection = getattr(agent.config.approval, "on_rejection", "fail")
+    if on_rejection == "continue":
+        return {"error": str(rejection_error(decision, ref))}
+    raise ApprovalRejected(str(rejection_error(decision, ref)))
+
+
+def call_custom_tool(
+    rt: Runtime, tool: Any, params: dict[str, Any], context: dict[str, Any], span: Span
+) -> Any:
+    """A custom file tool, or its mock: mocks replace the call, strict_mocks forbid it."""
+    ref = tool.ref or tool.name
+    mock = rt.mocks.tool(ref)
+    if mock is not None:
+        guard(rt, lambda: check_arguments(tool.func, params, ref))
+        span.metadata["mocked"] = True
+        return call_user_function(mock, ref, params, context)
+    if rt.mocks.strict.tools:
+        violate(
+            rt,
+            f"strict_mocks: {ref} would run for real; no mock in the mocks module matches "
+            f"it (most specific first: mock_{'_'.join(normalise(ref))})",
+        )
+    kwargs = dict(params)
+    if accepts(tool.func, "context"):
+        kwargs["context"] = context
+    return call_user_function(tool.func, **kwargs)

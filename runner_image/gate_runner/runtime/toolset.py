@@ -1,0 +1,99 @@
+"""The tools an LLM agent offers its model: which are visible for this run (spec 2.3) and
+the function schemas they are described by.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .orchestrator import Runtime
+
+
+def tool_schema(tool: Any) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description or "",
+            "parameters": tool.parameters or {"type": "object", "properties": {}},
+        },
+    }
+
+
+def _sdk_stubs() -> dict[str, Callable[..., Any]]:
+    """The SDK's predefined-tool stubs, captured before install_predefined replaces them."""
+    import connic.tools as connic_tools
+
+    names = ("trigger_agent", "trigger_agent_at", "db_find", "db_insert", "db_update",
+             "db_upsert", "db_delete", "db_count", "db_list_collections", "retrieval_query",
+             "retrieval_store", "retrieval_delete", "retrieval_list_namespaces", "web_search",
+             "web_read_page", "query_knowledge", "store_knowledge", "delete_knowledge",
+             "kb_list_namespaces")  # fmt: skip
+    return {n: getattr(connic_tools, n) for n in names if hasattr(connic_tools, n)}
+
+
+PREDEFINED_STUBS = _sdk_stubs()
+
+PREDEFINED_SCHEMAS: dict[str, dict[str, Any]] = {
+    "trigger_agent": {
+        "type": "object",
+        "properties": {
+            "agent_name": {"type": "string"},
+            "payload": {},
+            "wait_for_response": {"type": "boolean"},
+            "timeout_seconds": {"type": "integer"},
+        },
+        "required": ["agent_name", "payload"],
+    },
+}
+
+
+def predefined_schema(rt: Runtime, name: str) -> dict[str, Any]:
+    """The JSON schema the SDK's own stub declares (its signature and docstring)."""
+    stub = PREDEFINED_STUBS.get(name)
+    if stub is not None and rt.loader is not None:
+        try:
+            return dict(rt.loader._generate_schema(stub))
+        except Exception:  # the SDK's private helper changed: fall back below
+            pass
+    return PREDEFINED_SCHEMAS.get(name, {"type": "object", "properties": {}})
+
+
+def visible_tools(agent: Any, context: dict[str, Any]) -> list[Any]:
+    from ..expr import EvaluationError, ExpressionError, compile_expression
+
+    visible = []
+    for tool in agent.tools:
+        condition = getattr(tool, "condition", None)
+        if condition:
+            try:
+                expr = compile_expression(condition, ("context", "input"))
+                if not expr.holds({"context": context, "input": context.get("payload", {})}):
+                    continue
+            except (ExpressionError, EvaluationError):
+                continue  # spec §2.3: an error hides the tool
+        visible.append(tool)
+    return visible
+
+
+def tool_schemas(rt: Runtime, tools: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The function schemas the model is offered, one per visible tool."""
+    schemas = []
+    for tool in tools.values():
+        if tool.is_predefined:
+            schema = predefined_schema(rt, tool.name)
+            schemas.append(
+                {
+                    "type": "function",
+                    "function": {
+                        "name": tool.name,
+                        "description": tool.description or "",
+                        "parameters": schema,
+                    },
+                }
+            )
+        else:
+            schemas.append(tool_schema(tool))
+    return schemas
