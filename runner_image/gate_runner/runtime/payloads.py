@@ -17,23 +17,36 @@ def jsonable(value: Any) -> Any:
         return repr(value)
 
 
-def as_payload(value: Any, *, text_key: str = "message") -> dict[str, Any]:
-    """The payload dict an agent receives (spec 2.1, 7.1): a JSON object as it is, other JSON
-    as {"input": value}, and text that is not JSON under ``text_key``."""
+def as_payload(value: Any) -> dict[str, Any]:
+    """A case's payload as the agent receives it (spec 7.1, seed "Payload").
+
+    A JSON object (or a builder's dict) as it is; any other payload string, JSON or not, as
+    `{"message": <the string>}` (the seed: "otherwise the string is delivered as {message:
+    payload}"); a value that is not a string, as `{"input": value}`.
+    """
     if isinstance(value, dict):
         return value
     if isinstance(value, str):
         try:
             decoded = json.loads(value)
         except ValueError:
-            return {text_key: value}
-        return decoded if isinstance(decoded, dict) else {"input": decoded}
+            decoded = None
+        return decoded if isinstance(decoded, dict) else {"message": value}
     return {"input": value}
 
 
 def stage_input(value: Any) -> dict[str, Any]:
-    """What a tool agent receives from an upstream stage: plain text arrives as input."""
-    return as_payload(value, text_key="input")
+    """What a tool agent receives from an upstream stage (spec 7.5): a JSON object as it is,
+    a decoded non-object as `{"input": value}`, and text that is not JSON under `input`."""
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            return {"input": value}
+        return decoded if isinstance(decoded, dict) else {"input": decoded}
+    return {"input": value}
 
 
 def user_content(payload: Mapping[str, Any]) -> dict[str, Any]:
