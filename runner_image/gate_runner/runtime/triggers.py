@@ -87,7 +87,13 @@ def trigger(
     span.metadata.update(
         status=outcome.status, output=jsonable(outcome.output), error=outcome.error
     )
-    result = {"run_id": run_id, "status": outcome.status, "response": outcome.output}
+    # Parent code gets the platform's statuses (spec 3.2). "blocked" exists only for
+    # assertions (the span keeps it); a blocked child's run is stored as completed, or as
+    # failed with the rule's fail_run.
+    status = outcome.status
+    if status == "blocked":
+        status = str(outcome.run_context.get("stored_status") or "completed")
+    result = {"run_id": run_id, "status": status, "response": outcome.output}
     if outcome.error:
         result["error"] = outcome.error
     return result
