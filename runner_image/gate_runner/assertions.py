@@ -31,6 +31,19 @@ class ToolCall:
     name: str  # bare function name
     ref: str  # qualified ref, e.g. math.calculator.add
     params: Mapping[str, Any]
+    # False for a call the model made that the tool never received (aborted by a hook,
+    # refused by an approval, hidden or unknown), with why in ``not_executed``.
+    executed: bool = True
+    not_executed: str | None = None
+
+
+def _attempts(name: str, calls: Sequence[ToolCall]) -> str:
+    """ "called N time(s), not executed (why)" for the calls to ``name`` the tool never got."""
+    missed = [c for c in calls if not c.executed and _matches(name, c)]
+    if not missed:
+        return ""
+    whys = sorted({c.not_executed or "not executed" for c in missed})
+    return f"called {len(missed)} time(s), not executed ({' / '.join(whys)})"
 
 
 @dataclass(frozen=True)
@@ -247,7 +260,14 @@ def check_tool_calls(
     calls: Sequence[ToolCall],
     context: Mapping[str, Any],
 ) -> list[str]:
-    """expected_tool_calls, expected_tool_call_order and expected_no_tool_calls."""
+    """expected_tool_calls, expected_tool_call_order and expected_no_tool_calls.
+
+    Decided (issue 10, rule 4): a call the tool never received still occurred for
+    expected_no_tool_calls (the model tried, spec 6.3); expected_tool_calls and the order
+    speak of calls the tool received, and say so when a call was only attempted.
+    """
+    attempted = list(calls)
+    calls = [c for c in attempted if c.executed]
     failures: list[str] = []
     # Which calls each entry may claim; an entry with only count predicates claims none,
     # because it speaks of how many calls there were, not of one of them.
@@ -289,9 +309,9 @@ def check_tool_calls(
     unmatched = _unmatched_entries(needing, candidates)
     for i in unmatched:
         exp = assertions.expected_tool_calls[i]
-        failures.append(
-            _unmatched_reason(exp, [c for c in calls if _matches(exp.tool, c)], context)
-        )
+        reason = _unmatched_reason(exp, [c for c in calls if _matches(exp.tool, c)], context)
+        missed = _attempts(exp.tool, attempted)
+        failures.append(f"{reason}; it was {missed}" if missed else reason)
     order = list(assertions.expected_tool_call_order)
     if order:
         pos = 0
@@ -300,14 +320,21 @@ def check_tool_calls(
                 pos += 1
         if pos < len(order):
             seen = ", ".join(c.ref for c in calls) or "no calls"
+            missed = _attempts(order[pos], attempted)
             failures.append(
                 f"expected_tool_call_order {order} not met: {order[pos]} missing after "
                 f"{order[:pos] or 'the start'} (calls: {seen})"
+                + (f"; {order[pos]} was {missed}" if missed else "")
             )
     for name in assertions.expected_no_tool_calls:
-        hits = sum(1 for c in calls if _matches(name, c))
+        hits = [c for c in attempted if _matches(name, c)]
         if hits:
-            failures.append(f"expected no call to {name}, saw {hits}")
+            executed = sum(1 for c in hits if c.executed)
+            missed = _attempts(name, attempted)
+            failures.append(
+                f"expected no call to {name}, saw {len(hits)}"
+                + (f" ({executed} executed; {missed})" if missed else "")
+            )
     return failures
 
 
@@ -348,19 +375,18 @@ def trigger_scope(span: Mapping[str, Any], by_id: Mapping[str, Mapping[str, Any]
 
 
 def calls_in_scope(spans: Sequence[Mapping[str, Any]], scope: str | None) -> list[ToolCall]:
-    """The tool calls a run made itself, not those of the children it triggered."""
+    """The tool calls a run made itself (attempted ones too), not its children's."""
     by_id = {str(s["span_id"]): s for s in spans}
     return [
         ToolCall(
             name=str(s["metadata"].get("tool_name", s["name"])),
             ref=str(s["metadata"].get("tool_ref", s["name"])),
             params=s["metadata"].get("params") or {},
+            executed=bool(s["metadata"].get("executed", True)),
+            not_executed=s["metadata"].get("not_executed"),
         )
         for s in spans
-        if s.get("type") == "tool_call"
-        # A call the tool never received (hidden, unknown, aborted, refused) does not count.
-        and s["metadata"].get("executed", True)
-        and trigger_scope(s, by_id) == scope
+        if s.get("type") == "tool_call" and trigger_scope(s, by_id) == scope
     ]
 
 

@@ -94,7 +94,10 @@ def test_children_triggered_in_parallel_each_get_their_own_parent(tmp_path: Path
     assert {a.parent_span_id for a in agents} == {c.span_id for c in children}
 
 
-def test_calls_the_tool_never_received_do_not_count(tmp_path: Path) -> None:
+def test_an_attempted_call_still_occurred(tmp_path: Path) -> None:
+    # Issue 10, rule 4 (spec 6.3: a name that "occurs in the invocation"): the model called a
+    # tool hidden from it; the tool never received the call, and it still counts for
+    # expected_no_tool_calls, while expected_tool_calls speaks of received calls only.
     project = write(
         tmp_path / "p",
         {
@@ -119,13 +122,24 @@ def test_calls_the_tool_never_received_do_not_count(tmp_path: Path) -> None:
               - name: hidden_tool_was_not_called
                 payload: hi
                 expected_no_tool_calls: [refund]
+              - name: hidden_tool_was_received
+                payload: hi
+                expected_tool_calls: [refund]
         """,
         },
     )
     result = judged(project, "tests/clerk.yaml", "hidden_tool_was_not_called")
-    assert result.passed, result.failure_reason
+    assert result.invocations[0].failed_assertions == [
+        "expected no call to refund, saw 1 (0 executed; called 1 time(s), not executed "
+        "(unknown or hidden tool))"
+    ]
     span = next(s for s in result.invocations[0].traces if s.type == "tool_call")
     assert (span.status, span.metadata["executed"]) == ("error", False)
+    received = judged(project, "tests/clerk.yaml", "hidden_tool_was_received")
+    assert received.invocations[0].failed_assertions == [
+        "expected a call to refund; it was never called; it was called 1 time(s), not "
+        "executed (unknown or hidden tool)"
+    ]
 
 
 def test_a_hanging_cleanup_runs_once_and_keeps_the_agents_result(tmp_path: Path) -> None:

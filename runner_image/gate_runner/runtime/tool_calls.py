@@ -62,15 +62,18 @@ def run_tool_call(
     started = time.monotonic()
     hooks = hooks_of(rt, agent.config.name)
     params = dict(arguments)
+    reached_tool = False
     try:
         if tool is None:
             # Hidden by its condition or never declared: the model asked, nothing ran.
-            span.metadata["executed"] = False
+            span.metadata.update(executed=False, not_executed="unknown or hidden tool")
             raise AgentRunError(f"unknown tool {name!r}")
         refused = approval(rt, agent, tool, ref, name, params, context, trace, span)
         if refused is not None:
             span.status = "error"
-            span.metadata.update(executed=False, result=jsonable(refused))
+            span.metadata.update(
+                executed=False, not_executed="refused by approval", result=jsonable(refused)
+            )
             return refused
         before = resolve_phase(rt, "hook", hooks.before if hooks else None, ref, "before")
         if before is not None:
@@ -84,14 +87,27 @@ def run_tool_call(
                     parent=span,
                     phase="before",
                 )
-            except AbortTool as abort:
+            except (StopProcessing, StrictViolation, AwaitingApproval, ApprovalRejected):
+                raise
+            except Exception as exc:
+                # AbortTool or any other exception: the hook stopped the call before the tool
+                # received it, so both are an aborted call (issue 10, rule 4).
                 span.status = "error"
-                result = getattr(abort, "result", str(abort))
-                span.metadata.update(aborted=True, executed=False, result=jsonable(result))
+                if isinstance(exc, AbortTool):
+                    result = getattr(exc, "result", str(exc))
+                else:
+                    result = {"error": f"the before hook raised {error_text(exc)}"}
+                span.metadata.update(
+                    aborted=True,
+                    executed=False,
+                    not_executed="aborted by hook",
+                    result=jsonable(result),
+                )
                 return result
             if isinstance(changed, dict):
                 params = {**params, **changed}
             span.metadata["params"] = jsonable(params)
+        reached_tool = True
         result = execute_tool(rt, tool, params, context, span)
         after = resolve_phase(rt, "hook", hooks.after if hooks else None, ref, "after")
         if after is not None:
@@ -109,8 +125,17 @@ def run_tool_call(
                 result = replaced
         span.metadata["result"] = jsonable(result)
         return result
-    except (StopProcessing, StrictViolation, AwaitingApproval, ApprovalRejected):
+    except (StopProcessing, StrictViolation, AwaitingApproval, ApprovalRejected) as stop:
         span.metadata["stopped"] = True
+        if not reached_tool:
+            # The model called it, and the run stopped before the tool received the call.
+            why = {
+                ApprovalRejected: "refused by approval",
+                AwaitingApproval: "awaiting approval",
+                StrictViolation: "stopped by a strict flag",
+            }.get(type(stop), "stopped by a hook")
+            span.metadata.setdefault("executed", False)
+            span.metadata.setdefault("not_executed", why)
         raise
     except Exception as exc:
         span.status = "error"
