@@ -34,6 +34,9 @@ class Approvals:
     decisions: list[Decision] = field(default_factory=list)
     strict: bool = False
     builder_context: Mapping[str, Any] = field(default_factory=dict)
+    # A decision whose `params` expression could not be evaluated: the test's own mistake,
+    # said in the reason instead of the decision being skipped silently.
+    problems: list[str] = field(default_factory=list)
 
     @classmethod
     def from_case(cls, case: Mapping[str, Any], builder_context: Mapping[str, Any]) -> Approvals:
@@ -63,7 +66,13 @@ class Approvals:
                     expr = compile_expression(decision.params, ("params", "context"))
                     if not expr.holds({"params": params, "context": self.builder_context}):
                         continue
-                except (ExpressionError, EvaluationError):
+                except (ExpressionError, EvaluationError) as exc:
+                    problem = (
+                        f"approval_decisions: the params expression `{decision.params}` of the "
+                        f"decision for {decision.tool} could not be evaluated: {exc}"
+                    )
+                    if problem not in self.problems:
+                        self.problems.append(problem)
                     continue
             decision.used = True
             return decision

@@ -168,10 +168,10 @@ def check_result(
     """expected_result with the short-circuit rule of spec §6.4; None when it holds."""
     bad_status = status != "completed"
     if expr is None:
-        return _status_failure(status, error) if bad_status else None
+        return _status_failure(status, error, output) if bad_status else None
     # An expression that reads `error` or `status` decides alone (spec §6.4).
     if bad_status and not ({"error", "status"} & expr.names):
-        return _status_failure(status, error)
+        return _status_failure(status, error, output)
     bindings = {
         "output": decode_output(output),
         "error": error,
@@ -184,13 +184,20 @@ def check_result(
         return f"expected_result `{expr.source}` could not be evaluated: {exc}"
     if holds:
         return None
-    return f"expected_result `{expr.source}` was false (seen: {_seen(expr, bindings)})"
+    seen = _seen(expr, bindings)
+    if status == "failed" and error and "error" not in expr.names:
+        # `status == "completed"` against a crash: the crash itself is the key fact.
+        seen += f"; agent error: {error}"
+    return f"expected_result `{expr.source}` was false (seen: {seen})"
 
 
-def _status_failure(status: str, error: str | None) -> str:
+def _status_failure(status: str, error: str | None, output: Any = None) -> str:
     if status == "failed":
         return f"agent error: {error or 'the run failed without a message'}"
-    return f"the run ended with status {status!r}, expected 'completed'"
+    why = f"the run ended with status {status!r}, expected 'completed'"
+    if status == "blocked" and output:
+        why += f" (a guardrail blocked it: {output})"
+    return why
 
 
 class FilterError(Exception):
@@ -247,9 +254,11 @@ def _unmatched_reason(
             except EvaluationError as exc:
                 errors.append(f"`{f.source}` could not be evaluated: {exc}")
                 break
-    if all(_filter_passes(exp, c, context) for c in same_tool):
+    passing = sum(1 for c in same_tool if _filter_passes(exp, c, context))
+    if passing:
         return (
-            f"{what}; its {len(same_tool)} call(s) were all claimed by other entries: {seen}{more}"
+            f"{what}; the {passing} call(s) that fit it were all claimed by other entries "
+            f"of expected_tool_calls (each entry needs a call of its own): {seen}{more}"
         )
     tail = f"; {errors[0]}" if errors else ""
     return f"{what}; saw {len(same_tool)} call(s): {seen}{more}{tail}"

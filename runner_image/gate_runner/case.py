@@ -9,6 +9,7 @@ at `timeout_s` and forms every assertion itself.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 import time
@@ -240,6 +241,7 @@ def _invocation_body(project: Path, prepared: PreparedCase, channel: Channel) ->
         if data is None:
             runtime.approvals = Approvals.from_case(resolved, context)
             outcome = runtime.run(prepared.agent_name, payload, trace)
+            runtime.violations.extend(runtime.approvals.problems)
             if runtime.approvals.strict:
                 for left in runtime.approvals.unused():
                     runtime.violations.append(
@@ -470,9 +472,22 @@ def judge_invocation(prepared: PreparedCase, data: Mapping[str, Any]) -> list[st
         error=data.get("error"),
         context=builder_context,
     )
+    spans = list(data.get("traces") or [])
+    if result_failure and data["status"] == "awaiting_approval":
+        pending = [
+            s
+            for s in spans
+            if s.get("type") == "tool_call"
+            and s.get("metadata", {}).get("not_executed") == "awaiting approval"
+        ]
+        if pending:
+            meta = pending[-1]["metadata"]
+            result_failure += (
+                f"; the approval of {meta.get('tool_ref')} with params "
+                f"{json.dumps(meta.get('params'), default=repr)} was never answered"
+            )
     if result_failure:
         failures.append(result_failure)
-    spans = list(data.get("traces") or [])
     calls = calls_in_scope(spans, None)  # the agent under test's own calls, not its children's
     failures.extend(check_tool_calls(prepared.assertions, calls, builder_context))
     failures.extend(

@@ -55,3 +55,34 @@ def test_no_expected_result_fails_a_paused_run(project: Path) -> None:
     result = judged(project, "tests/paused.yaml", "paused")
     assert not result.passed
     assert "status 'awaiting_approval'" in (result.failure_reason or "")
+
+
+def test_an_unanswered_approval_names_the_tool_and_its_params(project: Path) -> None:
+    suite = project / "tests" / "unanswered.yaml"
+    suite.write_text(
+        "agent: payments\ntests:\n  - name: waits\n    payload: refund 100\n"
+        "    expected_result: output.refund.ok == true\n"
+    )
+    result = judged(project, "tests/unanswered.yaml", "waits")
+    (reason,) = result.invocations[0].failed_assertions
+    assert reason.endswith(
+        'the approval of billing.refund with params {"amount": 100} was never answered'
+    ), reason
+
+
+def test_a_decision_whose_params_expression_errors_says_so(project: Path) -> None:
+    suite = project / "tests" / "typo.yaml"
+    suite.write_text(
+        "agent: payments\ntests:\n  - name: typo\n    payload: refund 100\n"
+        "    approval_decisions:\n"
+        "      - {tool: billing.refund, params: params.amonut == 100, decision: approve}\n"
+        "      - {tool: billing.notify, decision: approve}\n"
+        '    expected_result: status == "awaiting_approval"\n'
+    )
+    result = judged(project, "tests/typo.yaml", "typo")
+    assert not result.passed
+    assert any(
+        "the params expression `params.amonut == 100` of the decision for billing.refund could "
+        "not be evaluated: no key amonut" in f
+        for f in result.invocations[0].failed_assertions
+    ), result.invocations[0].failed_assertions

@@ -62,7 +62,8 @@ def calls(*specs: tuple[str, dict[str, object]]) -> list[ToolCall]:
 def test_bare_and_qualified_names_match() -> None:
     a = compile_assertions({"expected_tool_calls": ["add", "math.calculator.add"]})
     assert check_tool_calls(a, calls(("math.calculator.add", {})), {}) == [
-        "expected a call to math.calculator.add; its 1 call(s) were all claimed by other entries: add({})"
+        "expected a call to math.calculator.add; the 1 call(s) that fit it were all claimed by "
+        "other entries of expected_tool_calls (each entry needs a call of its own): add({})"
     ]
     assert (
         check_tool_calls(a, calls(("math.calculator.add", {}), ("math.calculator.add", {})), {})
@@ -208,3 +209,31 @@ def test_payload_and_result_must_hold_on_the_same_trigger() -> None:
 
 def test_one_trigger_satisfying_everything_is_enough() -> None:
     assert children_failures([child_span("c1", 2, 3), child_span("c2", 1, 10)]) == []
+
+
+# -- issue 10, rule 8: reasons carry the key fact ------------------------------------------
+
+
+def test_a_crash_under_a_status_expression_shows_the_agents_error() -> None:
+    reason = result('status == "completed"', status="failed", error="KeyError: 'sku'")
+    assert reason == (
+        'expected_result `status == "completed"` was false (seen: status = "failed"; agent '
+        "error: KeyError: 'sku')"
+    )
+
+
+def test_a_blocked_run_carries_the_rules_rejection_message() -> None:
+    reason = result("output.ok", status="blocked", output="No prompt games.")
+    assert reason == (
+        "the run ended with status 'blocked', expected 'completed' (a guardrail blocked it: "
+        "No prompt games.)"
+    )
+
+
+def test_a_fitting_call_taken_by_another_entry_says_so() -> None:
+    a = compile_assertions({"expected_tool_calls": [{"add": "params.a == 1"}, "add"]})
+    two = calls(("m.add", {"a": 1}), ("m.add", {"a": 2}))
+    assert check_tool_calls(a, two, {}) == []
+    one = calls(("m.add", {"a": 1}))
+    (failure,) = check_tool_calls(a, one, {})
+    assert "claimed by other entries" in failure
