@@ -23,7 +23,7 @@ import yaml
 from connic.test_schema import TestFile
 from pydantic import ValidationError
 
-from . import BUNDLE_DEPS_DIR, SCHEMA_VERSION
+from . import BUNDLE_DEPS_DIR, SCHEMA_VERSION, typed_json
 from .assertions import (
     CompiledAssertions,
     calls_in_scope,
@@ -235,7 +235,9 @@ def _invocation_body(project: Path, prepared: PreparedCase, channel: Channel) ->
                 payload = with_files(built, files)
                 # Reported now, so that a cleanup after a timeout or crash still has the
                 # context, and assertions see the context exactly as build() left it.
-                channel.send("builder", {"context": jsonable(context), "input": jsonable(payload)})
+                channel.send(
+                    "builder", {"context": typed_json.encode(context), "input": jsonable(payload)}
+                )
         except BaseException as exc:
             data = _setup_failure(stage, exc)
         if data is None:
@@ -413,7 +415,9 @@ def _run_invocations(
             if built_problem:
                 data["limit_failures"].append(f"the builder's report is malformed: {built_problem}")
             if built is not None:
-                data["builder_context"] = built.get("context")
+                # As build() left it: Decimals, tuples and int keys survive the crossing.
+                built["context"] = typed_json.decode(built.get("context"))
+                data["builder_context"] = built["context"]
                 data.setdefault("input", built.get("input"))
             traces = list(data.get("traces") or [])
             parent = traces[0]["span_id"] if traces else None

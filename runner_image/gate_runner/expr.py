@@ -13,6 +13,7 @@ import ast
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 MAX_EXPRESSION_CHARS = 2000
@@ -269,7 +270,29 @@ def _lookup(container: Any, key: Any, label: str) -> Any:
     raise EvaluationError(f"cannot look up {label} on {describe(container)}")
 
 
+def _same_kind(value: Any) -> Any:
+    """Numbers as numbers and sequences as sequences, whatever their Python type.
+
+    A Decimal from a builder's context equals the literal 42.5, and 0.1 equals Decimal("0.1")
+    (a float is taken at its shortest repr); a tuple equals the list with the same items.
+    """
+    if isinstance(value, float) and not isinstance(value, bool):
+        try:
+            return Decimal(repr(value))
+        except InvalidOperation:  # nan and inf stay floats
+            return value
+    if isinstance(value, tuple | list):
+        return [_same_kind(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _same_kind(v) for k, v in value.items()}
+    return value
+
+
 def _compare(op: ast.cmpop, left: Any, right: Any) -> bool:
+    if isinstance(
+        op, ast.Eq | ast.NotEq | ast.Lt | ast.LtE | ast.Gt | ast.GtE | ast.Is | ast.IsNot
+    ):
+        left, right = _same_kind(left), _same_kind(right)
     try:
         match op:
             case ast.Eq():
