@@ -37,6 +37,18 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8080
 
+    # Browser safety
+    trusted_hosts: str = Field(
+        default="localhost,127.0.0.1,::1",
+        description="Comma-separated host names the API answers to (the Host header, port "
+        "ignored); others get 400. '*.example.com' matches subdomains, '*' any host.",
+    )
+    cors_origins: str = Field(
+        default="",
+        description="Comma-separated origins (https://ci.example.com) browsers may call the API "
+        "from, without credentials. Empty: no CORS headers at all.",
+    )
+
     # Images
     base_image: str = "python:3.11-slim"
     base_image_source: BaseImageSource = BaseImageSource.auto
@@ -76,6 +88,18 @@ class Settings(BaseSettings):
     job_lease_seconds: int = Field(default=60, ge=5)
     job_max_attempts: int = Field(default=3, ge=1)
     worker_poll_seconds: float = Field(default=0.5, gt=0)
+    retention_interval_seconds: float = Field(
+        default=3600,
+        ge=0,
+        description="How often, at most, each worker process runs the retention pass "
+        "(deletes what is older than its project's retention_days); 0 turns it off.",
+    )
+    retention_batch_size: int = Field(
+        default=500,
+        ge=1,
+        le=100_000,
+        description="Rows the retention pass deletes per transaction.",
+    )
 
     # Case containers; the runner's own timeout_s applies inside these limits.
     case_memory_mb: int = 512
@@ -112,9 +136,50 @@ class Settings(BaseSettings):
     )
     auth_failure_window_seconds: int = Field(default=60, ge=1)
 
+    # Secrets
+    secrets_key: SecretStr | None = Field(
+        default=None,
+        description="Fernet key that encrypts project secrets at rest. Unset: one is made on "
+        "first use and kept 0600 in GATE_DATA_DIR/secrets.key. The API and every worker must "
+        "hold the same key, so set it when they run on different hosts.",
+    )
+
     # Intake
     upload_limit_bytes: int = 25 * MIB
     long_poll_max_seconds: int = 60
+
+    # Admission control: every cap answers at once (429, 503, or the gate ends `error`).
+    max_queued_gates_per_project: int = Field(
+        default=20, ge=1, description="Gates of one project waiting for a worker; past it 429."
+    )
+    max_bundle_bytes_per_project: int = Field(
+        default=1024 * MIB,
+        ge=1,
+        description="Bytes of the distinct bundles one project's gates reference; past it 429 "
+        "until retention deletes old gates.",
+    )
+    max_running_gates_per_project: int = Field(
+        default=2,
+        ge=1,
+        description="Gates of one project judged at once; workers leave its other jobs queued.",
+    )
+    max_queued_gates: int = Field(
+        default=500, ge=1, description="Gates waiting for a worker, all projects; past it 503."
+    )
+    max_cases_per_gate: int = Field(
+        default=500, ge=1, description="Cases one gate may select; more end it `error`."
+    )
+    gate_deadline_seconds: int = Field(
+        default=3600,
+        ge=1,
+        description="Time a gate may take from its start; past it the gate ends `error`.",
+    )
+    max_concurrent_uploads: int = Field(
+        default=8, ge=1, description="Uploads one API process receives at once; past it 503."
+    )
+    max_concurrent_long_polls: int = Field(
+        default=1000, ge=1, description="?wait= requests one API process holds; past it 503."
+    )
 
     def runtime_dir(self) -> Path:
         path = self.data_dir.expanduser()

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import logging
+import secrets
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+# Where the request-id middleware (gate_service/middleware.py) leaves each request's id.
+REQUEST_ID_SCOPE_KEY = "gate.request_id"
+REQUEST_ID_HEADER = "X-Request-ID"
 
 
 class GateError(Exception):
@@ -99,10 +109,53 @@ class SandboxError(GateError):
     status_code = 502
 
 
+class SecretUnreadable(GateError):
+    """A stored secret does not decrypt with this process's GATE_SECRETS_KEY.
+
+    Only workers decrypt (no route returns a value), so this ends a gate `error` as an
+    infrastructure error; the status code is there for completeness.
+    """
+
+    status_code = 503
+
+
+class ErrorBody(BaseModel):
+    """The one shape of every error answer."""
+
+    error: str = Field(description="The kind of error, e.g. NotFound or RequestInvalid")
+    detail: str = Field(description="What went wrong, in a sentence")
+    problems: list[dict[str, Any]] = Field(
+        default_factory=list, description="Itemised findings, when there are several"
+    )
+
+
+def error_responses(descriptions: Mapping[int, str]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` for these statuses, each in the error shape, plus the 500."""
+    statuses = {**descriptions, 500: "The service failed; the answer quotes a request id"}
+    return {
+        code: {"model": ErrorBody, "description": text} for code, text in sorted(statuses.items())
+    }
+
+
+def new_request_id() -> str:
+    return secrets.token_hex(8)
+
+
+def _storable(value: Any) -> Any:
+    """Text that UTF-8 can encode: a lone surrogate echoed from a request becomes \\udXXX."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, list):
+        return [_storable(v) for v in value]
+    if isinstance(value, dict):
+        return {_storable(k): _storable(v) for k, v in value.items()}
+    return value
+
+
 def error_body(
     kind: str, detail: str, problems: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
-    return {"error": kind, "detail": detail, "problems": problems or []}
+    return {"error": kind, "detail": _storable(detail), "problems": _storable(problems or [])}
 
 
 def install_handlers(app: FastAPI) -> None:
@@ -131,3 +184,20 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse(error_body("HTTPError", str(exc.detail)), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        """Anything else: no stack, SQL, host or path in the answer; the log has them."""
+        request_id = request.scope.get(REQUEST_ID_SCOPE_KEY) or new_request_id()
+        log.error(
+            "request %s failed: %s %s",
+            request_id,
+            request.method,
+            request.url.path,
+            exc_info=exc,
+        )
+        return JSONResponse(
+            error_body("InternalError", f"the service failed; quote request id {request_id}"),
+            status_code=500,
+            headers={REQUEST_ID_HEADER: request_id},
+        )

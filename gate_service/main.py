@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -12,19 +13,24 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from . import __version__
+from .admission import install_slots
 from .auth.deps import FailureLimiter
 from .auth.routes import router as auth_router
 from .auth.service import ensure_bootstrap
 from .config import Settings
 from .db import make_engine, make_sessionmaker, session_scope
 from .deps import SessionFactoryDep
-from .errors import Conflict, error_body, install_handlers
+from .errors import Conflict, ServiceUnavailable, error_body, error_responses, install_handlers
 from .gates.routes import router as gates_router
+from .middleware import install_middleware
+from .secrets.crypto import SecretBox
+from .secrets.routes import router as secrets_router
 
+log = logging.getLogger(__name__)
 ADMIN_TOKEN_FILE = "admin-token"
 
 # Room for the multipart envelope and the form fields around the bundle itself.
@@ -120,6 +126,8 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.settings = settings
         app.state.engine = engine
         app.state.sessionmaker = make_sessionmaker(engine)
+        # Built here, not at import: the key may be made on first start under GATE_DATA_DIR.
+        app.state.secret_box = SecretBox.from_settings(settings)
         bootstrap_admin(settings, app.state.sessionmaker)
         try:
             yield
@@ -135,23 +143,35 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.auth_failures = FailureLimiter(
         settings.auth_failure_limit, settings.auth_failure_window_seconds
     )
+    install_slots(app, settings)  # concurrent uploads and long-polls of this process
     install_handlers(app)
     app.include_router(gates_router)
     app.include_router(auth_router)
+    app.include_router(secrets_router)
     app.add_middleware(
         DeclaredSizeLimit, limit_bytes=settings.upload_limit_bytes + MULTIPART_OVERHEAD_BYTES
     )
+    install_middleware(app, settings)  # last: request ids and the Host check wrap everything
 
-    @app.get("/healthz")
+    @app.get("/healthz", responses=error_responses({400: "A Host not in GATE_TRUSTED_HOSTS"}))
     def healthz() -> dict[str, str]:
         """The process is up."""
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get(
+        "/readyz",
+        responses=error_responses(
+            {400: "A Host not in GATE_TRUSTED_HOSTS", 503: "The database does not answer"}
+        ),
+    )
     def readyz(factory: SessionFactoryDep) -> dict[str, str]:
         """The database answers."""
-        with session_scope(factory) as session:
-            session.execute(text("SELECT 1"))
+        try:
+            with session_scope(factory) as session:
+                session.execute(text("SELECT 1"))
+        except SQLAlchemyError:
+            log.warning("readiness: the database does not answer", exc_info=True)
+            raise ServiceUnavailable("the database does not answer") from None
         return {"status": "ready"}
 
     warm_up_routes(app)

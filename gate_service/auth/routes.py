@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import uuid
-from typing import Annotated, Any
+from datetime import UTC, datetime
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 from sqlalchemy import select
 
 from ..deps import SessionDep
-from ..errors import Forbidden
+from ..errors import Forbidden, RequestInvalid, error_responses
 from ..models import AuditEvent
 from . import service
 from .deps import Admin
@@ -18,6 +20,7 @@ from .schemas import (
     AuditRead,
     ProjectCreate,
     ProjectRead,
+    ProjectUpdate,
     TokenCreate,
     TokenCreated,
     TokenList,
@@ -25,14 +28,18 @@ from .schemas import (
 )
 
 router = APIRouter(prefix="/v1", tags=["admin"])
-ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"description": "Bad request"},
-    401: {"description": "No token, or an unknown, expired or revoked one"},
-    403: {"description": "The token lacks the admin scope"},
-    404: {"description": "Not found (or another project's)"},
-    409: {"description": "Conflict"},
-    429: {"description": "Too many failed authentications"},
-}
+AUDIT_ACTION = re.compile(r"[a-z][a-z0-9_]*(\.[a-z0-9_]+)*", re.ASCII)
+ERRORS = error_responses(
+    {
+        400: "Bad request (or a Host not in GATE_TRUSTED_HOSTS)",
+        401: "No token, or an unknown, expired or revoked one",
+        403: "The token lacks the admin scope",
+        404: "Not found (or another project's)",
+        409: "Conflict",
+        422: "Invalid request",
+        429: "Too many failed authentications",
+    }
+)
 
 
 @router.post("/projects", status_code=201, response_model=ProjectRead, responses=ERRORS)
@@ -42,6 +49,23 @@ def create_project(body: ProjectCreate, session: SessionDep, who: Admin) -> Proj
         raise Forbidden("only admin tokens of the 'default' project create projects")
     project = service.create_project(session, body.name, body.retention_days)
     service.record_by(session, who, "project.created", project=project.name)
+    return ProjectRead.model_validate(project)
+
+
+@router.patch("/projects/{name}", response_model=ProjectRead, responses=ERRORS)
+def update_project(name: str, body: ProjectUpdate, session: SessionDep, who: Admin) -> ProjectRead:
+    """Change a project's retention (admins of the project, or of `default`)."""
+    project = service.visible_project(session, who, name)
+    before = project.retention_days
+    project.retention_days = body.retention_days
+    session.flush()
+    service.record(
+        session,
+        "project.updated",
+        project_id=project.id,
+        token_id=who.token_id,
+        detail={"project": project.name, "retention_days": [before, body.retention_days]},
+    )
     return ProjectRead.model_validate(project)
 
 
@@ -93,6 +117,14 @@ def revoke_token(token_id: uuid.UUID, session: SessionDep, who: Admin) -> TokenR
 def audit(
     session: SessionDep,
     who: Admin,
+    action: Annotated[
+        list[str] | None,
+        Query(max_length=20, description="Only these actions, e.g. token.rejected (repeatable)"),
+    ] = None,
+    since: Annotated[
+        datetime | None,
+        Query(description="Only events at or after this ISO 8601 time (UTC if no offset)"),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
 ) -> AuditList:
@@ -100,5 +132,15 @@ def audit(
     stmt = select(AuditEvent)
     if not who.service_admin:
         stmt = stmt.where(AuditEvent.project_id == who.project_id)
+    if action:
+        bad = [a for a in action if len(a) > 64 or not AUDIT_ACTION.fullmatch(a)]
+        if bad:
+            raise RequestInvalid(
+                f"action must be an audit action such as token.rejected, got {bad[0]!r}",
+                problems=[{"location": "query.action", "message": "not an audit action"}],
+            )
+        stmt = stmt.where(AuditEvent.action.in_(action))
+    if since is not None:
+        stmt = stmt.where(AuditEvent.at >= (since if since.tzinfo else since.replace(tzinfo=UTC)))
     rows = session.scalars(stmt.order_by(AuditEvent.id.desc()).limit(limit).offset(offset)).all()
     return AuditList(items=[AuditRead.model_validate(r) for r in rows], limit=limit, offset=offset)

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..text import StorableStr
 from .tokens import Scope
 
 
@@ -22,6 +23,14 @@ class ProjectCreate(BaseModel):
     retention_days: int = Field(default=30, ge=1, le=3650)
 
 
+class ProjectUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    retention_days: int = Field(
+        ge=1, le=3650, description="Finished gates, their runs and audit events older than this go"
+    )
+
+
 class ProjectRead(Schema):
     id: uuid.UUID
     name: str
@@ -34,7 +43,7 @@ class TokenCreate(BaseModel):
 
     scopes: list[Scope] = Field(min_length=1, max_length=3)
     expires_in_days: int | None = Field(default=None, ge=1, le=3650)
-    name: str | None = Field(default=None, max_length=200)
+    name: StorableStr | None = Field(default=None, max_length=200)
 
 
 class TokenRead(Schema):

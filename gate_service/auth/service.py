@@ -88,7 +88,12 @@ def record_by(session: Session, who: Principal, action: str, **detail: Any) -> N
 
 def visible_project(session: Session, who: Principal, name: str) -> Project:
     """A project the caller administers; any other answers 404, as if it did not exist."""
-    project = session.scalar(select(Project).where(Project.name == name))
+    # A name no project can have (NUL, a surrogate, a slash...) is not looked up at all.
+    project = (
+        session.scalar(select(Project).where(Project.name == name))
+        if PROJECT_NAME.fullmatch(name)
+        else None
+    )
     if project is None or not (who.service_admin or project.id == who.project_id):
         raise NotFound(f"no project named {name!r}")
     return project

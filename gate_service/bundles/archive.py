@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 from ..errors import PayloadTooLarge, UnsafeArchive, UnsupportedMediaType
+from .zipdir import check_entry_count
 
 MIB = 1024 * 1024
 TOTAL_LIMIT_BYTES = 25 * MIB  # spec §1: everything together
@@ -245,6 +246,9 @@ _ZIP_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zip
 
 
 def _zip_entries(data: bytes) -> Iterator[_Entry]:
+    # Counted from the raw end records and headers first: ZipFile() reads the whole central
+    # directory into objects, which a 250,000-entry zip makes slow and large.
+    check_entry_count(data, MAX_ENTRIES)
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
     except (zipfile.BadZipFile, OSError, ValueError) as exc:

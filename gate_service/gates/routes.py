@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from typing import Annotated, Any
@@ -14,31 +13,38 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from ..admission import long_poll_slots, upload_slots
 from ..auth.deps import Reader, Submitter
 from ..auth.service import Principal, record_by
 from ..bundles.archive import read_archive
+from ..config import Settings
 from ..db import session_scope
 from ..deps import SessionDep, SessionFactoryDep, SettingsDep
-from ..errors import BadRequest
+from ..errors import BadRequest, error_responses
 from ..models import GateStatus
+from ..text import unstorable
 from . import service
+from .labels import parse_label_filter, parse_labels
 from .schemas import GateList, GateRead, RunRead
 from .upload import Upload, receive_upload
 
 router = APIRouter(prefix="/v1")
 
 MODEL_MODES = ("scripted", "replay", "live")
-ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"description": "Bad request"},
-    401: {"description": "No token, or an unknown, expired or revoked one"},
-    403: {"description": "The token lacks the scope this route needs"},
-    404: {"description": "Not found (or another project's)"},
-    409: {"description": "Conflict"},
-    413: {"description": "Bundle over the size limits"},
-    415: {"description": "Not a .tar.gz or .zip"},
-    422: {"description": "Unsafe archive or invalid request"},
-    429: {"description": "Too many failed authentications"},
-}
+ERRORS = error_responses(
+    {
+        400: "Bad request (or a Host not in GATE_TRUSTED_HOSTS)",
+        401: "No token, or an unknown, expired or revoked one",
+        403: "The token lacks the scope this route needs",
+        404: "Not found (or another project's)",
+        409: "Conflict",
+        413: "Bundle over the size limits",
+        415: "Not a .tar.gz or .zip",
+        422: "Unsafe archive or invalid request",
+        429: "Too many failed authentications, or over a project's cap",
+        503: "Over a service-wide cap (queue, uploads, long-polls); Retry-After",
+    }
+)
 
 
 def _etag(gate_id: uuid.UUID, revision: int) -> str:
@@ -46,17 +52,24 @@ def _etag(gate_id: uuid.UUID, revision: int) -> str:
 
 
 def _parse_labels(raw: str | None) -> dict[str, Any]:
-    if not raw:
-        return {}
-    try:
-        labels = json.loads(raw)
-    except ValueError as exc:
-        raise BadRequest(f"labels must be a JSON object: {exc}") from None
-    if not isinstance(labels, dict):
-        raise BadRequest(f"labels must be a JSON object, got {type(labels).__name__}")
-    if "\\u0000" in raw:  # Postgres JSONB cannot hold NUL
-        raise BadRequest("labels must not contain NUL characters (\\u0000)")
-    return labels
+    return parse_labels(raw)  # bounded depth and size, storable text (see labels.py)
+
+
+MAX_IDEMPOTENCY_KEY_CHARS = 200
+
+
+def _idempotency_key(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not value.strip() or len(value) > MAX_IDEMPOTENCY_KEY_CHARS:
+        raise BadRequest(
+            f"the Idempotency-Key header must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters, "
+            f"not blank; got {len(value)}"
+        )
+    why = unstorable(value)
+    if why:
+        raise BadRequest(f"the Idempotency-Key header holds {why}")
+    return value
 
 
 UPLOAD_SCHEMA: dict[str, Any] = {
@@ -95,7 +108,11 @@ UPLOAD_SCHEMA: dict[str, Any] = {
 
 
 def _store_upload(
-    factory: sessionmaker[Session], who: Principal, upload: Upload, idempotency_key: str | None
+    factory: sessionmaker[Session],
+    who: Principal,
+    upload: Upload,
+    idempotency_key: str | None,
+    settings: Settings | None = None,
 ) -> tuple[GateRead, bool]:
     labels = _parse_labels(upload.fields.get("labels"))
     model_mode = upload.fields.get("model_mode") or None
@@ -116,6 +133,8 @@ def _store_upload(
                 model_mode=model_mode,
                 labels=labels,
                 idempotency_key=idempotency_key,
+                caps=settings,
+                project_name=who.project_name,
             )
             if created:
                 record_by(session, who, "gate.submitted", gate=str(gate.id), sha256=upload.sha256)
@@ -134,7 +153,10 @@ def _store_upload(
     "/gates",
     status_code=202,
     response_model=GateRead,
-    responses=ERRORS,
+    responses={
+        200: {"model": GateRead, "description": "An Idempotency-Key seen before: its gate"},
+        **ERRORS,
+    },
     openapi_extra=UPLOAD_SCHEMA,
 )
 async def create_gate(
@@ -142,17 +164,24 @@ async def create_gate(
     factory: SessionFactoryDep,
     settings: SettingsDep,
     who: Submitter,
-    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(description="1 to 200 characters; a repeat answers the first gate (200)"),
+    ] = None,
 ) -> Response:
     """Queue a bundle for judging; poll the Location it answers with."""
-    upload = await receive_upload(request, limit_bytes=settings.upload_limit_bytes)
-    try:
-        # Archive scanning and the database are blocking work: keep them off the event loop.
-        view, created = await run_in_threadpool(
-            _store_upload, factory, who, upload, idempotency_key
-        )
-    finally:
-        upload.close()
+    idempotency_key = _idempotency_key(idempotency_key)
+    # A slot for the whole upload, taken before a byte of the body is read: when every slot
+    # is in use the answer is 503 at once, so waiting uploads never pile up in memory.
+    with upload_slots(request).hold():
+        upload = await receive_upload(request, limit_bytes=settings.upload_limit_bytes)
+        try:
+            # Archive scanning and the database are blocking work: keep them off the loop.
+            view, created = await run_in_threadpool(
+                _store_upload, factory, who, upload, idempotency_key, settings
+            )
+        finally:
+            upload.close()
     return JSONResponse(
         view.model_dump(mode="json"),
         status_code=202 if created else 200,
@@ -167,15 +196,10 @@ def list_gates(
     status: Annotated[GateStatus | None, Query()] = None,
     label: Annotated[list[str] | None, Query(description="key=value, repeatable")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
 ) -> GateList:
     """List gates, newest first."""
-    wanted: dict[str, str] = {}
-    for item in label or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise BadRequest(f"label filter {item!r} must look like key=value")
-        wanted[key] = value
+    wanted = parse_label_filter(label or [])
     return service.list_gates(
         session,
         project_id=who.project_id,
@@ -197,9 +221,14 @@ def _look(
         return etag, service.read_gate(session, gate_id, who.project_id)
 
 
-@router.get("/gates/{gate_id}", response_model=GateRead, responses=ERRORS)
+@router.get(
+    "/gates/{gate_id}",
+    response_model=GateRead,
+    responses={304: {"description": "Unchanged since If-None-Match (after ?wait)"}, **ERRORS},
+)
 async def get_gate(
     gate_id: uuid.UUID,
+    request: Request,
     factory: SessionFactoryDep,
     settings: SettingsDep,
     who: Reader,
@@ -207,7 +236,23 @@ async def get_gate(
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
     """Read a gate; with ?wait=N and If-None-Match, wait for it to change."""
-    deadline = time.monotonic() + min(wait, settings.long_poll_max_seconds)
+    if wait <= 0:
+        return await _get_gate(factory, who, gate_id, if_none_match, 0)
+    # Only a waiting request holds a slot; when all are taken the answer is 503 at once.
+    with long_poll_slots(request).hold():
+        return await _get_gate(
+            factory, who, gate_id, if_none_match, min(wait, settings.long_poll_max_seconds)
+        )
+
+
+async def _get_gate(
+    factory: sessionmaker[Session],
+    who: Principal,
+    gate_id: uuid.UUID,
+    if_none_match: str | None,
+    wait_seconds: int,
+) -> Response:
+    deadline = time.monotonic() + wait_seconds
     while True:
         # Waiting happens on the event loop, so a long-poll holds no thread, snapshot or lock.
         etag, view = await run_in_threadpool(_look, factory, who, gate_id, if_none_match)

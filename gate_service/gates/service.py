@@ -14,8 +14,10 @@ from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from ..admission import admit_submission, lock_project
 from ..bundles.archive import Manifest
 from ..bundles.suites import CaseRef
+from ..config import Settings
 from ..errors import Conflict, NotFound
 from ..models import Bundle, Case, CaseStatus, Gate, GateStatus, Phase, Run, utcnow
 from ..runner_contract import CaseResult, trusted_verdict, without_nul
@@ -34,8 +36,16 @@ def create_gate(
     model_mode: str | None = None,
     labels: dict[str, Any],
     idempotency_key: str | None,
+    caps: Settings | None = None,
+    project_name: str = "",
 ) -> tuple[Gate, bool]:
-    """Store the bundle (once per hash), the gate and its job; returns (gate, created)."""
+    """Store the bundle (once per hash), the gate and its job; returns (gate, created).
+
+    With ``caps``, a new gate over the admission caps is refused (429/503); a repeated
+    idempotency key still finds its gate, whatever the queue holds now.
+    """
+    if caps is not None:
+        lock_project(session, project_id)  # held to the commit: the project's caps are exact
     if idempotency_key:
         existing = session.scalar(
             select(Gate)
@@ -49,7 +59,16 @@ def create_gate(
                     f"(gate {existing.id})"
                 )
             return existing, False
-    session.execute(
+    if caps is not None:
+        admit_submission(
+            session,
+            caps,
+            project_id=project_id,
+            project_name=project_name,
+            sha256=sha256,
+            size_bytes=len(data),
+        )
+    store_bundle = (
         insert(Bundle)
         .values(
             sha256=sha256,
@@ -62,6 +81,19 @@ def create_gate(
         )
         .on_conflict_do_nothing(index_elements=["sha256"])
     )
+    session.execute(store_bundle)
+    # The retention pass deletes bundles no gate references, and skips locked ones: hold
+    # this one (FOR KEY SHARE) until the gate referencing it commits. A pass that deleted
+    # it in between leaves no row to lock: store it again.
+    keep = (
+        select(Bundle.sha256)
+        .where(Bundle.sha256 == sha256)
+        .with_for_update(read=True, key_share=True)
+    )
+    for _ in range(3):
+        if session.scalar(keep) is not None:
+            break
+        session.execute(store_bundle)
     gate = Gate(
         project_id=project_id,
         bundle_sha256=sha256,

@@ -16,12 +16,14 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from .. import incidents
 from ..bundles.archive import read_archive
 from ..bundles.requirements import FILE as REQUIREMENTS_FILE
 from ..bundles.requirements import read_requirements
@@ -30,7 +32,7 @@ from ..config import Settings
 from ..db import session_scope
 from ..errors import GateError, SandboxError
 from ..gates import service
-from ..models import Bundle, Case, CaseStatus, Gate, Phase
+from ..models import Bundle, Case, CaseStatus, Gate, Phase, utcnow
 from ..runner_contract import (
     NONCE_ENV,
     RunnerOutputError,
@@ -47,6 +49,9 @@ from ..sandbox import (
     TestImageSpec,
 )
 from ..sandbox.docker_engine import WheelDownloadError
+from ..secrets.crypto import SecretBox
+from ..secrets.redact import Redactor, redact_result
+from ..secrets.service import project_secrets
 from . import queue
 from .queue import ClaimedJob
 
@@ -70,12 +75,61 @@ class Stopping(Exception):
     """The worker is shutting down; hand the job back to the queue."""
 
 
+class DeadlinePassed(BundleRejected):
+    """The gate used up GATE_GATE_DEADLINE_SECONDS (from its start, retries included)."""
+
+    def __init__(self, seconds: int) -> None:
+        super().__init__(
+            f"the gate ran past its deadline of {seconds} s (GATE_GATE_DEADLINE_SECONDS)"
+        )
+
+
+def time_left(settings: Settings, started_at: datetime | None) -> float:
+    """Seconds until the gate's deadline; DeadlinePassed when less than one is left."""
+    if started_at is None:  # not started: the whole budget
+        return float(settings.gate_deadline_seconds)
+    end = started_at + timedelta(seconds=settings.gate_deadline_seconds)
+    left = (end - utcnow()).total_seconds()
+    if left < 1:
+        raise DeadlinePassed(settings.gate_deadline_seconds)
+    return left
+
+
+def _gate_time_left(ctx: WorkerContext, job: ClaimedJob) -> float:
+    with session_scope(ctx.sessions) as session:
+        started_at = session.scalar(select(Gate.started_at).where(Gate.id == job.gate_id))
+    return time_left(ctx.settings, started_at)
+
+
+def _close_unjudged(session: Session, gate: Gate, reason: str) -> None:
+    """Cases that never ran (the gate ended first) say so instead of staying queued."""
+    for case in session.scalars(
+        select(Case)
+        .where(Case.gate_id == gate.id)
+        .where(Case.status.in_([CaseStatus.queued, CaseStatus.running]))
+    ):
+        case.status = CaseStatus.cancelled
+        case.failure_reason = reason
+    gate.revision += 1
+
+
 @dataclass
 class WorkerContext:
     settings: Settings
     sessions: sessionmaker[Session]
     sandbox: Sandbox
     stop: threading.Event
+    # Decrypts the project secrets cases receive; None builds it from the settings when the
+    # worker starts (GATE_SECRETS_KEY, else GATE_DATA_DIR/secrets.key), never at import.
+    secret_box: SecretBox | None = None
+
+    def __post_init__(self) -> None:
+        if self.secret_box is None:
+            self.secret_box = SecretBox.from_settings(self.settings)
+
+    def box(self) -> SecretBox:
+        assert self.secret_box is not None  # set in __post_init__
+        return self.secret_box
 
 
 def _write(ctx: WorkerContext, job: ClaimedJob, fn: Callable[[Session, Gate], T]) -> T:
@@ -134,6 +188,8 @@ def judge_gate(ctx: WorkerContext, job: ClaimedJob) -> None:
         rejected = exc
 
         def reject(session: Session, gate: Gate) -> None:
+            if isinstance(rejected, DeadlinePassed):
+                _close_unjudged(session, gate, "not run: the gate ran past its deadline")
             service.fail_gate(gate, reason=rejected.reason, problems=rejected.problems)
             queue.finish(session, job, error=rejected.reason)
 
@@ -142,8 +198,10 @@ def judge_gate(ctx: WorkerContext, job: ClaimedJob) -> None:
         with session_scope(ctx.sessions) as session:
             queue.release(session, job, error="the worker shut down during the job", refund=True)
     except Exception as exc:
-        detail = exc.detail if isinstance(exc, GateError) else f"{type(exc).__name__}: {exc}"
-        log.exception("job %s attempt %s failed", job.id, job.attempts)
+        # Users read the summary; the host's paths, SQL and socket stay in this log line.
+        reference = incidents.new_reference()
+        detail = incidents.public(exc, reference)
+        log.exception("job %s attempt %s failed (reference %s)", job.id, job.attempts, reference)
         if job.attempts < ctx.settings.job_max_attempts:
             with session_scope(ctx.sessions) as session:
                 queue.release(session, job, error=detail)
@@ -166,6 +224,7 @@ def _judge(ctx: WorkerContext, job: ClaimedJob) -> None:
             queue.finish(session, job)
             return False, "", None, b""
         service.start_gate(gate)
+        time_left(ctx.settings, gate.started_at)  # a retry may start past the deadline
         data = session.scalar(select(Bundle.data).where(Bundle.sha256 == gate.bundle_sha256))
         return True, gate.bundle_sha256, gate.filter, data or b""
 
@@ -200,6 +259,14 @@ def _judge(ctx: WorkerContext, job: ClaimedJob) -> None:
                 f"{where}: {first['message']}",
                 report.problems,
             )
+        cap = ctx.settings.max_cases_per_gate
+        if len(report.cases) > cap:
+            message = (
+                f"the bundle selects {len(report.cases)} cases; the limit is {cap} per gate "
+                "(GATE_MAX_CASES_PER_GATE): split it, or submit with a filter"
+            )
+            count = {"message": message, "cases": len(report.cases), "limit": cap}
+            raise BundleRejected(message, [count])
 
         def enter_building(session: Session, gate: Gate) -> None:
             service.save_cases(session, gate, report.cases)
@@ -282,22 +349,40 @@ def _run_case(
     if ctx.stop.is_set() or job.halt.is_set():
         return False
 
-    def mark_running(session: Session, gate: Gate) -> tuple[bool, str | None]:
+    def mark_running(session: Session, gate: Gate) -> tuple[bool, str | None, dict[str, str]]:
         if gate.cancel_requested:
-            return False, None
+            return False, None, {}
+        # Decrypted before the case is marked: a key that does not fit fails the attempt
+        # (an infrastructure error of the gate) with the case still queued.
+        project_env = project_secrets(session, ctx.box(), gate.project_id)
         case = session.get_one(Case, case_id)
         case.status = CaseStatus.running
         gate.revision += 1
-        return True, gate.model_mode
+        return True, gate.model_mode, project_env
 
-    go_on, model_mode = _write(ctx, job, mark_running)
+    # Read before the case is marked: none starts once the gate's deadline has passed.
+    try:
+        left = _gate_time_left(ctx, job)
+    except DeadlinePassed:
+        job.halt.set()  # the gate's other cases do not start either
+        raise
+    go_on, model_mode, project_env = _write(ctx, job, mark_running)
     if not go_on:
         return False
     s = ctx.settings
+    passed_env = case_environment(s, model_mode)
+    # Every value that reaches the case as a secret (the project's, and GATE_CASE_ENV's) is
+    # redacted from all that is stored for it; GATE_MODEL_MODE is the gate's own, not secret.
+    redactor = Redactor(
+        {**{k: v for k, v in passed_env.items() if not k.startswith("GATE_")}, **project_env}
+    )
     # Each invocation: the agent's timeout_s, then a builder cleanup's own budget (the runner
     # gives it timeout_s, at most 120 s), then forking and judging.
     per_invocation = timeout_s + min(timeout_s, 120) + PER_INVOCATION_SLACK_SECONDS
     wall = runs * per_invocation + s.case_deadline_slack_seconds
+    # No case container outlives the gate's deadline: its wall limit is at most the time left.
+    cut_by_deadline = wall > int(left)
+    wall = min(wall, int(left))
     limits = RunLimits(
         memory_mb=s.case_memory_mb,
         cpus=s.case_cpus,
@@ -313,7 +398,7 @@ def _run_case(
         result = ctx.sandbox.run(
             image,
             runner_argv(s, suite, test_name),
-            env={**case_environment(s, model_mode), NONCE_ENV: nonce},
+            env={**passed_env, **project_env, NONCE_ENV: nonce},
             limits=limits,
             labels={
                 "gate.gate_id": str(job.gate_id),
@@ -328,7 +413,16 @@ def _run_case(
 
     def store(session: Session, gate: Gate) -> None:
         case = session.get_one(Case, case_id)
-        if result.timed_out:
+        if result.timed_out and cut_by_deadline:
+            service.save_case_outcome(
+                gate,
+                case,
+                status=CaseStatus.error,
+                duration_ms=result.duration_ms,
+                reason="the gate reached its deadline of "
+                f"{s.gate_deadline_seconds} s while this case ran; its container was stopped",
+            )
+        elif result.timed_out:
             service.save_case_outcome(
                 gate,
                 case,
@@ -359,25 +453,40 @@ def _run_case(
                 parsed = parse_runner_output(
                     result.stdout, nonce=nonce, suite=suite, test_name=test_name
                 )
-                service.save_case_result(session, gate, case, parsed)
+                service.save_case_result(session, gate, case, redact_result(parsed, redactor))
             except UntrustedResult as exc:
                 service.save_case_outcome(
                     gate,
                     case,
                     status=CaseStatus.failed,
                     duration_ms=result.duration_ms,
-                    reason=f"the case's result was not trusted: {exc}",
+                    reason=redactor.text(f"the case's result was not trusted: {exc}"),
                 )
             except RunnerOutputError as exc:
-                tail = result.stderr.decode("utf-8", "replace").replace("\x00", "")[-1500:].strip()
+                # Redacted whole, then cut: a cut first could leave part of a secret behind.
+                stderr = redactor.text(result.stderr.decode("utf-8", "replace").replace("\x00", ""))
+                tail = stderr[-1500:].strip()
+                # The stderr tail goes to the log under a reference, not into the reason.
+                reference = incidents.new_reference()
+                log.error(
+                    "case %s: the runner failed (exit code %s, reference %s): %s; stderr: %s",
+                    case_id,
+                    result.exit_code,
+                    reference,
+                    redactor.text(str(exc)),
+                    tail or "(empty)",
+                )
                 service.save_case_outcome(
                     gate,
                     case,
                     status=CaseStatus.error,
                     duration_ms=result.duration_ms,
-                    reason=f"the runner failed (exit code {result.exit_code}): {exc}"
-                    + (f"; stderr: {tail}" if tail else ""),
+                    reason=f"the runner failed (exit code {result.exit_code}): "
+                    + incidents.public(redactor.text(str(exc)), reference),
                 )
 
     _write(ctx, job, store)
+    if result.timed_out and cut_by_deadline:
+        job.halt.set()
+        raise DeadlinePassed(s.gate_deadline_seconds)
     return True

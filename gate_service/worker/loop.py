@@ -16,6 +16,7 @@ from ..models import GateStatus
 from . import queue
 from .handler import WorkerContext, judge_gate
 from .queue import ClaimedJob
+from .retention import PROCESS_CLOCK, RetentionClock, run_retention
 
 log = logging.getLogger(__name__)
 REAP_EVERY_SECONDS = 10.0
@@ -27,10 +28,17 @@ def worker_name() -> str:
 
 
 class Worker:
-    def __init__(self, ctx: WorkerContext, name: str | None = None) -> None:
+    def __init__(
+        self,
+        ctx: WorkerContext,
+        name: str | None = None,
+        retention_clock: RetentionClock = PROCESS_CLOCK,
+    ) -> None:
         self.ctx = ctx
         self.name = name or worker_name()
         self._last_reap = 0.0
+        # Shared by every worker of the process: one retention pass per interval per process.
+        self.retention_clock = retention_clock
 
     def run(self) -> None:
         """Work until ctx.stop is set; the job in hand is finished or handed back first."""
@@ -52,9 +60,14 @@ class Worker:
         if now - self._last_reap >= REAP_EVERY_SECONDS:
             self._last_reap = now
             self.reap_expired()
+        if self.retention_clock.due(self.ctx.settings.retention_interval_seconds):
+            self.retain()
         with session_scope(self.ctx.sessions) as session:
             job = queue.claim(
-                session, owner=self.name, lease_seconds=self.ctx.settings.job_lease_seconds
+                session,
+                owner=self.name,
+                lease_seconds=self.ctx.settings.job_lease_seconds,
+                max_running_per_project=self.ctx.settings.max_running_gates_per_project,
             )
         if job is None:
             return False
@@ -97,6 +110,13 @@ class Worker:
             return
         if removed:
             log.info("removed %s container(s) %s", removed, labels or "left by dead workers")
+
+    def retain(self) -> None:
+        """One retention pass (see retention.py); a failure is logged and tried next interval."""
+        try:
+            run_retention(self.ctx.sessions, self.ctx.settings, stop=self.ctx.stop)
+        except Exception:
+            log.exception("worker %s: the retention pass failed", self.name)
 
     def reap_orphans(self) -> None:
         """Remove case containers whose worker no longer holds a lease (it crashed)."""

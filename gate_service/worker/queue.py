@@ -45,7 +45,23 @@ def drop_queued(session: Session, gate_id: uuid.UUID) -> None:
     )
 
 
-def claim(session: Session, *, owner: str, lease_seconds: int) -> ClaimedJob | None:
+def claim(
+    session: Session,
+    *,
+    owner: str,
+    lease_seconds: int,
+    max_running_per_project: int | None = None,
+) -> ClaimedJob | None:
+    """The oldest queued job, leased to ``owner``; None when there is none to take.
+
+    With ``max_running_per_project``, a job whose project already has that many running jobs
+    is left queued (another project's is taken instead), so one project cannot hold every
+    worker.
+    """
+    if max_running_per_project is not None:
+        return _claim_capped(
+            session, owner=owner, lease_seconds=lease_seconds, cap=max_running_per_project
+        )
     row = session.execute(
         text(
             """
@@ -61,6 +77,79 @@ def claim(session: Session, *, owner: str, lease_seconds: int) -> ClaimedJob | N
     if row is None:
         return None
     return ClaimedJob(id=row.id, gate_id=row.gate_id, attempts=row.attempts, owner=owner)
+
+
+_RUNNING_OF_PROJECT = """
+    SELECT count(*) FROM jobs r JOIN gates rg ON rg.id = r.gate_id
+     WHERE r.state = 'running' AND rg.project_id = {project}
+"""
+
+
+def _claim_capped(
+    session: Session, *, owner: str, lease_seconds: int, cap: int
+) -> ClaimedJob | None:
+    """Claim under a per-project cap on running jobs, exactly.
+
+    The candidate query skips projects at their cap, but two workers can see the same last
+    free place at once; so the claimer then locks the project row (``FOR NO KEY UPDATE``,
+    the lock submissions take too) and counts again. Claims of one project are thereby
+    serialised and the count is exact: only a claim makes a job running, and the previous
+    claimer committed before it let go of the lock. Each try runs in a savepoint; a lost
+    race rolls it back, which releases the job and project locks before the next try, so a
+    claimer never waits for a project while holding another project's lock (no deadlock).
+    """
+    full: list[str] = []  # projects found at their cap during this claim
+    while True:
+        attempt = session.begin_nested()
+        try:
+            row = session.execute(
+                text(
+                    """
+                    SELECT j.id, g.project_id FROM jobs j JOIN gates g ON g.id = j.gate_id
+                     WHERE j.state = 'queued'
+                       AND NOT (g.project_id = ANY(CAST(:full AS uuid[])))
+                       AND ("""
+                    + _RUNNING_OF_PROJECT.format(project="g.project_id")
+                    + """) < :cap
+                     ORDER BY j.id FOR UPDATE OF j SKIP LOCKED LIMIT 1
+                    """
+                ),
+                {"full": full, "cap": cap},
+            ).one_or_none()
+            if row is None:
+                attempt.rollback()
+                return None
+            session.execute(
+                text("SELECT id FROM projects WHERE id = :p FOR NO KEY UPDATE"),
+                {"p": row.project_id},
+            )
+            running = session.execute(
+                text(_RUNNING_OF_PROJECT.format(project=":p")), {"p": row.project_id}
+            ).scalar_one()
+            if running >= cap:  # another worker took the last place first
+                attempt.rollback()
+                full.append(str(row.project_id))
+                continue
+            claimed = session.execute(
+                text(
+                    """
+                    UPDATE jobs SET state = 'running', lease_owner = :owner,
+                           attempts = attempts + 1,
+                           lease_expires_at = now() + make_interval(secs => :lease)
+                     WHERE id = :id
+                    RETURNING id, gate_id, attempts
+                    """
+                ),
+                {"id": row.id, "owner": owner, "lease": lease_seconds},
+            ).one()
+            attempt.commit()
+        except BaseException:
+            if attempt.is_active:
+                attempt.rollback()
+            raise
+        return ClaimedJob(
+            id=claimed.id, gate_id=claimed.gate_id, attempts=claimed.attempts, owner=owner
+        )
 
 
 def heartbeat(session: Session, job: ClaimedJob, *, lease_seconds: int) -> bool:

@@ -19,6 +19,8 @@ def settings(database_url: str, tmp_path: Path) -> Settings:
         job_max_attempts=2,
         case_concurrency=2,
         bootstrap_token=ADMIN_TOKEN,
+        # TestClient sends `Host: testserver`; the embedded default lists only loopback names.
+        trusted_hosts="testserver",
     )
 
 

@@ -181,11 +181,14 @@ def test_infrastructure_errors_are_retried_then_reported(
     assert gate["status"] == "running"  # handed back for another attempt
     with sessions() as s:
         job = s.scalars(select(Job)).one()
-        assert (job.state, job.attempts, job.last_error) == ("queued", 1, "engine went away")
+        assert (job.state, job.attempts) == ("queued", 1)
+        assert (job.last_error or "").startswith("engine went away (reference ")
     worker.run_once()
     gate = client.get(f"/v1/gates/{gate_id}").json()
     assert gate["status"] == "error"
-    assert gate["failure_reason"] == "infrastructure error after 2 attempt(s): engine went away"
+    assert gate["failure_reason"].startswith(
+        "infrastructure error after 2 attempt(s): engine went away (reference "
+    )
 
 
 def test_a_retry_keeps_cases_already_judged(

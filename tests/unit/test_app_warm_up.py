@@ -17,7 +17,9 @@ from gate_service.main import create_app
 
 
 def test_no_route_is_built_on_a_request(monkeypatch: pytest.MonkeyPatch) -> None:
-    app = create_app(Settings(database_url="postgresql://nobody@127.0.0.1:9/none"))
+    app = create_app(
+        Settings(database_url="postgresql://nobody@127.0.0.1:9/none", trusted_hosts="testserver")
+    )
     built_late: list[str] = []
 
     @contextmanager

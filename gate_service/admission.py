@@ -1,0 +1,180 @@
+"""Admission control: caps that answer at once instead of letting one client exhaust the service.
+
+- per API process: concurrent uploads and long-polls (``Slots``, built in ``create_app``);
+- per project at submission: queued gates and stored bundle bytes (``admit_submission``);
+- for the whole service: queued gates (``admit_submission``);
+- per project in the worker: running gates (``worker.queue.claim``);
+- per gate in the worker: cases and a deadline (``worker.handler``).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from fastapi import FastAPI, Request
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from .config import Settings
+from .errors import ServiceUnavailable, TooManyRequests
+
+# What a refused client is told to wait before trying again.
+QUEUE_RETRY_AFTER_SECONDS = 30
+BUSY_RETRY_AFTER_SECONDS = 2
+
+
+class Slots:
+    """A counter of requests in progress in this process; full means 503 now, never a wait.
+
+    Nothing is queued in memory: a request either takes a slot at once or is refused.
+    """
+
+    def __init__(self, capacity: int, what: str, setting: str) -> None:
+        self.capacity, self.what, self.setting = capacity, what, setting
+        self._in_use = 0
+        self._lock = threading.Lock()
+
+    @property
+    def in_use(self) -> int:
+        return self._in_use
+
+    def try_acquire(self) -> bool:
+        with self._lock:
+            if self._in_use >= self.capacity:
+                return False
+            self._in_use += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self._in_use = max(0, self._in_use - 1)
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        """One slot for the block; ServiceUnavailable (503, Retry-After) when none is free."""
+        if not self.try_acquire():
+            raise ServiceUnavailable(
+                f"this server is already handling {self.capacity} {self.what} (the limit, "
+                f"{self.setting}); try again shortly",
+                retry_after_s=BUSY_RETRY_AFTER_SECONDS,
+            )
+        try:
+            yield
+        finally:
+            self.release()
+
+
+def queued_gates(session: Session, project_id: uuid.UUID | None = None) -> int:
+    """Gates waiting for a worker (their job is queued), of one project or of all."""
+    if project_id is None:
+        return int(
+            session.execute(text("SELECT count(*) FROM jobs WHERE state = 'queued'")).scalar_one()
+        )
+    return int(
+        session.execute(
+            text(
+                "SELECT count(*) FROM jobs JOIN gates ON gates.id = jobs.gate_id "
+                "WHERE jobs.state = 'queued' AND gates.project_id = :p"
+            ),
+            {"p": project_id},
+        ).scalar_one()
+    )
+
+
+def stored_bundle_bytes(session: Session, project_id: uuid.UUID) -> tuple[int, set[str]]:
+    """Bytes of the distinct bundles the project's gates reference, and their hashes.
+
+    Bundles are stored once per sha256 and may be shared by projects; each project is
+    charged for every bundle its gates reference, so sharing gains nobody extra room.
+    """
+    rows = session.execute(
+        text(
+            "SELECT sha256, size_bytes FROM bundles WHERE sha256 IN "
+            "(SELECT DISTINCT bundle_sha256 FROM gates WHERE project_id = :p)"
+        ),
+        {"p": project_id},
+    ).all()
+    return sum(int(r.size_bytes) for r in rows), {str(r.sha256) for r in rows}
+
+
+def lock_project(session: Session, project_id: uuid.UUID) -> None:
+    """Serialise admission decisions for one project until the transaction ends.
+
+    ``FOR NO KEY UPDATE`` conflicts with itself, not with the ``FOR KEY SHARE`` that inserting
+    a gate (its foreign key) takes, so it orders submissions and worker claims of the same
+    project without blocking anything else.
+    """
+    session.execute(
+        text("SELECT id FROM projects WHERE id = :p FOR NO KEY UPDATE"), {"p": project_id}
+    )
+
+
+def admit_submission(
+    session: Session,
+    settings: Settings,
+    *,
+    project_id: uuid.UUID,
+    project_name: str,
+    sha256: str,
+    size_bytes: int,
+) -> None:
+    """Refuse a new gate over the project's or the service's caps; call after lock_project.
+
+    Counted in the transaction that inserts the gate. The per-project caps are exact: every
+    submission of the project holds its row lock (``lock_project``) from the count to the
+    commit, so the next one counts after this one's insert is visible. The global queue cap
+    takes no global lock (that would serialise every project's submissions): submissions of
+    different projects that count at the same moment can each see room, so the queue can
+    overshoot ``max_queued_gates`` by at most the number of submissions in flight at once
+    (itself bounded by GATE_MAX_CONCURRENT_UPLOADS per API process).
+    """
+    queued = queued_gates(session, project_id)
+    cap = settings.max_queued_gates_per_project
+    if queued >= cap:
+        raise TooManyRequests(
+            f"project {project_name!r} already has {queued} gates waiting for a worker; the "
+            f"limit is {cap} (GATE_MAX_QUEUED_GATES_PER_PROJECT). Wait for some to finish",
+            retry_after_s=QUEUE_RETRY_AFTER_SECONDS,
+        )
+    stored, hashes = stored_bundle_bytes(session, project_id)
+    if sha256 not in hashes:
+        limit = settings.max_bundle_bytes_per_project
+        if stored + size_bytes > limit:
+            raise TooManyRequests(
+                f"project {project_name!r} stores {stored} bytes of bundles; this one's "
+                f"{size_bytes} bytes would pass the limit of {limit} bytes "
+                "(GATE_MAX_BUNDLE_BYTES_PER_PROJECT). Retention frees space as old gates are "
+                "deleted; resubmitting a bundle already stored costs nothing"
+            )
+    total = queued_gates(session)
+    if total >= settings.max_queued_gates:
+        raise ServiceUnavailable(
+            f"the service already has {total} gates waiting for a worker; the limit is "
+            f"{settings.max_queued_gates} (GATE_MAX_QUEUED_GATES). Try again later",
+            retry_after_s=QUEUE_RETRY_AFTER_SECONDS,
+        )
+
+
+def upload_slots(request: Request) -> Slots:
+    """This API process's upload slots (built by ``create_app``)."""
+    slots: Slots = request.app.state.upload_slots
+    return slots
+
+
+def long_poll_slots(request: Request) -> Slots:
+    """This API process's long-poll slots (built by ``create_app``)."""
+    slots: Slots = request.app.state.long_poll_slots
+    return slots
+
+
+def install_slots(app: FastAPI, settings: Settings) -> None:
+    """Per-process counters, made with the app (never at import, so each app has its own)."""
+    app.state.upload_slots = Slots(
+        settings.max_concurrent_uploads, "uploads", "GATE_MAX_CONCURRENT_UPLOADS"
+    )
+    app.state.long_poll_slots = Slots(
+        settings.max_concurrent_long_polls, "long-polls", "GATE_MAX_CONCURRENT_LONG_POLLS"
+    )

@@ -1,0 +1,1 @@
+"""Project secrets: stored encrypted, passed to case containers by name, redacted from results."""

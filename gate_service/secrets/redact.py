@@ -1,0 +1,94 @@
+"""Redaction: every secret value that reached a case becomes `[REDACTED:NAME]` before storage.
+
+One function does it for everything stored or returned for a case (the runner's result,
+stored failure reasons). It matches values exactly; a bundle that encodes or splits a value
+gets it past this, which the README says plainly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from ..runner_contract import CaseResult, InvocationResult, SpanResult, UntrustedResult
+
+# Values shorter than this are passed to the case but not redacted: replacing "1", "on" or
+# "eu" everywhere would garble every output and trace while hiding nothing worth hiding (a
+# value that short is guessed in a few thousand tries anyway).
+MIN_REDACTED_LENGTH = 4
+
+
+def marker(name: str) -> str:
+    return f"[REDACTED:{name}]"
+
+
+class Redactor:
+    """Replaces the values of ``secrets`` (name -> value) in strings, lists and dicts.
+
+    One pass of one regular expression, longest value first, so a value that contains another
+    is replaced whole, and a marker just written is never searched again.
+    """
+
+    def __init__(self, secrets: Mapping[str, str]) -> None:
+        by_value: dict[str, str] = {}
+        for name in sorted(secrets):  # a value held by two names gets the first name
+            value = secrets[name]
+            if len(value) >= MIN_REDACTED_LENGTH:
+                by_value.setdefault(value, name)
+        self._names = by_value
+        values = sorted(by_value, key=lambda v: (-len(v), v))
+        self._pattern = re.compile("|".join(re.escape(v) for v in values)) if values else None
+
+    def __bool__(self) -> bool:
+        return self._pattern is not None
+
+    def text(self, value: str) -> str:
+        if self._pattern is None:
+            return value
+        return self._pattern.sub(lambda m: marker(self._names[m.group(0)]), value)
+
+    def __call__(self, value: Any) -> Any:
+        """``value`` with every secret replaced, in dict keys and values, lists and strings."""
+        if self._pattern is None:
+            return value
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, list | tuple):
+            return [self(v) for v in value]
+        if isinstance(value, dict):
+            return {self(k): self(v) for k, v in value.items()}
+        return value
+
+
+def redact(value: Any, secrets: Mapping[str, str]) -> Any:
+    """``value`` with each secret's value replaced by `[REDACTED:NAME]` (see Redactor)."""
+    return Redactor(secrets)(value)
+
+
+def _fields(redactor: Redactor, data: dict[str, Any]) -> dict[str, Any]:
+    """A model's fields redacted, its field names kept (a secret must not rename `status`)."""
+    return {field: redactor(value) for field, value in data.items()}
+
+
+def redact_result(result: CaseResult, redactor: Redactor) -> CaseResult:
+    """The runner's result with every secret redacted: outputs, inputs, errors, reasons,
+    failed assertions, run context and every span (metadata and log spans included).
+
+    UntrustedResult when it nests too deeply to walk: then nothing of it is stored.
+    """
+    if not redactor:
+        return result
+    try:
+        invocations = []
+        for inv in result.invocations:
+            data = _fields(redactor, inv.model_dump(exclude={"traces"}))
+            data["traces"] = [
+                SpanResult.model_validate(_fields(redactor, span.model_dump()))
+                for span in inv.traces
+            ]
+            invocations.append(InvocationResult.model_validate(data))
+        data = _fields(redactor, result.model_dump(exclude={"invocations", "nonce"}))
+    except RecursionError:
+        raise UntrustedResult("the result nests too deeply to redact its secrets") from None
+    return CaseResult.model_validate({**data, "invocations": invocations, "nonce": result.nonce})
