@@ -476,6 +476,11 @@ def judge_invocation(prepared: PreparedCase, data: Mapping[str, Any]) -> list[st
         error=data.get("error"),
         context=builder_context,
     )
+    violations = [str(v) for v in data.get("violations") or []]
+    if result_failure == f"agent error: {data.get('error')}" and data.get("error") in violations:
+        # The run failed because of a strict-flag or signature violation, which is reported
+        # below on its own: say it once (issue 10, rule 8).
+        result_failure = None
     spans = list(data.get("traces") or [])
     if result_failure and data["status"] == "awaiting_approval":
         pending = [
@@ -490,6 +495,18 @@ def judge_invocation(prepared: PreparedCase, data: Mapping[str, Any]) -> list[st
                 f"; the approval of {meta.get('tool_ref')} with params "
                 f"{json.dumps(meta.get('params'), default=repr)} was never answered"
             )
+    skipped = [
+        f"{s.get('name')} ({s.get('metadata', {}).get('direction')})"
+        for s in spans
+        if s.get("type") == "guardrail" and s.get("status") == "skipped"
+    ]
+    if result_failure and skipped:
+        # The outcome may be what a provider-backed rule would have changed: say it was not
+        # judged here, rather than leave "status = completed" unexplained (issue 10, rule 8).
+        result_failure += (
+            f"; guardrail(s) {', '.join(sorted(set(skipped)))} need a provider the gate does "
+            "not call and were skipped"
+        )
     if result_failure:
         failures.append(result_failure)
     calls = calls_in_scope(spans, None)  # the agent under test's own calls, not its children's
@@ -500,7 +517,7 @@ def judge_invocation(prepared: PreparedCase, data: Mapping[str, Any]) -> list[st
     if data.get("setup_error"):
         # Whatever expected_result says (even `status == "failed"`), a broken setup fails.
         failures.insert(0, str(data["setup_error"]))
-    failures.extend(str(v) for v in data.get("violations") or [])
+    failures.extend(violations)
     failures.extend(str(v) for v in data.get("limit_failures") or [])
     if data.get("cleanup_failure"):
         failures.append(str(data["cleanup_failure"]))

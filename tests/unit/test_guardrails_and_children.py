@@ -146,3 +146,40 @@ def test_trigger_agent_hands_parent_code_the_platforms_statuses(tmp_path: Path) 
     )
     result = judged(project, "tests/asker.yaml", "statuses")
     assert result.passed, result.failure_reason
+
+
+def test_a_skipped_provider_guardrail_is_named_when_the_outcome_fails(tmp_path: Path) -> None:
+    # Issue 10, rule 8: `status == "blocked"` against a moderation rule the gate cannot run.
+    from tests.fixtures.projects import write
+
+    project = write(
+        tmp_path / "p",
+        {
+            "agents/moderated.yaml": """
+                version: "1.0"
+                name: moderated
+                description: Behind a provider-backed guardrail.
+                model: openai/gpt-4o
+                system_prompt: Echo.
+                guardrails:
+                  input:
+                    - type: moderation
+            """,
+            "tests/models/moderated.py": """
+                def respond(messages, tools, context):
+                    return {"content": "fine"}
+            """,
+            "tests/moderated.yaml": """
+                tests:
+                  - name: expects_a_block
+                    payload: something hateful
+                    expected_result: status == "blocked"
+            """,
+        },
+    )
+    result = judged(project, "tests/moderated.yaml", "expects_a_block")
+    (reason,) = result.invocations[0].failed_assertions
+    assert reason == (
+        'expected_result `status == "blocked"` was false (seen: status = "completed"); '
+        "guardrail(s) moderation (input) need a provider the gate does not call and were skipped"
+    ), reason

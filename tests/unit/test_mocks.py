@@ -68,4 +68,5 @@ def test_violations_fail_the_invocation(project: Path, case: str, reason: str) -
     result = judged(project, case)
     assert not result.passed
     failures = result.invocations[0].failed_assertions
-    assert any(reason in f for f in failures), failures
+    # Said once (issue 10, rule 8): not again as "agent error: ..." of the failed run.
+    assert [f for f in failures if reason in f] == [failures[0]] and len(failures) == 1, failures

@@ -26,8 +26,10 @@ def run_guardrails(
     parent: Span,
 ) -> str:
     def record(name: str, where: str, status: str, message: str | None, ms: int) -> None:
-        trace.open("guardrail", name, parent, direction=where, message=message).status = status
-        trace.spans[-1].duration_ms = ms
+        # The span open() returns: with parallel children, spans[-1] may be another thread's.
+        span = trace.open("guardrail", name, parent, direction=where, message=message)
+        span.status = status
+        span.duration_ms = ms
 
     def custom(name: str) -> Callable[..., Any] | None:
         # The real file must still import cleanly, mocked or not (spec 8.2).
