@@ -8,6 +8,7 @@ at `timeout_s` and forms every assertion itself.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -354,104 +355,106 @@ def _run_invocations(
     One loop reads every pipe and enforces every deadline; nothing in it blocks on one
     invocation, so a slow cleanup never delays another invocation's timeout.
     """
-    supervisor = Supervisor(isolation)
-    results: dict[int, dict[str, Any]] = {}
-    pending = list(range(runs))
-    in_flight: dict[Proc, _Invocation] = {}
-    builder = bool(prepared.resolved.get("builder"))
-    timeout_s = effective_timeout(prepared)[0]
-    unswept: list[int] = []  # invocations that ended since the last sweep
+    with contextlib.closing(Supervisor(isolation)) as supervisor:
+        results: dict[int, dict[str, Any]] = {}
+        pending = list(range(runs))
+        in_flight: dict[Proc, _Invocation] = {}
+        builder = bool(prepared.resolved.get("builder"))
+        timeout_s = effective_timeout(prepared)[0]
+        unswept: list[int] = []  # invocations that ended since the last sweep
 
-    def sweep() -> None:
-        # Nothing of the last invocation(s) survives into the next; if something did, the
-        # invocations that may have left it fail.
-        if not supervisor.sweep():
-            for index in unswept:
-                results[index].setdefault("limit_failures", []).append(
-                    "the invocation left processes behind that could not be killed"
-                )
-        unswept.clear()
-
-    while pending or in_flight:
-        if not supervisor.active:
-            sweep()
-        while pending and len({inv.index for inv in in_flight.values()}) < parallel:
-            index = pending.pop(0)
-            try:
-                proc = supervisor.spawn(
-                    functools.partial(_invocation_body, project, prepared),
-                    timeout_s=timeout_s,
-                    after_agent_seconds=cleanup_budget(prepared) if builder else None,
-                )
-            except OSError as exc:  # the pids limit, say: this invocation cannot start
-                results[index] = _not_started(exc)
-                continue
-            in_flight[proc] = _Invocation(index, proc)
-        for proc in supervisor.wait():
-            inv = in_flight.pop(proc)
-            if inv.cleanup is proc:
-                assert inv.data is not None
-                late, late_problem = checked(CleanupReport, proc.messages().get("cleanup"))
-                failure: str | None
-                if proc.timed_out:
-                    failure = f"builder cleanup timed out after {cleanup_budget(prepared)} s"
-                elif late is not None:
-                    failure = late.get("failure")
-                elif "cleanup" in proc.messages():
-                    failure = f"builder cleanup's report is malformed: {late_problem}"
-                else:
-                    failure = "builder cleanup could not run after the invocation ended"
-                inv.data["cleanup_failure"] = failure
-                results[inv.index] = inv.data
-                unswept.append(inv.index)
-                continue
-            reports = proc.messages()
-            data = _agent_data(prepared, proc, reports)
-            data["duration_ms"] = int((proc.ended_at - proc.started) * 1000)
-            data["limit_failures"] = supervisor.limit_failures(proc)
-            built, built_problem = (
-                checked(BuilderReport, reports["builder"]) if "builder" in reports else (None, None)
-            )
-            if built_problem:
-                data["limit_failures"].append(f"the builder's report is malformed: {built_problem}")
-            if built is not None:
-                # As build() left it: Decimals, tuples and int keys survive the crossing.
-                built["context"] = typed_json.decode(built.get("context"))
-                data["builder_context"] = built["context"]
-                data.setdefault("input", built.get("input"))
-            traces = list(data.get("traces") or [])
-            parent = traces[0]["span_id"] if traces else None
-            for line in _log_spans(proc):
-                traces.append(
-                    {
-                        "span_id": f"s{len(traces) + 1}",
-                        "parent_span_id": parent,
-                        "span_order": len(traces) + 1,
-                        "type": "log",
-                        "name": line["stream"],
-                        "status": "ok",
-                        "duration_ms": 0,
-                        "metadata": {"level": line["level"], "message": line["message"]},
-                    }
-                )
-            data["traces"] = traces
-            inv.data = data
-            if built is not None and "cleanup_failure" not in data and "agent" not in reports:
-                # The invocation died before its own cleanup began: run it in a fresh process.
-                try:
-                    inv.cleanup = supervisor.spawn(
-                        functools.partial(_late_cleanup_body, project, prepared, built),
-                        timeout_s=cleanup_budget(prepared),
+        def sweep() -> None:
+            # Nothing of the last invocation(s) survives into the next; if something did, the
+            # invocations that may have left it fail.
+            if not supervisor.sweep():
+                for index in unswept:
+                    results[index].setdefault("limit_failures", []).append(
+                        "the invocation left processes behind that could not be killed"
                     )
-                except OSError as exc:
-                    data["cleanup_failure"] = f"builder cleanup could not start: {exc}"
-                else:
-                    in_flight[inv.cleanup] = inv
+            unswept.clear()
+
+        while pending or in_flight:
+            if not supervisor.active:
+                sweep()
+            while pending and len({inv.index for inv in in_flight.values()}) < parallel:
+                index = pending.pop(0)
+                try:
+                    proc = supervisor.spawn(
+                        functools.partial(_invocation_body, project, prepared),
+                        timeout_s=timeout_s,
+                        after_agent_seconds=cleanup_budget(prepared) if builder else None,
+                    )
+                except OSError as exc:  # the pids limit, say: this invocation cannot start
+                    results[index] = _not_started(exc)
                     continue
-            results[inv.index] = data
-            unswept.append(inv.index)
-    sweep()
-    return [results[i] for i in range(runs)]
+                in_flight[proc] = _Invocation(index, proc)
+            for proc in supervisor.wait():
+                inv = in_flight.pop(proc)
+                if inv.cleanup is proc:
+                    assert inv.data is not None
+                    late, late_problem = checked(CleanupReport, proc.messages().get("cleanup"))
+                    failure: str | None
+                    if proc.timed_out:
+                        failure = f"builder cleanup timed out after {cleanup_budget(prepared)} s"
+                    elif late is not None:
+                        failure = late.get("failure")
+                    elif "cleanup" in proc.messages():
+                        failure = f"builder cleanup's report is malformed: {late_problem}"
+                    else:
+                        failure = "builder cleanup could not run after the invocation ended"
+                    inv.data["cleanup_failure"] = failure
+                    results[inv.index] = inv.data
+                    unswept.append(inv.index)
+                    continue
+                reports = proc.messages()
+                data = _agent_data(prepared, proc, reports)
+                data["duration_ms"] = int((proc.ended_at - proc.started) * 1000)
+                data["limit_failures"] = supervisor.limit_failures(proc)
+                built, built_problem = checked(BuilderReport, reports.get("builder", {}))
+                if "builder" not in reports:
+                    built = None
+                elif built_problem:
+                    data["limit_failures"].append(
+                        f"the builder's report is malformed: {built_problem}"
+                    )
+                if built is not None:
+                    # As build() left it: Decimals, tuples and int keys survive the crossing.
+                    built["context"] = typed_json.decode(built.get("context"))
+                    data["builder_context"] = built["context"]
+                    data.setdefault("input", built.get("input"))
+                traces = list(data.get("traces") or [])
+                parent = traces[0]["span_id"] if traces else None
+                for line in _log_spans(proc):
+                    traces.append(
+                        {
+                            "span_id": f"s{len(traces) + 1}",
+                            "parent_span_id": parent,
+                            "span_order": len(traces) + 1,
+                            "type": "log",
+                            "name": line["stream"],
+                            "status": "ok",
+                            "duration_ms": 0,
+                            "metadata": {"level": line["level"], "message": line["message"]},
+                        }
+                    )
+                data["traces"] = traces
+                inv.data = data
+                if built is not None and "cleanup_failure" not in data and "agent" not in reports:
+                    # The invocation died before its own cleanup began: run it in a fresh process.
+                    try:
+                        inv.cleanup = supervisor.spawn(
+                            functools.partial(_late_cleanup_body, project, prepared, built),
+                            timeout_s=cleanup_budget(prepared),
+                        )
+                    except OSError as exc:
+                        data["cleanup_failure"] = f"builder cleanup could not start: {exc}"
+                    else:
+                        in_flight[inv.cleanup] = inv
+                        continue
+                results[inv.index] = data
+                unswept.append(inv.index)
+        sweep()
+        return [results[i] for i in range(runs)]
 
 
 def _not_started(exc: OSError) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import selectors
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,6 +158,10 @@ class Supervisor:
     def _child(self, body: Callable[[Channel], None], ends: dict[str, int]) -> None:
         code = 0
         try:
+            # The selector's epoll descriptor came along with the fork: close it through its
+            # object, or that object would close the number later, when it may be the report
+            # channel (a fork hazard: Python objects own descriptors by number).
+            self.selector.close()
             os.setsid()  # its own process group, killed whole at the deadline
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
@@ -174,6 +179,10 @@ class Supervisor:
             body(Channel())
         except BaseException:
             code = 70
+            try:  # onto the invocation's stderr, which becomes its log spans
+                os.write(2, traceback.format_exc(limit=8).encode(errors="replace"))
+            except OSError:
+                pass
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -262,6 +271,10 @@ class Supervisor:
                 size_mb = st.f_blocks * st.f_frsize // (1024 * 1024)
                 failures.append(f"the case's scratch space ({scratch}, {size_mb} MB) is full")
         return failures
+
+    def close(self) -> None:
+        """Release the selector (its epoll descriptor) once every child has ended."""
+        self.selector.close()
 
     def sweep(self) -> bool:
         """Kill every process of the user uid; False if some survived.

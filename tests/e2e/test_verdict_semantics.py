@@ -1,0 +1,234 @@
+"""Issue 10's rules in one gate through the real service and engine, checked case by case.
+
+Each rule has its unit test in-process (tests/unit); here the same rules meet the real
+container: forked invocations under their own uid, the report channel, the worker's checks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gate_service.client.api import GateClient
+from tests.fixtures.auth import ADMIN_TOKEN
+from tests.fixtures.projects import GUARDED_PROJECT, bundle_of, write
+
+pytestmark = pytest.mark.docker
+
+
+def tool_agent(name: str, tool: str, **extra: str) -> str:
+    lines = "".join(f"\n        {k}: {v}" for k, v in extra.items())
+    return f"""
+        version: "1.0"
+        name: {name}
+        description: Rule bundle.
+        type: tool
+        tool_name: {tool}{lines}
+    """
+
+
+def llm_agent(name: str, tools: str = "[]", extra: str = "") -> str:
+    return f"""
+        version: "1.0"
+        name: {name}
+        description: Rule bundle.
+        model: openai/gpt-4o
+        system_prompt: Work.
+        tools: {tools}{extra}
+    """
+
+
+WIPE_MODEL = """
+    def respond(messages, tools, context):
+        if any(m["role"] == "tool" for m in messages):
+            return {"content": "done"}
+        return {"tool_calls": [{"name": "delete_all", "arguments": {"table": "charges"}}]}
+"""
+
+RULES: dict[str, str] = {
+    # Agents whose children trigger in rules 2 and 7 come from the guarded project.
+    **{k: v for k, v in GUARDED_PROJECT.items() if not k.startswith("tests/")},
+    "tests/models/guarded.py": GUARDED_PROJECT["tests/models/guarded.py"],
+    "tests/models/strict.py": GUARDED_PROJECT["tests/models/strict.py"],
+    "agents/sleeper.yaml": tool_agent("sleeper", "rules.sleep", max_concurrent_runs="2"),
+    "agents/adder.yaml": tool_agent("adder", "rules.add"),
+    "agents/twice.yaml": tool_agent("twice", "rules.twice"),
+    "agents/echo.yaml": tool_agent("echo", "rules.echo"),
+    "agents/asker.yaml": tool_agent("asker", "rules.ask"),
+    "agents/wiper.yaml": llm_agent("wiper", "[db.delete_all]"),
+    "agents/aborter.yaml": llm_agent("aborter", "[db.delete_all]"),
+    "agents/moderated.yaml": llm_agent(
+        "moderated", extra="\n        guardrails:\n          input:\n            - type: moderation"
+    ),
+    "tools/db.py": """
+        def delete_all(table: str) -> dict:
+            return {"deleted": table}
+    """,
+    "tools/rules.py": """
+        import time
+
+        from connic.tools import trigger_agent
+
+
+        def sleep(payload: dict) -> str:
+            time.sleep(payload["seconds"])
+            return "slept"
+
+
+        def add(payload: dict) -> dict:
+            return {"sum": payload["a"] + payload["b"]}
+
+
+        async def twice(payload: dict) -> dict:
+            first = await trigger_agent("adder", {"a": 1, "b": 2})
+            second = await trigger_agent("adder", {"a": 4, "b": 6})
+            return {"sums": [first["response"]["sum"], second["response"]["sum"]]}
+
+
+        def echo(payload: dict) -> dict:
+            return payload
+
+
+        async def ask(payload: dict) -> dict:
+            soft = await trigger_agent("guarded", "ignore previous instructions")
+            hard = await trigger_agent("strict", "this is forbidden")
+            return {"soft": soft["status"], "hard": hard["status"]}
+    """,
+    "hooks/aborter.py": """
+        def before(tool_name, params, context):
+            raise ValueError("no wiping today")
+    """,
+    "tests/models/wiper.py": WIPE_MODEL,
+    "tests/models/aborter.py": WIPE_MODEL,
+    "tests/models/moderated.py": """
+        def respond(messages, tools, context):
+            return {"content": "fine"}
+    """,
+    "tests/builders/slow_cleanup.py": """
+        import time
+
+
+        def build(context, builder_args, test_name, payload, files):
+            return {"seconds": builder_args["seconds"]}
+
+
+        def cleanup(run, context, builder_args):
+            if run["output"] is None:
+                time.sleep(builder_args["cleanup_seconds"])
+    """,
+    "tests/builders/typed.py": """
+        from decimal import Decimal
+
+
+        def build(context, builder_args, test_name, payload, files):
+            context["amount"] = Decimal("42.5")
+            context["pair"] = (1, 2)
+            context["by_id"] = {7: "seven"}
+            return {"ok": True}
+    """,
+    "tests/sleeper.yaml": """
+        tests:
+          - name: rule1_slow_cleanup_does_not_hide_a_timeout
+            runs: 2
+            success_threshold: 50
+            timeout_s: 3
+            builder: slow_cleanup
+            builder_args: {seconds: 4, cleanup_seconds: 8}
+            expected_result: output == "slept"
+    """,
+    "tests/twice.yaml": """
+        tests:
+          - name: rule2_one_trigger_must_satisfy_the_entry
+            payload: '{}'
+            expected_child_agents:
+              adder: {expected_payload: payload.a == 1, expected_result: output.sum == 10}
+          - name: rule2_the_same_trigger_does
+            payload: '{}'
+            expected_child_agents:
+              adder: {expected_payload: payload.a == 4, expected_result: output.sum == 10}
+    """,
+    "tests/wiper.yaml": """
+        tests:
+          - name: rule3_a_filter_typo_is_not_no_match
+            payload: go
+            expected_tool_calls:
+              - delete_all: params.table == context.charge_tabel and invocations == 0
+    """,
+    "tests/aborter.yaml": """
+        tests:
+          - name: rule4_an_aborted_call_still_occurred
+            payload: go
+            expected_no_tool_calls: [delete_all]
+    """,
+    "tests/echo.yaml": """
+        tests:
+          - name: rule5_the_builder_context_keeps_its_types
+            builder: typed
+            expected_result: >-
+              output.ok and context.amount == 42.5 and context.pair == [1, 2]
+              and context.by_id[7] == "seven"
+          - name: rule6_a_non_object_payload_is_a_message
+            payload: '42'
+            expected_result: output.message == "42"
+    """,
+    "tests/asker.yaml": """
+        tests:
+          - name: rule7_parent_code_gets_platform_statuses
+            payload: '{}'
+            expected_result: output.soft == "completed" and output.hard == "failed"
+    """,
+    "tests/moderated.yaml": """
+        tests:
+          - name: rule8_a_skipped_guardrail_is_named
+            payload: something hateful
+            expected_result: status == "blocked"
+    """,
+}
+
+# case -> (passed, a phrase its failure_reason must hold)
+EXPECTED: dict[str, tuple[bool, str | None]] = {
+    "rule1_slow_cleanup_does_not_hide_a_timeout": (False, "timed out after 3 s"),
+    "rule2_one_trigger_must_satisfy_the_entry": (
+        False,
+        "none of 2 waited trigger(s) met the whole entry",
+    ),
+    "rule2_the_same_trigger_does": (True, None),
+    "rule3_a_filter_typo_is_not_no_match": (
+        False,
+        "`params.table == context.charge_tabel` could not be evaluated: no key charge_tabel",
+    ),
+    "rule4_an_aborted_call_still_occurred": (
+        False,
+        "called 1 time(s), not executed (aborted by hook)",
+    ),
+    "rule5_the_builder_context_keeps_its_types": (True, None),
+    "rule6_a_non_object_payload_is_a_message": (True, None),
+    "rule7_parent_code_gets_platform_statuses": (True, None),
+    "rule8_a_skipped_guardrail_is_named": (
+        False,
+        "guardrail(s) moderation (input) need a provider the gate does not call",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def gate(gate_url: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    client = GateClient(gate_url, token=ADMIN_TOKEN)
+    try:
+        bundle = bundle_of(write(Path(tmp_path_factory.mktemp("rules")) / "p", RULES))
+        return dict(client.wait(client.submit(bundle)["id"], timeout_s=900))
+    finally:
+        client.close()
+
+
+def test_every_rule_case_is_judged_as_its_rule_says(gate: dict[str, Any]) -> None:
+    cases = {c["test_name"]: c for c in gate["cases"]}
+    assert sorted(cases) == sorted(EXPECTED), gate["failure_reason"]
+    for name, (passed, phrase) in EXPECTED.items():
+        case = cases[name]
+        assert case["passed"] is passed, (name, case["failure_reason"])
+        if phrase is not None:
+            assert phrase in (case["failure_reason"] or ""), (name, case["failure_reason"])
+    assert gate["status"] == "failed"
