@@ -4,6 +4,7 @@ In-process (no uid change): what a container adds (another uid, no capabilities,
 that uid) is attacked end to end in tests/e2e/test_trust.py.
 """
 
+import os
 from pathlib import Path
 
 from gate_runner.case import run_case
@@ -181,3 +182,19 @@ def test_code_can_lie_about_its_own_invocation_only(tmp_path: Path) -> None:
     # channel, so a well-formed report it writes is what its assertions see.
     result = reported(tmp_path, '{"status": "completed", "output": "ok"}')
     assert result.passed, result.failure_reason
+
+
+def test_a_case_leaves_no_descriptor_of_its_own_open(tmp_path: Path) -> None:
+    # The supervisor's selector used to linger until garbage collection; in a forked child
+    # its object then closed a descriptor number that had become the report channel.
+    import gc
+
+    project = write(tmp_path / "p", TOOLS)
+    gc.disable()  # so that only an explicit close can release the descriptors
+    try:
+        before = set(os.listdir("/proc/self/fd"))
+        judged(project, "tests/noisy.yaml", "quiet_enough", Isolation())
+        after = set(os.listdir("/proc/self/fd"))
+    finally:
+        gc.enable()
+    assert after <= before, sorted(after - before)
