@@ -1,3 +1,4 @@
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -8,7 +9,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from gate_service.config import Settings
 from gate_service.db import make_engine, make_sessionmaker
 from gate_service.main import create_app
+from gate_service.worker.handler import WorkerContext
+from gate_service.worker.loop import Worker
 from tests.fixtures.auth import ADMIN_TOKEN, bearer
+from tests.fixtures.sandbox import FakeSandbox
 
 
 @pytest.fixture
@@ -38,3 +42,17 @@ def sessions(database_url: str) -> Iterator[sessionmaker[Session]]:
         yield make_sessionmaker(engine)
     finally:
         engine.dispose()
+
+
+@pytest.fixture
+def sandbox() -> FakeSandbox:
+    """A fake engine that runs the real runner in-process (for worker logic)."""
+    return FakeSandbox()
+
+
+@pytest.fixture
+def worker(settings: Settings, sessions: sessionmaker[Session], sandbox: FakeSandbox) -> Worker:
+    ctx = WorkerContext(
+        settings=settings, sessions=sessions, sandbox=sandbox, stop=threading.Event()
+    )
+    return Worker(ctx, name="test-worker")

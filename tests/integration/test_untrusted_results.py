@@ -6,35 +6,17 @@ container's stdout, as user code would if it could write there.
 """
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
-import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy.orm import Session, sessionmaker
 
 from gate_runner.__main__ import BEGIN_MARKER, END_MARKER
-from gate_service.config import Settings
-from gate_service.worker.handler import WorkerContext
 from gate_service.worker.loop import Worker
 from tests.fixtures.projects import bundle_of, calculator_project
 from tests.fixtures.sandbox import FakeSandbox
 
 CASE = "expects_the_wrong_sum"  # fails both of its 2 runs
-
-
-@pytest.fixture
-def sandbox() -> FakeSandbox:
-    return FakeSandbox()
-
-
-@pytest.fixture
-def worker(settings: Settings, sessions: sessionmaker[Session], sandbox: FakeSandbox) -> Worker:
-    ctx = WorkerContext(
-        settings=settings, sessions=sessions, sandbox=sandbox, stop=threading.Event()
-    )
-    return Worker(ctx, name="test-worker")
 
 
 def judged_case(client: TestClient, worker: Worker, tmp_path: Path) -> dict[str, Any]:

@@ -24,19 +24,6 @@ from tests.fixtures.projects import (
 from tests.fixtures.sandbox import FakeSandbox
 
 
-@pytest.fixture
-def sandbox() -> FakeSandbox:
-    return FakeSandbox()
-
-
-@pytest.fixture
-def worker(settings: Settings, sessions: sessionmaker[Session], sandbox: FakeSandbox) -> Worker:
-    ctx = WorkerContext(
-        settings=settings, sessions=sessions, sandbox=sandbox, stop=threading.Event()
-    )
-    return Worker(ctx, name="test-worker")
-
-
 def submit(client: TestClient, data: bytes) -> str:
     response = client.post("/v1/gates", files={"bundle": ("b.tgz", data)})
     assert response.status_code == 202, response.text
