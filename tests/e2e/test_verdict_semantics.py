@@ -14,6 +14,7 @@ import pytest
 from gate_service.client.api import GateClient
 from tests.fixtures.auth import ADMIN_TOKEN
 from tests.fixtures.projects import GUARDED_PROJECT, bundle_of, write
+from tests.unit.test_respond_contract import readme_example
 
 pytestmark = pytest.mark.docker
 
@@ -40,6 +41,9 @@ def llm_agent(name: str, tools: str = "[]", extra: str = "") -> str:
     """
 
 
+# Rule 10: the README's own respond() example, a tool call then an answer.
+RESPOND_EXAMPLE = readme_example()
+
 WIPE_MODEL = """
     def respond(messages, tools, context):
         if any(m["role"] == "tool" for m in messages):
@@ -59,6 +63,9 @@ RULES: dict[str, str] = {
     "agents/asker.yaml": tool_agent("asker", "rules.ask"),
     "agents/wiper.yaml": llm_agent("wiper", "[db.delete_all]"),
     "agents/aborter.yaml": llm_agent("aborter", "[db.delete_all]"),
+    "agents/summer.yaml": llm_agent("summer", "[calc.add]"),
+    "tools/calc.py": "def add(a: int, b: int) -> int:\n    return a + b\n",
+    "tests/models/summer.py": RESPOND_EXAMPLE,
     "agents/moderated.yaml": llm_agent(
         "moderated", extra="\n        guardrails:\n          input:\n            - type: moderation"
     ),
@@ -179,6 +186,13 @@ RULES: dict[str, str] = {
             payload: '{}'
             expected_result: output.soft == "completed" and output.hard == "failed"
     """,
+    "tests/summer.yaml": """
+        tests:
+          - name: rule10_the_documented_respond_contract
+            payload: two plus three
+            expected_result: output == "the sum is 5"
+            expected_tool_calls: [{add: params.a == 2 and params.b == 3}]
+    """,
     "tests/moderated.yaml": """
         tests:
           - name: rule8_a_skipped_guardrail_is_named
@@ -206,6 +220,7 @@ EXPECTED: dict[str, tuple[bool, str | None]] = {
     "rule5_the_builder_context_keeps_its_types": (True, None),
     "rule6_a_non_object_payload_is_a_message": (True, None),
     "rule7_parent_code_gets_platform_statuses": (True, None),
+    "rule10_the_documented_respond_contract": (True, None),
     "rule8_a_skipped_guardrail_is_named": (
         False,
         "guardrail(s) moderation (input) need a provider the gate does not call",

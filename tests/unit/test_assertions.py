@@ -237,3 +237,15 @@ def test_a_fitting_call_taken_by_another_entry_says_so() -> None:
     one = calls(("m.add", {"a": 1}))
     (failure,) = check_tool_calls(a, one, {})
     assert "claimed by other entries" in failure
+
+
+def test_the_order_speaks_of_received_calls_and_names_attempts() -> None:
+    a = compile_assertions({"expected_tool_call_order": ["lookup", "refund"]})
+    attempted = [
+        ToolCall("lookup", "crm.lookup", {}),
+        ToolCall("refund", "pay.refund", {}, executed=False, not_executed="refused by approval"),
+    ]
+    (failure,) = check_tool_calls(a, attempted, {})
+    assert failure.endswith("refund was called 1 time(s), not executed (refused by approval)"), (
+        failure
+    )
