@@ -95,12 +95,6 @@ def time_left(settings: Settings, started_at: datetime | None) -> float:
     return left
 
 
-def _gate_time_left(ctx: WorkerContext, job: ClaimedJob) -> float:
-    with session_scope(ctx.sessions) as session:
-        started_at = session.scalar(select(Gate.started_at).where(Gate.id == job.gate_id))
-    return time_left(ctx.settings, started_at)
-
-
 def _close_unjudged(session: Session, gate: Gate, reason: str) -> None:
     """Cases that never ran (the gate ended first) say so instead of staying queued."""
     for case in session.scalars(
@@ -349,24 +343,27 @@ def _run_case(
     if ctx.stop.is_set() or job.halt.is_set():
         return False
 
-    def mark_running(session: Session, gate: Gate) -> tuple[bool, str | None, dict[str, str]]:
+    def mark_running(
+        session: Session, gate: Gate
+    ) -> tuple[bool, str | None, dict[str, str], float]:
+        # Read before the case is marked, from the gate this transaction already holds: none
+        # starts once the gate's deadline has passed.
+        left = time_left(ctx.settings, gate.started_at)
         if gate.cancel_requested:
-            return False, None, {}
+            return False, None, {}, left
         # Decrypted before the case is marked: a key that does not fit fails the attempt
         # (an infrastructure error of the gate) with the case still queued.
         project_env = project_secrets(session, ctx.box(), gate.project_id)
         case = session.get_one(Case, case_id)
         case.status = CaseStatus.running
         gate.revision += 1
-        return True, gate.model_mode, project_env
+        return True, gate.model_mode, project_env, left
 
-    # Read before the case is marked: none starts once the gate's deadline has passed.
     try:
-        left = _gate_time_left(ctx, job)
+        go_on, model_mode, project_env, left = _write(ctx, job, mark_running)
     except DeadlinePassed:
         job.halt.set()  # the gate's other cases do not start either
         raise
-    go_on, model_mode, project_env = _write(ctx, job, mark_running)
     if not go_on:
         return False
     s = ctx.settings
