@@ -308,17 +308,8 @@ def _log_spans(proc: Proc) -> list[dict[str, Any]]:
 def _agent_data(prepared: PreparedCase, proc: Proc, reports: dict[str, Any]) -> dict[str, Any]:
     """What the invocation process reported, or what its end says when it did not."""
     timeout_s, which = effective_timeout(prepared)
-    agent, agent_problem = (
-        checked(InvocationReport, reports["agent"])
-        if "agent" in reports
-        else (
-            None,
-            None,
-        )
-    )
-    result, result_problem = (
-        checked(InvocationReport, reports["result"]) if "result" in reports else (None, None)
-    )
+    agent, agent_problem = checked(reports, "agent", InvocationReport)
+    result, result_problem = checked(reports, "result", InvocationReport)
     if proc.timed_out and agent is not None:
         # The agent finished; its builder cleanup is what ran out of time.
         agent["cleanup_failure"] = f"builder cleanup timed out after {cleanup_budget(prepared)} s"
@@ -392,13 +383,13 @@ def _run_invocations(
                 inv = in_flight.pop(proc)
                 if inv.cleanup is proc:
                     assert inv.data is not None
-                    late, late_problem = checked(CleanupReport, proc.messages().get("cleanup"))
+                    late, late_problem = checked(proc.messages(), "cleanup", CleanupReport)
                     failure: str | None
                     if proc.timed_out:
                         failure = f"builder cleanup timed out after {cleanup_budget(prepared)} s"
                     elif late is not None:
                         failure = late.get("failure")
-                    elif "cleanup" in proc.messages():
+                    elif late_problem:
                         failure = f"builder cleanup's report is malformed: {late_problem}"
                     else:
                         failure = "builder cleanup could not run after the invocation ended"
@@ -410,10 +401,8 @@ def _run_invocations(
                 data = _agent_data(prepared, proc, reports)
                 data["duration_ms"] = int((proc.ended_at - proc.started) * 1000)
                 data["limit_failures"] = supervisor.limit_failures(proc)
-                built, built_problem = checked(BuilderReport, reports.get("builder", {}))
-                if "builder" not in reports:
-                    built = None
-                elif built_problem:
+                built, built_problem = checked(reports, "builder", BuilderReport)
+                if built_problem:
                     data["limit_failures"].append(
                         f"the builder's report is malformed: {built_problem}"
                     )

@@ -7,6 +7,7 @@ breaking the runner, which would turn a failed case into an error of the gate.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -50,8 +51,14 @@ class CleanupReport(_Report):
     failure: str | None = None
 
 
-def checked(model: type[_Report], data: Any) -> tuple[dict[str, Any] | None, str | None]:
-    """(the report as plain data, None), or (None, why it does not fit)."""
+def checked(
+    reports: Mapping[str, Any], kind: str, model: type[_Report]
+) -> tuple[dict[str, Any] | None, str | None]:
+    """(the report of ``kind`` as plain data, None), (None, why it does not fit), or
+    (None, None) when the process sent no report of that kind."""
+    if kind not in reports:
+        return None, None
+    data = reports[kind]
     try:
         report = model.model_validate(data)
     except (ValidationError, RecursionError) as exc:
