@@ -1,4 +1,3 @@
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,10 +8,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from gate_service.config import Settings
 from gate_service.db import make_engine, make_sessionmaker
 from gate_service.main import create_app
-from gate_service.worker.handler import WorkerContext
 from gate_service.worker.loop import Worker
 from tests.fixtures.auth import ADMIN_TOKEN, bearer
-from tests.fixtures.sandbox import FakeSandbox
+from tests.fixtures.sandbox import FakeSandbox, fake_worker
 
 
 @pytest.fixture
@@ -52,7 +50,4 @@ def sandbox() -> FakeSandbox:
 
 @pytest.fixture
 def worker(settings: Settings, sessions: sessionmaker[Session], sandbox: FakeSandbox) -> Worker:
-    ctx = WorkerContext(
-        settings=settings, sessions=sessions, sandbox=sandbox, stop=threading.Event()
-    )
-    return Worker(ctx, name="test-worker")
+    return fake_worker(settings, sessions, sandbox)

@@ -21,11 +21,10 @@ from gate_service.main import create_app
 from gate_service.models import Case, Job
 from gate_service.sandbox import RunLimits, RunResult
 from gate_service.worker import queue
-from gate_service.worker.handler import WorkerContext
 from gate_service.worker.loop import Worker
 from tests.fixtures.auth import ADMIN_TOKEN, as_token, bearer, project_token
 from tests.fixtures.projects import bundle_of, calculator_project
-from tests.fixtures.sandbox import FakeSandbox
+from tests.fixtures.sandbox import FakeSandbox, fake_worker
 
 
 @contextmanager
@@ -56,13 +55,7 @@ def bundles(tmp_path: Path) -> tuple[bytes, bytes]:
 def worker_for(
     settings: Settings, sessions: sessionmaker[Session], sandbox: FakeSandbox, **caps: Any
 ) -> Worker:
-    ctx = WorkerContext(
-        settings=settings.model_copy(update=caps),
-        sessions=sessions,
-        sandbox=sandbox,
-        stop=threading.Event(),
-    )
-    return Worker(ctx, name="test-worker")
+    return fake_worker(settings.model_copy(update=caps), sessions, sandbox)
 
 
 # -- per project at submission ----------------------------------------------------------------

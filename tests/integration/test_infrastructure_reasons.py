@@ -4,7 +4,6 @@ that reference (issue 9, item 5). Real Postgres, the in-process fake sandbox."""
 
 import logging
 import re
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -16,10 +15,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from gate_service.config import Settings
 from gate_service.models import Job
 from gate_service.sandbox import RunLimits, RunResult
-from gate_service.worker.handler import WorkerContext
-from gate_service.worker.loop import Worker
 from tests.fixtures.projects import bundle_of, calculator_project
-from tests.fixtures.sandbox import FakeSandbox
+from tests.fixtures.sandbox import FakeSandbox, fake_worker
 
 REFERENCE = re.compile(r"\(reference ([0-9a-f]{12}); the full detail is in the worker log\)")
 
@@ -52,15 +49,6 @@ class CrashingRunner(FakeSandbox):
         )
 
 
-def worker_with(
-    settings: Settings, sessions: sessionmaker[Session], sandbox: FakeSandbox
-) -> Worker:
-    ctx = WorkerContext(
-        settings=settings, sessions=sessions, sandbox=sandbox, stop=threading.Event()
-    )
-    return Worker(ctx, name="test-worker")
-
-
 def submit(client: TestClient, tmp_path: Path) -> str:
     data = bundle_of(calculator_project(tmp_path / "p", failing=False))
     response = client.post(
@@ -86,7 +74,7 @@ def test_an_engine_failure_is_stored_without_host_details(
         "via unix:///var/run/docker.sock"
     )
     gate_id = submit(client, tmp_path)
-    worker = worker_with(settings, sessions, sandbox)
+    worker = fake_worker(settings, sessions, sandbox)
     with caplog.at_level(logging.ERROR, logger="gate_service.worker.handler"):
         worker.run_once()
         with sessions() as s:
@@ -124,7 +112,7 @@ def test_a_runner_crash_keeps_its_stderr_in_the_log_not_the_reason(
     ).encode()
     gate_id = submit(client, tmp_path)
     with caplog.at_level(logging.ERROR, logger="gate_service.worker.handler"):
-        worker_with(settings, sessions, CrashingRunner(stderr)).run_once()
+        fake_worker(settings, sessions, CrashingRunner(stderr)).run_once()
     gate = client.get(f"/v1/gates/{gate_id}").json()
     (case,) = gate["cases"]
     assert case["status"] == "error"
