@@ -119,10 +119,19 @@ class Worker:
             log.exception("worker %s: the retention pass failed", self.name)
 
     def reap_orphans(self) -> None:
-        """Remove case containers whose worker no longer holds a lease (it crashed)."""
+        """Remove case containers whose worker no longer holds a lease (it crashed).
+
+        Only containers of this database's gates: several installations (or test runs) may
+        share one Docker engine, and another's containers are never ours to judge.
+        """
         with session_scope(self.ctx.sessions) as session:
             live = queue.active_owners(session)
-        self._reap({}, keep=lambda labels: labels.get("gate.owner") in live)
+
+            def keep(labels: Mapping[str, str]) -> bool:
+                owner, gate_id = labels.get("gate.owner"), labels.get("gate.gate_id")
+                return owner in live or not queue.is_our_gate(session, gate_id)
+
+            self._reap({}, keep=keep)
 
     def reap_expired(self) -> None:
         """Requeue jobs of dead workers, or end their gates once attempts are used up."""

@@ -177,6 +177,16 @@ def active_owners(session: Session) -> set[str]:
     return set(rows)
 
 
+def is_our_gate(session: Session, gate_id: str | None) -> bool:
+    """Whether this database holds the gate a container's label names."""
+    try:
+        parsed = uuid.UUID(gate_id or "")
+    except ValueError:
+        return False
+    found = session.execute(text("SELECT 1 FROM gates WHERE id = :g"), {"g": parsed}).first()
+    return found is not None
+
+
 def cancel_requested(session: Session, job: ClaimedJob) -> bool:
     return bool(
         session.execute(

@@ -216,6 +216,19 @@ def test_a_worker_shutting_down_hands_the_job_back_without_using_an_attempt(
     assert client.get(f"/v1/gates/{gate_id}").json()["status"] == "passed"
 
 
+def test_the_orphan_reaper_removes_only_this_databases_dead_workers_containers(
+    client: TestClient, worker: Worker, sandbox: FakeSandbox, tmp_path: Path
+) -> None:
+    ours = submit(client, bundle_of(calculator_project(tmp_path / "p", failing=False)))
+    dead = {"gate.gate_id": ours, "gate.owner": "crashed-worker"}
+    # Another installation on the same engine: its gate is not in this database.
+    theirs = {"gate.gate_id": str(uuid.uuid4()), "gate.owner": "their-worker"}
+    unlabelled = {"gate.owner": "someone"}
+    sandbox.containers = [dead, theirs, unlabelled]
+    worker.reap_orphans()
+    assert sandbox.containers == [theirs, unlabelled]
+
+
 def test_model_mode_and_named_variables_reach_the_case_container(
     client: TestClient,
     settings: Settings,
