@@ -58,7 +58,8 @@ def _parse_labels(raw: str | None) -> dict[str, Any]:
 MAX_IDEMPOTENCY_KEY_CHARS = 200
 
 
-def _idempotency_key(value: str | None) -> str | None:
+def check_idempotency_key(value: str | None) -> str | None:
+    """The Idempotency-Key header, or 400 when it is blank, too long or unstorable."""
     if value is None:
         return None
     if not value.strip() or len(value) > MAX_IDEMPOTENCY_KEY_CHARS:
@@ -107,13 +108,18 @@ UPLOAD_SCHEMA: dict[str, Any] = {
 }
 
 
-def _store_upload(
+def store_upload(
     factory: sessionmaker[Session],
     who: Principal,
     upload: Upload,
     idempotency_key: str | None,
     settings: Settings | None = None,
 ) -> tuple[GateRead, bool]:
+    """Check the archive, then create (or find, by key) the gate and audit it; (gate, created).
+
+    Shared by every way a bundle arrives (multipart here, base64 JSON in connic_api), so all
+    of them pass the same archive checks, admission caps, idempotency and audit record.
+    """
     labels = _parse_labels(upload.fields.get("labels"))
     model_mode = upload.fields.get("model_mode") or None
     if model_mode not in (None, *MODEL_MODES):
@@ -170,7 +176,7 @@ async def create_gate(
     ] = None,
 ) -> Response:
     """Queue a bundle for judging; poll the Location it answers with."""
-    idempotency_key = _idempotency_key(idempotency_key)
+    idempotency_key = check_idempotency_key(idempotency_key)
     # A slot for the whole upload, taken before a byte of the body is read: when every slot
     # is in use the answer is 503 at once, so waiting uploads never pile up in memory.
     with upload_slots(request).hold():
@@ -178,7 +184,7 @@ async def create_gate(
         try:
             # Archive scanning and the database are blocking work: keep them off the loop.
             view, created = await run_in_threadpool(
-                _store_upload, factory, who, upload, idempotency_key, settings
+                store_upload, factory, who, upload, idempotency_key, settings
             )
         finally:
             upload.close()
