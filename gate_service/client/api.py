@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 
-from ..bundles.archive import ROOT_FILES, UPLOAD_ROOTS
+from .pack import PackError, pack_project
+
+__all__ = ["EXIT_CODES", "TERMINAL", "GateAPIError", "GateClient", "PackError", "pack_project"]
 
 TERMINAL = frozenset({"passed", "failed", "error", "cancelled"})
 EXIT_CODES = {"passed": 0, "failed": 1, "cancelled": 1, "error": 2}
@@ -25,32 +24,6 @@ class GateAPIError(Exception):
         self.detail = str(body.get("detail", ""))
         self.problems = body.get("problems") or []
         super().__init__(f"{status_code} {self.kind}: {self.detail}")
-
-
-def _upload_files(root: Path) -> Iterator[Path]:
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root)
-        if not path.is_file() or path.is_symlink():
-            continue
-        if any(p.startswith(".") for p in rel.parts) or "__pycache__" in rel.parts:
-            continue
-        if path.suffix == ".pyc":
-            continue
-        if rel.parts[0] in UPLOAD_ROOTS or (len(rel.parts) == 1 and rel.name in ROOT_FILES):
-            yield path
-
-
-def pack_project(root: Path) -> bytes:
-    """A .tar.gz of the project's upload set, paths relative to the project root."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for path in _upload_files(root):
-            info = tar.gettarinfo(str(path), arcname=path.relative_to(root).as_posix())
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            with path.open("rb") as fh:
-                tar.addfile(info, fh)
-    return buf.getvalue()
 
 
 class GateClient:
@@ -89,10 +62,13 @@ class GateClient:
         name_filter: str | None = None,
         labels: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        model_mode: str | None = None,
     ) -> dict[str, Any]:
         data: dict[str, str] = {}
         if name_filter:
             data["filter"] = name_filter
+        if model_mode:
+            data["model_mode"] = model_mode
         if labels:
             data["labels"] = json.dumps(labels)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
@@ -142,22 +118,85 @@ class GateClient:
     def run(self, run_id: str) -> dict[str, Any]:
         return self._check(self._http.get(f"/v1/runs/{run_id}"))
 
+    def failed_runs(self, case: dict[str, Any], limit: int = 3) -> dict[str, Any]:
+        """Up to ``limit`` failed runs of a case, in the shape of the format CLI's ``failed_runs``.
+
+        Log spans are left out and each span's metadata travels as ``metadata_json`` text, as
+        `connic test --json` prints it; a run that cannot be fetched becomes ``fetch_error``.
+        """
+        run_ids = case.get("agent_run_ids") or []
+        passed = case.get("agent_run_passed") or []
+        failed_ids = [str(rid) for rid, ok in zip(run_ids, passed, strict=False) if rid and not ok]
+        shown: list[dict[str, Any]] = []
+        for rid in failed_ids[:limit]:
+            try:
+                run = self.run(rid)
+            except GateAPIError as exc:
+                shown.append({"run_id": rid, "fetch_error": f"HTTP {exc.status_code}"})
+                continue
+            except httpx.HTTPError as exc:
+                shown.append({"run_id": rid, "fetch_error": str(exc) or type(exc).__name__})
+                continue
+            shown.append(
+                {
+                    "run_id": rid,
+                    "input": run.get("input"),
+                    "output": run.get("output"),
+                    "error": run.get("error"),
+                    "run_context": run.get("run_context"),
+                    "traces": [
+                        {
+                            "name": span.get("name"),
+                            "status": span.get("status"),
+                            "duration_ms": span.get("duration_ms"),
+                            "span_id": span.get("span_id"),
+                            "parent_span_id": span.get("parent_span_id"),
+                            "span_order": span.get("span_order"),
+                            "metadata_json": json.dumps(span.get("metadata") or {}),
+                        }
+                        for span in run.get("traces") or []
+                        if span.get("type") != "log"
+                    ],
+                }
+            )
+        return {"total_failed": len(failed_ids), "shown": shown}
+
     def wait(
         self,
         gate_id: str,
         *,
         timeout_s: float = 3600,
         on_change: Callable[[dict[str, Any]], None] | None = None,
+        network_retries: int = 5,
+        retry_delay_s: float = 5.0,
     ) -> dict[str, Any]:
-        """Long-poll until the gate ends; ``on_change`` sees every new state."""
+        """Long-poll until the gate ends; ``on_change`` sees every new state.
+
+        A network error is retried after ``retry_delay_s``; ``network_retries`` in a row give
+        up with the last one (the format CLI's "Lost contact with backend"). Past
+        ``timeout_s`` it raises TimeoutError.
+        """
         deadline = time.monotonic() + timeout_s
         etag: str | None = None
         gate: dict[str, Any] = {}
+        errors_in_a_row = 0
         while time.monotonic() < deadline:
             headers = {"If-None-Match": etag} if etag else {}
-            response = self._http.get(
-                f"/v1/gates/{gate_id}", params={"wait": 30}, headers=headers, timeout=60
-            )
+            wait_s = max(1, min(30, int(deadline - time.monotonic())))
+            try:
+                response = self._http.get(
+                    f"/v1/gates/{gate_id}",
+                    params={"wait": wait_s},
+                    headers=headers,
+                    timeout=wait_s + 30,
+                )
+            except httpx.TransportError:
+                errors_in_a_row += 1
+                if errors_in_a_row >= network_retries:
+                    raise
+                time.sleep(retry_delay_s)
+                continue
+            errors_in_a_row = 0
             if response.status_code == 304:
                 continue
             gate = self._check(response)
@@ -166,4 +205,4 @@ class GateClient:
                 on_change(gate)
             if gate.get("status") in TERMINAL:
                 return gate
-        raise TimeoutError(f"gate {gate_id} did not finish within {timeout_s} s")
+        raise TimeoutError(f"gate {gate_id} did not finish within {timeout_s:g} s")
