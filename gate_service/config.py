@@ -8,6 +8,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gate_service.resources import runner_image_dir
+
 MIB = 1024 * 1024
 
 
@@ -56,8 +58,9 @@ class Settings(BaseSettings):
         default=None, description="Debian mirror for debootstrap; default: apt's own mirror."
     )
     runner_source_dir: Path = Field(
-        default=Path(__file__).resolve().parent.parent / "runner_image",
-        description="Where the runner package and its Dockerfile live.",
+        default_factory=runner_image_dir,
+        description="Where the runner package and its Dockerfile live (the runner image's "
+        "build context); default: the copy installed with the service.",
     )
     wheelhouse_dir: Path | None = Field(
         default=None,

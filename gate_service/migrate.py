@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from alembic import command
 from alembic.config import Config
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+from gate_service.resources import migrations_dir
 
 
 def alembic_config(url: str) -> Config:
     cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("script_location", str(migrations_dir()))
     # Percent signs in passwords would otherwise be read as interpolation.
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return cfg
