@@ -21,9 +21,9 @@ public pieces so that the JSON is equal for the same project:
 Messages name paths as the format's CLI names them when run inside the project (relative to
 it), so the report does not depend on the working directory.
 
-One deliberate difference: when a short name matches the last segment of several tools
-(``add`` against ``a.add`` and ``b.add``), the format covers whichever its set yields first,
-which changes from one process to the next; here it is the first in sorted order.
+The short-name fallback cannot be ambiguous: the loader refuses an agent whose tools share a
+function name (``a.add`` and ``b.add``). The tools are still tried in sorted order, so the
+result never depends on a set's iteration order.
 """
 
 from __future__ import annotations
