@@ -133,6 +133,21 @@ def _tree_bytes(path: Path) -> int:
     return total
 
 
+def runner_digest(src: Path, base: str) -> str:
+    """The runner image's tag: its base and the bytes of its build context under `src`.
+
+    Only the files the build reads, by their paths relative to `src`, so a checkout's
+    runner_image/ and a wheel's gate_service/runner_image give the same tag.
+    """
+    h = hashlib.sha256(base.encode())
+    for path in sorted(
+        [src / "Dockerfile", src / "requirements.txt", *(src / "gate_runner").rglob("*.py")]
+    ):
+        h.update(path.relative_to(src).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def fetch_wheels(settings: Settings, requirements: Sequence[str], dest: Path) -> None:
     """Fetch the wheels of parsed requirements into ``dest`` on the host, within limits.
 
@@ -327,22 +342,12 @@ class DockerSandbox:
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
-    def _runner_digest(self, base: str) -> str:
-        src = self.settings.runner_source_dir
-        h = hashlib.sha256(base.encode())
-        for path in sorted(
-            [src / "Dockerfile", src / "requirements.txt", *(src / "gate_runner").rglob("*.py")]
-        ):
-            h.update(path.relative_to(src).as_posix().encode())
-            h.update(path.read_bytes())
-        return h.hexdigest()[:12]
-
     def runner_image(self) -> str:
         with self._lock:
             if self._runner_tag and self.image_exists(self._runner_tag):
                 return self._runner_tag
             base = self.base_image()
-            tag = f"gate-runner:{self._runner_digest(base)}"
+            tag = f"gate-runner:{runner_digest(self.settings.runner_source_dir, base)}"
             if not self.image_exists(tag):
                 self._build_runner(base, tag)
             self._runner_tag = tag
