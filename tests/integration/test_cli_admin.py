@@ -41,7 +41,9 @@ def test_admin_makes_a_project_and_a_token_that_submits(
 
     project = calculator_project(tmp_path / "p", failing=False)
     monkeypatch.delenv("GATE_TOKEN")
-    code, out, _ = run(capsys, "submit", str(project), "--url", url, "--token", created["token"])
+    code, out, _ = run(
+        capsys, "submit", str(project), "--no-wait", "--url", url, "--token", created["token"]
+    )
     assert code == 0 and "queued" in out
 
     code, out, _ = run(capsys, "admin", "--url", url, "--token", ADMIN_TOKEN, "token-revoke",

@@ -1,0 +1,7 @@
+"""`python -m gate_service.cli ...` is the `gate` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

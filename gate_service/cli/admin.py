@@ -1,0 +1,90 @@
+"""`gate admin`: a thin client of the admin API; prints its JSON answers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+
+from .options import DEFAULT_URL, Token, Url
+
+admin = typer.Typer(
+    help="Projects, tokens and the audit trail (admin token).", no_args_is_help=True
+)
+
+
+class Scope(StrEnum):
+    submit = "submit"
+    read = "read"
+    admin = "admin"
+
+
+@admin.callback()
+def connection(ctx: typer.Context, url: Url = DEFAULT_URL, token: Token = None) -> None:
+    """Projects, tokens and the audit trail (admin token)."""
+    ctx.obj = {"url": url, "token": token}
+
+
+def _call(ctx: typer.Context, request: Callable[[Any], dict[str, Any]]) -> None:
+    import httpx
+
+    from ..client.api import GateAPIError, GateClient
+
+    client = GateClient(ctx.obj["url"], token=ctx.obj["token"])
+    try:
+        answer = request(client)
+    except GateAPIError as exc:
+        typer.echo(f"gate admin: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    except httpx.HTTPError as exc:  # network down, timeouts: infrastructure, exit 2
+        typer.echo(f"gate admin: cannot reach {ctx.obj['url']}: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    finally:
+        client.close()
+    typer.echo(json.dumps(answer, indent=2))
+
+
+@admin.command("project-create")
+def project_create(
+    ctx: typer.Context,
+    name: str,
+    retention_days: Annotated[int | None, typer.Option()] = None,
+) -> None:
+    """Create a project."""
+    _call(ctx, lambda c: c.create_project(name, retention_days=retention_days))
+
+
+@admin.command("token-create")
+def token_create(
+    ctx: typer.Context,
+    project: str,
+    scope: Annotated[list[Scope], typer.Option(help="repeatable")],
+    expires_in_days: Annotated[int | None, typer.Option()] = None,
+    name: Annotated[str | None, typer.Option()] = None,
+) -> None:
+    """Issue a token (shown once)."""
+    scopes = [s.value for s in scope]
+    _call(
+        ctx, lambda c: c.create_token(project, scopes, expires_in_days=expires_in_days, name=name)
+    )
+
+
+@admin.command("token-list")
+def token_list(ctx: typer.Context, project: str) -> None:
+    """A project's tokens, without values."""
+    _call(ctx, lambda c: c.tokens(project))
+
+
+@admin.command("token-revoke")
+def token_revoke(ctx: typer.Context, token_id: str) -> None:
+    """Revoke a token by id."""
+    _call(ctx, lambda c: c.revoke_token(token_id))
+
+
+@admin.command("audit")
+def audit(ctx: typer.Context, limit: Annotated[int, typer.Option()] = 100) -> None:
+    """Recorded events, newest first."""
+    _call(ctx, lambda c: c.audit(limit=limit))

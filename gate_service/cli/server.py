@@ -1,0 +1,168 @@
+"""The server side of `gate`: serve (API + embedded workers), api, worker, images, record."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any
+
+import typer
+
+from ..config import Settings
+
+log = logging.getLogger("gate")
+
+
+def _database_url(settings: Settings) -> tuple[str, Any]:
+    """The configured server, or an embedded one under the data dir; migrated either way."""
+    from .. import migrate
+
+    embedded = None
+    url = settings.database_url
+    if not url:
+        from ..pg import EmbeddedPostgres
+
+        embedded = EmbeddedPostgres(settings.runtime_dir() / "postgres")
+        url = embedded.url
+    log.info("migrating the database")
+    migrate.upgrade(url)
+    return url, embedded
+
+
+def _prepare_images(settings: Settings) -> None:
+    from ..sandbox.docker_engine import DockerSandbox
+
+    sandbox = DockerSandbox(settings)
+    try:
+        log.info("preparing the runner image (the first time builds it; later starts reuse it)")
+        tag = sandbox.runner_image()
+        log.info("runner image %s ready", tag)
+    finally:
+        sandbox.close()
+
+
+def _start_workers(
+    settings: Settings, url: str, count: int, stop: threading.Event
+) -> list[threading.Thread]:
+    from ..db import make_engine, make_sessionmaker
+    from ..sandbox.docker_engine import DockerSandbox
+    from ..worker.handler import WorkerContext
+    from ..worker.loop import Worker
+
+    engine = make_engine(url, pool_size=max(2, settings.case_concurrency + 2))
+    sessions = make_sessionmaker(engine)
+    threads = []
+    for i in range(count):
+        # One engine client per worker: the docker SDK's HTTP session is not shared safely.
+        ctx = WorkerContext(
+            settings=settings, sessions=sessions, sandbox=DockerSandbox(settings), stop=stop
+        )
+        thread = threading.Thread(target=Worker(ctx).run, name=f"gate-worker-{i}", daemon=True)
+        thread.start()
+        threads.append(thread)
+    return threads
+
+
+def serve() -> None:
+    """API + embedded workers (the embedded default)."""
+    import uvicorn
+
+    from ..main import create_app
+
+    settings = Settings()
+    url, embedded = _database_url(settings)
+    _prepare_images(settings)
+    stop = threading.Event()
+    workers = _start_workers(settings, url, settings.embedded_workers, stop)
+    app = create_app(settings.model_copy(update={"database_url": url}))
+    log.info("serving on http://%s:%s", settings.host, settings.port)
+    try:
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+    finally:
+        stop.set()
+        for thread in workers:
+            thread.join(timeout=30)
+        if embedded is not None:
+            embedded.stop()
+
+
+def api() -> None:
+    """The REST API alone."""
+    import uvicorn
+
+    from ..main import create_app
+
+    settings = Settings()
+    url, embedded = _database_url(settings)
+    app = create_app(settings.model_copy(update={"database_url": url}))
+    try:
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+    finally:
+        if embedded is not None:
+            embedded.stop()
+
+
+def worker(
+    threads: Annotated[int, typer.Option(min=1, help="worker threads in this process")] = 1,
+) -> None:
+    """A worker alone (scale-out); needs GATE_DATABASE_URL."""
+    settings = Settings()
+    if not settings.database_url:
+        typer.echo(
+            "gate worker needs GATE_DATABASE_URL (workers share the API's database)", err=True
+        )
+        raise typer.Exit(2)
+    url, _ = _database_url(settings)
+    _prepare_images(settings)
+    stop = threading.Event()
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %s: finishing the current case, then handing the job back", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    workers = _start_workers(settings, url, threads, stop)
+    while any(t.is_alive() for t in workers):
+        for thread in workers:
+            thread.join(timeout=1)
+
+
+def images() -> None:
+    """Build the base and runner images, then exit."""
+    _prepare_images(Settings())
+
+
+def record(
+    path: Annotated[Path, typer.Argument(help="the project folder")],
+    suite: Annotated[
+        str | None, typer.Option(help="only this suite, e.g. tests/support.yaml")
+    ] = None,
+    name_filter: Annotated[
+        str | None, typer.Option("--filter", help="only cases whose name contains this")
+    ] = None,
+) -> None:
+    """Run a project's suites with live models and write replay recordings."""
+    import subprocess
+
+    settings = Settings()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(settings.runner_source_dir), env.get("PYTHONPATH", "")) if p
+    )
+    argv = [sys.executable, "-m", "gate_runner", "record", "--project", str(path)]
+    if suite:
+        argv += ["--suite", suite]
+    if name_filter:
+        argv += ["--case", name_filter]
+    raise typer.Exit(subprocess.run(argv, env=env, check=False).returncode)
+
+
+def register(app: typer.Typer) -> None:
+    for command in (serve, api, worker, images, record):
+        app.command()(command)

@@ -1,0 +1,225 @@
+"""`gate submit` (a project to a gate, followed to its verdict) and `gate coverage`.
+
+Exit codes, for pipelines: 0 passed; 1 failed or cancelled; 2 the gate could not judge
+(status error), the upload was refused (locally or by the API), the token was refused, or
+the gate could not be reached or did not finish in time. Usage errors are 2 as well.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from .options import DEFAULT_URL, Token, Url
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+EXIT_PASSED, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
+
+
+class ModelMode(StrEnum):
+    scripted = "scripted"
+    replay = "replay"
+    live = "live"
+
+
+def parse_labels(values: list[str] | None) -> dict[str, str]:
+    """``key=value`` pairs; anything else is a usage error naming the bad one."""
+    labels: dict[str, str] = {}
+    for item in values or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"expected key=value, got {item!r}", param_hint="--label")
+        labels[key.strip()] = value
+    return labels
+
+
+def _check_labels(values: list[str] | None) -> list[str] | None:
+    parse_labels(values)
+    return values
+
+
+def _stderr() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def _fail(message: str, problems: list[Any] | None = None) -> typer.Exit:
+    from rich.text import Text
+
+    from ..client.render import visible
+
+    err = _stderr()
+    err.print(Text(visible(message), style="bold red"), soft_wrap=True)
+    for problem in problems or []:
+        if isinstance(problem, dict):
+            where = problem.get("file") or ""
+            text = problem.get("message") or problem.get("detail") or json.dumps(problem)
+            line = f"  - {where}: {text}" if where else f"  - {text}"
+        else:
+            line = f"  - {problem}"
+        err.print(Text(visible(line)), soft_wrap=True)
+    return typer.Exit(EXIT_ERROR)
+
+
+def _bundle(source: Path, console: Console, quiet: bool) -> tuple[bytes, str]:
+    from ..client.pack import PackError, pack
+
+    if source.is_dir():
+        try:
+            packed = pack(source)
+        except PackError as exc:
+            raise _fail(str(exc)) from exc
+        if not packed.test_files:
+            raise _fail("No tests/ directory found in project — nothing to run.")
+        if not quiet:
+            console.print(
+                f"  → {len(packed.files)} files, {len(packed.test_files)} test file(s), "
+                f"{len(packed.data):,} bytes packed",
+                highlight=False,
+            )
+        return packed.data, f"{source.resolve().name}.tar.gz"
+    if source.is_file():
+        return source.read_bytes(), source.name
+    raise _fail(f"{source}: no such project folder or archive")
+
+
+def _write_junit(path: Path, gate: dict[str, Any]) -> None:
+    from ..client.junit import write_junit
+
+    try:
+        write_junit(path, gate)
+    except OSError as exc:
+        raise _fail(f"could not write the JUnit report {path}: {exc}") from exc
+
+
+def submit(
+    path: Annotated[
+        Path, typer.Argument(help="project folder (packed as `connic test` does) or archive")
+    ],
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait/--no-wait",
+            help="follow the gate to its verdict and exit with it (--no-wait: exit 0 once "
+            "the gate is queued)",
+        ),
+    ] = True,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print only the final JSON (the format CLI's shape)")
+    ] = False,
+    junit: Annotated[
+        Path | None,
+        typer.Option("--junit", metavar="FILE", dir_okay=False, help="write a JUnit XML report"),
+    ] = None,
+    name_filter: Annotated[
+        str | None, typer.Option("--filter", help="only cases whose name contains this")
+    ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label",
+            metavar="KEY=VALUE",
+            help="label the gate (repeatable)",
+            callback=_check_labels,
+        ),
+    ] = None,
+    model_mode: Annotated[
+        ModelMode | None,
+        typer.Option("--model-mode", help="how every LLM agent's model answers"),
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option(min=1, help="seconds to wait for the verdict before exit 2")
+    ] = 3600,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Submit a project folder or archive to a gate and report its verdict."""
+    import httpx
+    from rich.console import Console
+
+    from ..client.api import GateAPIError, GateClient
+    from ..client.render import GateProgress, json_result, render_results
+
+    labels = parse_labels(label)
+    console = Console(highlight=False)
+    bundle, filename = _bundle(path, console, as_json)
+    client = GateClient(url, token=token)
+    try:
+        try:
+            gate = client.submit(
+                bundle,
+                filename=filename,
+                name_filter=name_filter,
+                labels=labels,
+                model_mode=model_mode.value if model_mode else None,
+            )
+        except GateAPIError as exc:
+            raise _fail(f"gate refused the bundle: {exc}", exc.problems) from exc
+        if not as_json:
+            console.print(f"  → gate {gate['id']} queued ({len(bundle):,} bytes)")
+        if not wait:
+            if as_json:
+                typer.echo(json.dumps(json_result(gate), indent=2))
+            raise typer.Exit(EXIT_PASSED)
+        progress = GateProgress(console, quiet=as_json)
+        try:
+            with progress.running():
+                gate = client.wait(gate["id"], timeout_s=timeout, on_change=progress.update)
+        except TimeoutError as exc:
+            raise _fail(f"{exc}; giving up (the gate goes on; see GET /v1/gates/{{id}})") from exc
+        except GateAPIError as exc:
+            raise _fail(f"lost the gate while waiting: {exc}") from exc
+        if gate["status"] == "failed":
+            for case in gate.get("cases") or []:
+                if case.get("passed") is not True and case.get("agent_run_ids"):
+                    case["failed_runs"] = client.failed_runs(case)
+    except httpx.HTTPError as exc:
+        raise _fail(f"cannot reach the gate at {url}: {exc or type(exc).__name__}") from exc
+    finally:
+        client.close()
+
+    if junit is not None:
+        _write_junit(junit, gate)
+    status = gate["status"]
+    if status == "error":
+        if not as_json:
+            render_results(console, gate)
+        reason = gate.get("failure_reason") or gate.get("error") or "unknown error"
+        raise _fail(f"Gate errored: {reason}", gate.get("problems") if as_json else None)
+    if as_json:
+        typer.echo(json.dumps(json_result(gate), indent=2))
+    else:
+        render_results(console, gate)
+    raise typer.Exit(EXIT_PASSED if status == "passed" else EXIT_FAILED)
+
+
+def coverage(
+    path: Annotated[
+        Path, typer.Argument(exists=True, file_okay=False, help="the project folder")
+    ] = Path("."),
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print the report as JSON (always exit 0)")
+    ] = False,
+) -> None:
+    """Static per-agent test coverage (`connic test --coverage`); no gate, no token."""
+    from rich.console import Console
+
+    from ..coverage import compute_coverage, render_coverage
+
+    report = compute_coverage(path)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        raise typer.Exit(0)
+    raise typer.Exit(render_coverage(report, Console(highlight=False)))
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(submit)
+    app.command()(coverage)

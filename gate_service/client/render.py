@@ -1,0 +1,288 @@
+"""What `gate submit` shows: progress while waiting, then results as the format's CLI shows them.
+
+Rich draws the table and the progress bar and decides whether the output is a terminal
+(colours and a live bar) or not (plain text, one progress line per change). Everything a
+bundle controls (names, inputs, outputs, errors, span labels) is passed as plain Text with its
+control characters made visible, so it can neither carry markup nor terminal escapes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+TRUNCATE_AT = 800
+SPAN_ERROR_AT = 160
+SHOWN_RUNS = 3
+
+# The format CLI's labels for the backend's phases; unknown phases are shown as they are.
+PHASE_LABELS = {
+    "validating": "Validating uploaded files...",
+    "building": "Building tests...",
+    "starting_container": "Starting test runner container...",
+    "running_tests": "Running test cases...",
+    "done": "Test runner finished.",
+    "error": "The gate reported an error.",
+}
+JUDGED = frozenset({"passed", "failed", "error", "cancelled"})
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def visible(value: object) -> str:
+    """Text with C0, DEL and C1 controls written out (``\\x1b``), as the format CLI does."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
+
+
+def as_text(value: object) -> str:
+    """A run field as text: strings as they are, anything else as JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def truncate(text: str | None, limit: int = TRUNCATE_AT) -> str:
+    if not text:
+        return ""
+    return text if len(text) <= limit else text[:limit] + " … (truncated)"
+
+
+def case_label(case: dict[str, Any]) -> str:
+    return f"{case.get('agent_name')}::{case.get('test_name')}"
+
+
+def judged_count(gate: dict[str, Any]) -> int:
+    return sum(1 for case in gate.get("cases") or [] if case.get("status") in JUDGED)
+
+
+def phase_label(phase: str | None) -> str:
+    return PHASE_LABELS.get(phase or "", phase or "queued")
+
+
+# -- progress ------------------------------------------------------------------------------
+
+
+class GateProgress:
+    """Follows a gate while it runs: a live bar on a terminal, plain lines otherwise, or
+    nothing at all (``quiet``, for --json)."""
+
+    def __init__(self, console: Console, *, quiet: bool = False) -> None:
+        self.console = console
+        self.quiet = quiet
+        self._last: tuple[str, str, int, int] | None = None
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
+
+    @contextmanager
+    def running(self) -> Iterator[GateProgress]:
+        if not self.quiet and self.console.is_terminal:
+            self._bar = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("cases judged"),
+                TimeElapsedColumn(),
+                console=self.console,
+            )
+            with self._bar:
+                self._task = self._bar.add_task("Queued...", total=None)
+                yield self
+            self._bar = None
+        else:
+            yield self
+
+    def update(self, gate: dict[str, Any]) -> None:
+        if self.quiet:
+            return
+        total = int(gate.get("total_cases") or 0)
+        state = (str(gate.get("status")), str(gate.get("phase")), judged_count(gate), total)
+        if state == self._last:
+            return
+        self._last = state
+        status, phase, judged, _ = state
+        label = phase_label(phase)
+        if self._bar is not None and self._task is not None:
+            self._bar.update(
+                self._task, description=visible(label), completed=judged, total=total or None
+            )
+            return
+        line = f"{status}: {label}"
+        if total:
+            line += f" {judged}/{total} cases judged"
+        self.console.print(Text(visible(line)), soft_wrap=True)
+
+
+# -- results -------------------------------------------------------------------------------
+
+
+def _result_cell(case: dict[str, Any]) -> Text:
+    if case.get("passed") is True:
+        return Text(" PASS ", style="bold green")
+    if case.get("passed") is False or case.get("status") == "failed":
+        return Text(" FAIL ", style="bold red")
+    if case.get("status") == "error":
+        return Text(" ERROR ", style="bold red")
+    return Text(" SKIP ", style="yellow")
+
+
+def results_table(cases: list[dict[str, Any]]) -> Table:
+    table = Table(box=box.SQUARE, show_lines=False)
+    table.add_column("Result", no_wrap=True)
+    table.add_column("Test", overflow="fold")
+    table.add_column("Runs", no_wrap=True, justify="right")
+    table.add_column("Threshold", no_wrap=True, justify="right")
+    for case in cases:
+        table.add_row(
+            _result_cell(case),
+            Text(visible(case_label(case))),
+            Text(f"{case.get('successes', 0)}/{case.get('runs', 0)}"),
+            Text(f"{case.get('success_threshold', 0)}%"),
+        )
+    return table
+
+
+def _span_label(span: dict[str, Any], meta: dict[str, Any]) -> str:
+    return str(meta.get("tool_name") or meta.get("name") or span.get("name") or "span")
+
+
+def _span_meta(span: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(span.get("metadata"), dict):
+        return dict(span["metadata"])
+    try:
+        meta = json.loads(span.get("metadata_json") or "{}")
+    except (TypeError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def trace_lines(traces: list[dict[str, Any]], indent: int) -> list[Text]:
+    """The span tree: children under their parent, siblings by (span_order, start_time)."""
+    ids = {span.get("span_id") for span in traces if span.get("span_id")}
+    roots: list[dict[str, Any]] = []
+    children: dict[str, list[dict[str, Any]]] = {}
+    for span in traces:
+        parent = span.get("parent_span_id")
+        if parent and parent in ids and parent != span.get("span_id"):
+            children.setdefault(parent, []).append(span)
+        else:
+            roots.append(span)
+
+    def order(span: dict[str, Any]) -> tuple[int, str]:
+        return (span.get("span_order") or 0, str(span.get("start_time") or ""))
+
+    lines: list[Text] = []
+    seen: set[str] = set()
+
+    def walk(spans: list[dict[str, Any]], depth: int) -> None:
+        for span in sorted(spans, key=order):
+            ok = span.get("status") == "ok"
+            meta = _span_meta(span)
+            line = Text(" " * indent + "  " * depth)
+            line.append("✓" if ok else "✗", style="green" if ok else "red")
+            line.append(" " + visible(_span_label(span, meta)))
+            if span.get("duration_ms") is not None:
+                line.append(f" ({int(span['duration_ms'])}ms)")
+            error = meta.get("error") or meta.get("message")
+            if not ok and error:
+                line.append(" — " + visible(truncate(as_text(error), SPAN_ERROR_AT)), style="red")
+            lines.append(line)
+            span_id = span.get("span_id")
+            if span_id and span_id not in seen:
+                seen.add(span_id)
+                walk(children.get(span_id, []), depth + 1)
+
+    walk(roots, 0)
+    return lines
+
+
+def failed_run_lines(detail: dict[str, Any] | None) -> list[Text]:
+    """A failed case's drill-down: input, output, context, error and trace of shown runs."""
+    if not detail or not detail.get("shown"):
+        return []
+    lines: list[Text] = []
+    for run in detail["shown"]:
+        run_id = visible(run.get("run_id"))
+        if run.get("fetch_error"):
+            lines.append(
+                Text(f"      Run {run_id} (could not load: {visible(run['fetch_error'])})")
+            )
+            continue
+        lines.append(Text(f"      Run {run_id}"))
+        for label, key in (("Input:  ", "input"), ("Output: ", "output")):
+            if run.get(key) not in (None, ""):
+                lines.append(Text(f"        {label} {visible(truncate(as_text(run[key])))}"))
+        if run.get("run_context"):
+            lines.append(Text(f"        Context: {visible(truncate(as_text(run['run_context'])))}"))
+        if run.get("error"):
+            lines.append(Text(f"        Error:   {visible(truncate(run['error']))}", style="red"))
+        if run.get("traces"):
+            lines.append(Text("        Trace:"))
+            lines.extend(trace_lines(run["traces"], indent=10))
+    remaining = int(detail.get("total_failed") or 0) - len(detail["shown"])
+    if remaining > 0:
+        lines.append(Text(f"      … and {remaining} more failed run(s) not shown"))
+    return lines
+
+
+def render_results(console: Console, gate: dict[str, Any]) -> None:
+    """Results table, failure details, the gate's own reason and problems, summary line."""
+    cases: list[dict[str, Any]] = gate.get("cases") or []
+    if cases:
+        console.print()
+        console.print(results_table(cases))
+    failed = [c for c in cases if c.get("passed") is not True and c.get("failure_reason")]
+    if failed:
+        console.print()
+        console.print(Text("  → Failure details:"))
+        for case in failed:
+            line = Text("    ✗ ", style="red")
+            line.append(visible(f"{case_label(case)}: {case['failure_reason']}"), style="red")
+            console.print(line, soft_wrap=True)
+            for text in failed_run_lines(case.get("failed_runs")):
+                console.print(text, soft_wrap=True)
+    reason = gate.get("failure_reason") or gate.get("error")
+    if reason and gate.get("status") != "passed":
+        console.print()
+        console.print(Text(visible(f"  {gate.get('status')}: {reason}")), soft_wrap=True)
+        for problem in gate.get("problems") or []:
+            where = problem.get("file") or problem.get("suite") or ""
+            message = problem.get("message") or problem.get("detail") or as_text(problem)
+            item = f"    - {where}: {message}" if where else f"    - {message}"
+            console.print(Text(visible(item)), soft_wrap=True)
+    passed = sum(1 for c in cases if c.get("passed") is True)
+    console.print()
+    summary = Text(f"  {passed}/{len(cases)} cases passed.", style="bold")
+    summary.append(f"  gate {visible(gate.get('id'))}: {visible(gate.get('status'))}", style="")
+    console.print(summary, soft_wrap=True)
+    if gate.get("html_url"):
+        console.print(Text(f"  {visible(gate['html_url'])}"), soft_wrap=True)
+
+
+def json_result(gate: dict[str, Any]) -> dict[str, Any]:
+    """The format CLI's --json shape: status, test_run_id (the gate id), cases (with
+    failed_runs), plus the gate's failure_reason and results page."""
+    return {
+        "status": gate.get("status"),
+        "test_run_id": gate.get("id"),
+        "failure_reason": gate.get("failure_reason"),
+        "html_url": gate.get("html_url"),
+        "labels": gate.get("labels") or {},
+        "cases": gate.get("cases") or [],
+    }
