@@ -573,3 +573,46 @@ def test_render_a_real_report(tmp_path: Path) -> None:
     assert code == 0
     assert "Overall coverage: 56.0% (5 agents)" in text
     assert "  math-agent: calculator.multiply" in text
+
+
+# ---------------------------------------------------------------- `gate coverage`
+
+
+def gate_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gate_service.cli", "coverage", *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1", "COLUMNS": "120"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("name", ["mixed", "parse-errors", "unknown-agent-broken-suite"])
+def test_gate_coverage_json_prints_what_the_format_prints(name: str, tmp_path: Path) -> None:
+    root = write(tmp_path / name, EDGE_PROJECTS[name])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = gate_cli(str(root), "--json", cwd=elsewhere)
+    assert done.returncode == 0, done.stderr  # --json always exits 0 (spec §11)
+    assert json.loads(done.stdout) == format_report(root)
+    assert done.stdout == format_cli(root).stdout
+
+
+def test_gate_coverage_table_and_exit_codes(tmp_path: Path) -> None:
+    good = write(tmp_path / "good", MIXED)
+    done = gate_cli(str(good), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Overall coverage: 56.0% (5 agents)" in done.stdout
+
+    broken = write(tmp_path / "broken", PARSE_ERRORS)
+    done = gate_cli(str(broken), cwd=tmp_path)
+    assert done.returncode == 1
+    assert "Test files failed to parse" in done.stdout + done.stderr
+
+    missing = write(tmp_path / "missing", EDGE_PROJECTS["missing-agents"])
+    done = gate_cli(str(missing), cwd=tmp_path)
+    assert done.returncode == 1
+    assert "Agents directory not found" in done.stdout + done.stderr
