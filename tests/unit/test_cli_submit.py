@@ -1,0 +1,404 @@
+"""`gate submit` against a scripted API: rendering, --json, exit codes, labels, progress."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from rich.console import Console
+
+from gate_service.cli import main
+from gate_service.cli.submit import parse_labels
+from gate_service.client import api
+from gate_service.client.render import (
+    GateProgress,
+    failed_run_lines,
+    render_results,
+    trace_lines,
+    truncate,
+)
+from tests.fixtures.projects import calculator_project
+
+REAL_CLIENT = api.GateClient
+GATE_ID = "0b6f3c1e-0000-4000-8000-000000000001"
+
+
+def case(
+    name: str,
+    *,
+    passed: bool | None,
+    status: str | None = None,
+    reason: str | None = None,
+    runs: int = 2,
+    successes: int | None = None,
+    run_passed: list[bool] | None = None,
+    suite: str = "tests/calc.yaml",
+) -> dict[str, Any]:
+    run_passed = run_passed if run_passed is not None else [bool(passed)] * runs
+    return {
+        "id": f"case-{name}",
+        "suite": suite,
+        "agent_name": "calc",
+        "test_name": name,
+        "status": status or ("passed" if passed else "failed"),
+        "passed": passed,
+        "successes": successes if successes is not None else sum(run_passed),
+        "runs": runs,
+        "success_threshold": 100,
+        "duration_ms": 1500,
+        "failure_reason": reason,
+        "agent_run_ids": [f"run-{name}-{i}" for i in range(runs)],
+        "agent_run_passed": run_passed,
+    }
+
+
+def gate(status: str, cases: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {
+        "id": GATE_ID,
+        "status": status,
+        "phase": "done" if status not in ("queued", "running") else "running_tests",
+        "total_cases": len(cases),
+        "failure_reason": extra.pop("failure_reason", None),
+        "error": None,
+        "problems": extra.pop("problems", []),
+        "labels": {},
+        "cases": cases,
+        **extra,
+    }
+
+
+SPANS: list[dict[str, Any]] = [
+    # Out of order on purpose: the tree must sort by span_order under each parent.
+    {"span_id": "c2", "parent_span_id": "root", "span_order": 3, "type": "tool_call",
+     "name": "tool_call", "status": "error", "duration_ms": 7,
+     "metadata": {"tool_name": "math_ops.double", "error": "KeyError: 'sum'"}},
+    {"span_id": "root", "parent_span_id": None, "span_order": 1, "type": "agent",
+     "name": "calc", "status": "error", "duration_ms": 20, "metadata": {}},
+    {"span_id": "log1", "parent_span_id": "root", "span_order": 2, "type": "log",
+     "name": "stdout", "status": "ok", "duration_ms": 0, "metadata": {}},
+    {"span_id": "c1", "parent_span_id": "root", "span_order": 2, "type": "tool_call",
+     "name": "tool_call", "status": "ok", "duration_ms": 5,
+     "metadata": {"tool_name": "math_ops.add"}},
+]  # fmt: skip
+
+
+def run_body(run_id: str) -> dict[str, Any]:
+    return {
+        "id": run_id,
+        "status": "failed",
+        "passed": False,
+        "input": {"a": 2, "b": 2},
+        "output": {"sum": 4},
+        "error": "expected_result failed: output.sum == 5",
+        "run_context": {"seen": "x" * 900},
+        "traces": SPANS,
+    }
+
+
+class FakeGate:
+    """A scripted API: POST /v1/gates, then GET /v1/gates/{id} answers ``states`` in turn."""
+
+    def __init__(self, states: list[dict[str, Any]], submit_status: int = 202) -> None:
+        self.states = states
+        self.submit_status = submit_status
+        self.requests: list[httpx.Request] = []
+        self.polls = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        path = request.url.path
+        if request.method == "POST" and path == "/v1/gates":
+            if self.submit_status != 202:
+                body = {"error": "Unauthorized", "detail": "the token was revoked"}
+                return httpx.Response(self.submit_status, json=body)
+            return httpx.Response(202, json=gate("queued", []))
+        if path == f"/v1/gates/{GATE_ID}":
+            state = self.states[min(self.polls, len(self.states) - 1)]
+            self.polls += 1
+            return httpx.Response(200, json=state, headers={"ETag": f'"{self.polls}"'})
+        if path.startswith("/v1/runs/"):
+            return httpx.Response(200, json=run_body(path.rsplit("/", 1)[1]))
+        return httpx.Response(404, json={"error": "NotFound", "detail": path})
+
+
+@pytest.fixture
+def use_api(monkeypatch: pytest.MonkeyPatch) -> Callable[[Callable[..., httpx.Response]], None]:
+    def install(handler: Callable[..., httpx.Response]) -> None:
+        class Scripted(REAL_CLIENT):
+            def __init__(self, base_url: str, **kwargs: Any) -> None:
+                super().__init__(base_url, transport=httpx.MockTransport(handler), **kwargs)
+
+        monkeypatch.setattr(api, "GateClient", Scripted)
+
+    return install
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    return calculator_project(tmp_path / "p", failing=False)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["submit", *argv, "--url", "http://gate.test", "--token", "t"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+FAILED = gate(
+    "failed",
+    [
+        case("adds", passed=True),
+        case(
+            "wrong_sum",
+            passed=False,
+            reason="1/5 runs passed; 100% needed",
+            runs=5,
+            run_passed=[False, True, False, False, False],
+        ),
+    ],
+    failure_reason="1 of 2 cases failed",
+)
+PASSED = gate("passed", [case("adds", passed=True)])
+ERRORED = gate(
+    "error",
+    [],
+    failure_reason="2 suite(s) are invalid",
+    problems=[{"file": "tests/x.yaml", "message": "unknown agent 'ghost'"}],
+)
+CANCELLED = gate(
+    "cancelled", [case("adds", passed=None, status="cancelled", reason="the gate was cancelled")]
+)
+
+
+@pytest.mark.parametrize(
+    ("final", "code"), [(PASSED, 0), (FAILED, 1), (CANCELLED, 1), (ERRORED, 2)]
+)
+def test_exit_codes_follow_the_verdict(
+    final: dict[str, Any],
+    code: int,
+    use_api: Callable[[FakeGate], None],
+    project: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    use_api(FakeGate([gate("running", []), final]))
+    got, _, _ = run_cli(capsys, str(project))
+    assert got == code
+
+
+def test_json_is_the_format_clis_shape_with_failed_runs(
+    use_api: Callable[[FakeGate], None], project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = FakeGate([gate("running", []), FAILED])
+    use_api(fake)
+    code, out, _ = run_cli(capsys, str(project), "--json", "--label", "commit=abc")
+    assert code == 1
+    result = json.loads(out)  # stdout is the JSON document and nothing else
+    assert result["status"] == "failed" and result["test_run_id"] == GATE_ID
+    failing = result["cases"][1]
+    assert failing["failed_runs"]["total_failed"] == 4
+    shown = failing["failed_runs"]["shown"]
+    assert [r["run_id"] for r in shown] == ["run-wrong_sum-0", "run-wrong_sum-2", "run-wrong_sum-3"]
+    assert shown[0]["error"] == "expected_result failed: output.sum == 5"
+    spans = shown[0]["traces"]
+    assert "log1" not in {s["span_id"] for s in spans}  # log spans are dropped
+    assert json.loads(spans[0]["metadata_json"])["tool_name"] == "math_ops.double"
+    assert "failed_runs" not in result["cases"][0]
+    fetched = [r.url.path for r in fake.requests if r.url.path.startswith("/v1/runs/")]
+    assert len(fetched) == 3
+    posted = next(r for r in fake.requests if r.method == "POST")
+    assert b'{"commit": "abc"}' in posted.content
+
+
+def test_json_on_error_prints_nothing_and_says_why_on_stderr(
+    use_api: Callable[[FakeGate], None], project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_api(FakeGate([ERRORED]))
+    code, out, err = run_cli(capsys, str(project), "--json")
+    assert (code, out) == (2, "")
+    assert "Gate errored: 2 suite(s) are invalid" in err and "unknown agent 'ghost'" in err
+
+
+def test_json_on_cancel_prints_the_document(
+    use_api: Callable[[FakeGate], None], project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_api(FakeGate([CANCELLED]))
+    code, out, _ = run_cli(capsys, str(project), "--json")
+    assert code == 1 and json.loads(out)["status"] == "cancelled"
+
+
+def test_human_output_has_table_details_and_summary(
+    use_api: Callable[[FakeGate], None], project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_api(FakeGate([gate("running", []), FAILED]))
+    code, out, _ = run_cli(capsys, str(project))
+    assert code == 1
+    for header in ("Result", "Test", "Runs", "Threshold"):
+        assert header in out
+    assert "calc::wrong_sum" in out and "1/5" in out and "100%" in out
+    assert "calc::wrong_sum: 1/5 runs passed; 100% needed" in out
+    assert "Run run-wrong_sum-0" in out and "… and 1 more failed run(s) not shown" in out
+    assert "1/2 cases passed." in out
+    assert out.index("Failure details") < out.index("1/2 cases passed.")
+
+
+def test_refused_submission_and_unreachable_gate_exit_2(
+    use_api: Callable[[Callable[..., httpx.Response]], None],
+    project: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    use_api(FakeGate([PASSED], submit_status=401))
+    code, _, err = run_cli(capsys, str(project))
+    assert code == 2 and "401 Unauthorized: the token was revoked" in err
+
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    use_api(down)
+    code, _, err = run_cli(capsys, str(project))
+    assert code == 2 and "cannot reach the gate at http://gate.test" in err
+
+
+def test_refused_pack_exits_2_before_any_request(
+    use_api: Callable[[FakeGate], None], project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = FakeGate([PASSED])
+    use_api(fake)
+    (project / "tools/app.exe").write_bytes(b"MZ")
+    code, out, err = run_cli(capsys, str(project), "--json")
+    assert (code, out) == (2, "")
+    assert "tools/app.exe: File type '.exe' not allowed" in err
+    assert fake.requests == []
+
+
+def test_no_wait_exits_0_once_queued(
+    use_api: Callable[[FakeGate], None], project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = FakeGate([FAILED])
+    use_api(fake)
+    code, out, _ = run_cli(capsys, str(project), "--no-wait")
+    assert code == 0 and f"gate {GATE_ID} queued" in out and fake.polls == 0
+
+
+def test_waits_by_default(
+    use_api: Callable[[FakeGate], None], project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = FakeGate([FAILED])
+    use_api(fake)
+    code, _, _ = run_cli(capsys, str(project))
+    assert code == 1 and fake.polls == 1
+
+
+def test_label_parsing() -> None:
+    assert parse_labels(["commit=abc", "branch=main", "empty=", "eq=a=b"]) == {
+        "commit": "abc",
+        "branch": "main",
+        "empty": "",
+        "eq": "a=b",
+    }
+    assert parse_labels(None) == {}
+
+
+@pytest.mark.parametrize("bad", ["nokey", "=value", " =x"])
+def test_a_bad_label_is_a_usage_error(
+    bad: str, use_api: Callable[[FakeGate], None], project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = FakeGate([PASSED])
+    use_api(fake)
+    code, _, err = run_cli(capsys, str(project), "--label", bad)
+    assert code == 2 and "--label" in err and "key=value" in err
+    assert fake.requests == []
+
+
+def test_plain_progress_lines_off_a_terminal(
+    use_api: Callable[[FakeGate], None], project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    running = gate(
+        "running", [case("adds", passed=True), case("two", passed=None, status="queued")]
+    )
+    running["phase"] = "running_tests"
+    use_api(FakeGate([gate("running", []), running, running, PASSED]))
+    code, out, _ = run_cli(capsys, str(project))
+    assert code == 0
+    assert "running: Running test cases... 1/2 cases judged" in out
+    assert out.count("1/2 cases judged") == 1  # one line per change, not per poll
+    assert "\x1b[" not in out  # not a terminal: no colour, no live bar
+
+
+def test_a_live_bar_on_a_terminal() -> None:
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=100)
+    progress = GateProgress(console)
+    with progress.running():
+        state = gate(
+            "running", [case("adds", passed=True), case("b", passed=None, status="running")]
+        )
+        state["phase"] = "running_tests"
+        progress.update(state)
+    assert "1/2" in buffer.getvalue() and "Running test cases" in buffer.getvalue()
+    assert "\x1b[" in buffer.getvalue()
+
+
+def test_quiet_progress_prints_nothing() -> None:
+    buffer = io.StringIO()
+    progress = GateProgress(Console(file=buffer, force_terminal=True), quiet=True)
+    with progress.running():
+        progress.update(gate("running", []))
+    assert buffer.getvalue() == ""
+
+
+def plain(lines: list[Any]) -> list[str]:
+    return [str(line) for line in lines]
+
+
+def test_span_tree_nests_children_in_order_with_inline_errors() -> None:
+    spans = [s for s in SPANS if s["type"] != "log"]
+    lines = plain(trace_lines(spans, indent=2))
+    assert lines == [
+        "  ✗ calc (20ms)",
+        "    ✓ math_ops.add (5ms)",
+        "    ✗ math_ops.double (7ms) — KeyError: 'sum'",
+    ]
+
+
+def test_span_tree_reads_the_format_clis_metadata_json_too() -> None:
+    spans = [
+        {"span_id": "a", "span_order": 2, "name": "x", "status": "ok", "duration_ms": 1,
+         "metadata_json": '{"tool_name": "second"}'},
+        {"span_id": "b", "span_order": 1, "name": "y", "status": "error", "duration_ms": 2,
+         "metadata_json": '{"error": "boom"}'},
+        {"span_id": "c", "parent_span_id": "missing", "span_order": 0, "name": "orphan",
+         "status": "ok", "duration_ms": None, "metadata_json": "not json"},
+    ]  # fmt: skip
+    assert plain(trace_lines(spans, indent=0)) == ["✓ orphan", "✗ y (2ms) — boom", "✓ second (1ms)"]
+
+
+def test_run_fields_are_cut_to_800_characters() -> None:
+    assert truncate("x" * 800) == "x" * 800
+    assert truncate("x" * 801) == "x" * 800 + " … (truncated)"
+    detail = {
+        "total_failed": 1,
+        "shown": [{**run_body("r1"), "run_id": "r1", "output": "o" * 2000}],
+    }
+    text = "\n".join(plain(failed_run_lines(detail)))
+    assert "o" * 800 + " … (truncated)" in text and "o" * 801 not in text
+    assert "Context: " in text and " … (truncated)" in text.split("Context: ")[1]
+
+
+def test_bundle_text_cannot_reach_the_terminal_as_escapes() -> None:
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=120)
+    hostile = case("evil\x1b[2J[bold]x[/bold]", passed=False, reason="bad\x1b]0;title\x07")
+    render_results(console, gate("failed", [hostile]))
+    out = buffer.getvalue()
+    assert "\x1b" not in out and "\x07" not in out
+    assert "\\x1b[2J[bold]x[/bold]" in out  # shown literally, markup not interpreted
+
+
+def test_failed_runs_that_cannot_load_say_so() -> None:
+    detail = {"total_failed": 1, "shown": [{"run_id": "r9", "fetch_error": "HTTP 404"}]}
+    assert plain(failed_run_lines(detail)) == ["      Run r9 (could not load: HTTP 404)"]
