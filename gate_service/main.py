@@ -22,6 +22,8 @@ from .auth.deps import FailureLimiter
 from .auth.routes import router as auth_router
 from .auth.service import ensure_bootstrap
 from .config import Settings
+from .connic_api.routes import bounds_its_own_body
+from .connic_api.routes import router as connic_router
 from .db import make_engine, make_sessionmaker, session_scope
 from .deps import SessionFactoryDep
 from .errors import Conflict, ServiceUnavailable, error_body, error_responses, install_handlers
@@ -67,11 +69,16 @@ def warm_up_routes(app: FastAPI) -> None:
 class DeclaredSizeLimit:
     """Refuse a request whose Content-Length already says it is over the limit, unread."""
 
-    def __init__(self, app: ASGIApp, limit_bytes: int) -> None:
-        self.app, self.limit = app, limit_bytes
+    def __init__(
+        self, app: ASGIApp, limit_bytes: int, exempt: Callable[[str, str], bool] | None = None
+    ) -> None:
+        # exempt(method, path): a route that bounds its own (larger) body while streaming.
+        self.app, self.limit, self.exempt = app, limit_bytes, exempt
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] == "http" and not (
+            self.exempt and self.exempt(scope["method"], scope["path"])
+        ):
             headers = dict(scope.get("headers") or [])
             declared = headers.get(b"content-length")
             if declared and declared.isdigit() and int(declared) > self.limit:
@@ -148,8 +155,11 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(gates_router)
     app.include_router(auth_router)
     app.include_router(secrets_router)
+    app.include_router(connic_router)
     app.add_middleware(
-        DeclaredSizeLimit, limit_bytes=settings.upload_limit_bytes + MULTIPART_OVERHEAD_BYTES
+        DeclaredSizeLimit,
+        limit_bytes=settings.upload_limit_bytes + MULTIPART_OVERHEAD_BYTES,
+        exempt=bounds_its_own_body,
     )
     install_middleware(app, settings)  # last: request ids and the Host check wrap everything
 

@@ -1,0 +1,1 @@
+"""Connic-compatible test-run routes over gates, for the unmodified `connic test` CLI."""

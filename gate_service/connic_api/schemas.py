@@ -1,0 +1,112 @@
+"""The wire shapes the unmodified `connic test` CLI sends and reads (connic-spec §9.2, §9.3).
+
+Field names are Connic's, not ours: `connic test` reads them by name (cli.py `test`,
+`_poll_test_run`, `_fetch_failed_run_details`). Class names avoid a `Test` prefix so pytest
+never mistakes one for a test class when a test imports it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..gates.upload import MAX_TEXT_FIELD_BYTES
+from ..text import StorableStr
+
+# The one environment this service has; the CLI resolves it from GET .../environments.
+DEFAULT_ENVIRONMENT_ID = "default"
+
+ConnicStatus = Literal["running", "passed", "failed", "error", "cancelled"]
+
+
+class ConnicEnvironment(BaseModel):
+    """One entry of GET /projects/{pid}/environments, as the CLI picks its default from it."""
+
+    id: str
+    name: str
+    env_type: Literal["standard", "test"]
+    is_default: bool
+    test_environment_id: str | None = Field(
+        default=None, description="Connic's separate test environment; none here"
+    )
+
+
+class ConnicTestRunSubmit(BaseModel):
+    """The JSON body of POST /projects/{pid}/test-runs (the CLI's `_kickoff_test_run`)."""
+
+    # Fields a newer CLI adds are ignored rather than refused, as Connic's backend would.
+    model_config = ConfigDict(extra="ignore")
+
+    files_data: str = Field(
+        min_length=1, description="The project as a base64-encoded .tar.gz (or .zip)"
+    )
+    environment_id: str | None = Field(
+        default=None,
+        max_length=200,
+        description=f"Must be {DEFAULT_ENVIRONMENT_ID!r}, the only environment, when given",
+    )
+    test_filter: StorableStr | None = Field(
+        default=None,
+        max_length=MAX_TEXT_FIELD_BYTES,
+        description="Run only cases whose name contains this",
+    )
+
+
+class ConnicCase(BaseModel):
+    """A case as the CLI renders it and passes it through to `--json` (connic-spec §9.3)."""
+
+    agent_name: str
+    test_name: str
+    passed: bool = Field(description="False for a failed case and for one not (yet) judged")
+    successes: int
+    runs: int
+    success_threshold: int
+    failure_reason: str | None
+    agent_run_ids: list[uuid.UUID]
+    agent_run_passed: list[bool]
+
+
+class ConnicTestRun(BaseModel):
+    """A test run: the gate under Connic's names. `running` until the gate ends."""
+
+    id: uuid.UUID = Field(description="The gate's id; GET /v1/gates/{id} reads the same gate")
+    status: ConnicStatus
+    phase: str = Field(description="The gate's phase (queued, validating, building, ...)")
+    total_cases: int
+    deployment_id: str | None = Field(
+        default=None,
+        description="Always null: no throwaway deployment backs a gate (and the CLI would "
+        "link a non-null one to connic.co)",
+    )
+    error: str | None = Field(description="Why the gate could not be judged (status error)")
+    cases: list[ConnicCase]
+
+
+class ConnicSpan(BaseModel):
+    """A trace span under the names the CLI keeps; `type == "log"` spans it drops itself."""
+
+    span_id: str
+    parent_span_id: str | None
+    span_order: int
+    type: str
+    name: str
+    status: str
+    duration_ms: int
+    metadata_json: str = Field(description="The span's metadata as a JSON text")
+
+
+class ConnicRun(BaseModel):
+    """One invocation of a case, as the CLI's failed-run drill-down reads it."""
+
+    id: uuid.UUID
+    status: str
+    passed: bool
+    input: str | None = Field(description="The invocation's input; JSON text unless a string")
+    output: str | None = Field(description="Its output; JSON text unless a string")
+    error: str | None
+    failure_reason: str | None
+    run_context: dict[str, Any]
+    duration_ms: int
+    traces: list[ConnicSpan]
