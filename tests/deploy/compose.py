@@ -1,0 +1,139 @@
+"""Driving the repository's Dockerfile and docker-compose.yml from tests, as a user would.
+
+- ``buildkit_docker()``: a docker CLI whose `docker build` runs BuildKit (build secrets and
+  `RUN --mount` need it): one with the buildx plugin, or a classic client older than 23
+  with DOCKER_BUILDKIT=1 (Debian's docker.io 20.10 is one).
+- ``compose_command()``: `docker compose` (v2) if present, else `docker-compose` (v1).
+- ``Compose``: one project (`-p`) over the repository's compose file plus an override.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+def _ok(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str | None:
+    """The command's stdout if it succeeds, else None."""
+    try:
+        proc = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=60, env=env, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def _docker_clis() -> list[str]:
+    """The `docker` on PATH, then Debian's (a newer client may shadow it without buildx)."""
+    unique: dict[str, str] = {}
+    for exe in (shutil.which("docker"), "/usr/bin/docker"):
+        if exe and Path(exe).exists():
+            unique.setdefault(os.path.realpath(exe), exe)
+    return list(unique.values())
+
+
+def buildkit_docker() -> str | None:
+    """A docker CLI that builds with BuildKit when DOCKER_BUILDKIT=1, or None."""
+    for exe in _docker_clis():
+        if _ok([exe, "buildx", "version"]) is not None:
+            return exe
+        version = _ok([exe, "version", "--format", "{{.Client.Version}}"])
+        if version:
+            try:
+                major = int(version.strip().split(".")[0])
+            except ValueError:
+                continue
+            if major < 23:  # BuildKit built into the classic client; 23+ needs buildx
+                return exe
+    return None
+
+
+def compose_command() -> list[str] | None:
+    for exe in _docker_clis():
+        if _ok([exe, "compose", "version"]) is not None:
+            return [exe, "compose"]
+    v1 = shutil.which("docker-compose")
+    if v1 and _ok([v1, "version"]) is not None:
+        return [v1]
+    return None
+
+
+def build_service_image(docker: str, tag: str, *, extra_ca: Path | None) -> str:
+    """`docker build` of the repository's Dockerfile, the extra CA as the build secret."""
+    argv = [docker, "build", "--progress=plain", "-t", tag]
+    if extra_ca is not None:
+        argv += ["--secret", f"id=extra_ca,src={extra_ca}"]
+    proc = subprocess.run(
+        [*argv, str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env={**os.environ, "DOCKER_BUILDKIT": "1"},
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"building {tag} failed:\n{(proc.stdout + proc.stderr)[-6000:]}")
+    return proc.stdout + proc.stderr
+
+
+@dataclass
+class Compose:
+    command: list[str]
+    project: str
+    files: list[Path]
+    env: dict[str, str]
+
+    def argv(self, *args: str) -> list[str]:
+        files = [arg for path in self.files for arg in ("-f", str(path))]
+        return [*self.command, "-p", self.project, *files, *args]
+
+    def run(self, *args: str, timeout: float = 600, check: bool = True) -> str:
+        proc = subprocess.run(
+            self.argv(*args),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+            cwd=ROOT,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+            )
+        return proc.stdout
+
+    def container_ids(self, service: str) -> list[str]:
+        return self.run("ps", "-q", service).split()
+
+    def logs(self) -> str:
+        try:
+            return self.run("logs", "--no-color", "--tail", "300", check=False, timeout=120)
+        except subprocess.TimeoutExpired:
+            return "(compose logs timed out)"
+
+
+def container_state(container_id: str) -> dict[str, str]:
+    """Status, restart count and exit code of one container."""
+    out = subprocess.run(
+        [
+            "docker",
+            "inspect",
+            "--format",
+            "{{.State.Status}} {{.RestartCount}} {{.State.ExitCode}}",
+            container_id,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return {"status": out[0], "restarts": out[1], "exit_code": out[2]}

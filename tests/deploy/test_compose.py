@@ -1,0 +1,218 @@
+"""`docker compose up` for real: the repository's Dockerfile and docker-compose.yml.
+
+Postgres, the API and a worker start from the compose file as a user would start them (the
+registry images are local stand-ins, see standins.py; the service image is built from the
+Dockerfile with BuildKit, the machine's CA bundle as its optional `extra_ca` build secret).
+A passing project is judged through the published port, the workers scale to two, and a
+running gate is cancelled. `down -v` removes everything the project made, pass or fail.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from cryptography.fernet import Fernet
+
+from gate_service.client.api import GateClient
+from tests.deploy.compose import (
+    COMPOSE_FILE,
+    HOST_CA_BUNDLE,
+    Compose,
+    build_service_image,
+    buildkit_docker,
+    compose_command,
+    container_state,
+)
+from tests.deploy.standins import ensure_standins
+from tests.fixtures.projects import bundle_of, calculator_project, write
+
+pytestmark = pytest.mark.docker
+
+SERVICE_IMAGE = "gate-compose-test:latest"
+# A cold start builds the runner image inside the worker (its wheels fetched from the index).
+READY_SECONDS = 300
+VERDICT_SECONDS = 600
+
+SLOW_PROJECT = {
+    "agents/sleeper.yaml": """
+        version: "1.0"
+        name: sleeper
+        description: Sleeps as long as it is told.
+        type: tool
+        tool_name: slow.nap
+    """,
+    "tools/slow.py": """
+        import time
+
+
+        def nap(payload: dict) -> dict:
+            time.sleep(payload["seconds"])
+            return {"slept": payload["seconds"]}
+    """,
+    "tests/sleeper.yaml": """
+        agent: sleeper
+        tests:
+          - name: naps_long
+            payload: '{"seconds": 240}'
+            timeout_s: 300
+            expected_result: output.slept == 240
+    """,
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def unavailable(why: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must be able to run the compose test: {why}")
+    pytest.skip(why)
+
+
+class Timings:
+    def __init__(self) -> None:
+        self.start = self.last = time.monotonic()
+        self.steps: list[str] = []
+
+    def mark(self, step: str) -> None:
+        now = time.monotonic()
+        self.steps.append(f"{step}: {now - self.last:.1f} s")
+        self.last = now
+
+    def report(self) -> str:
+        total = time.monotonic() - self.start
+        return "; ".join([*self.steps, f"total: {total:.1f} s"])
+
+
+@pytest.fixture
+def compose(docker_engine: None, tmp_path: Path) -> Iterator[tuple[Compose, str, str, Timings]]:
+    """The compose project up and ready: (compose, API URL, admin token, timings)."""
+    docker = buildkit_docker()
+    if docker is None:
+        unavailable("no docker CLI with BuildKit (docker buildx, or a classic client < 23)")
+    command = compose_command()
+    if command is None:
+        unavailable("neither `docker compose` nor `docker-compose` is installed")
+    assert docker is not None and command is not None
+    if os.geteuid() != 0:
+        unavailable("the stand-in images need root (debootstrap)")
+
+    timings = Timings()
+    ensure_standins()
+    timings.mark("stand-ins")
+    extra_ca = HOST_CA_BUNDLE if HOST_CA_BUNDLE.exists() else None
+    build_service_image(docker, SERVICE_IMAGE, extra_ca=extra_ca)
+    timings.mark("service image")
+
+    files = [COMPOSE_FILE]
+    if extra_ca is not None:
+        # What a user behind a TLS proxy adds: the worker fetches the runner's (and
+        # bundles') wheels from the index at run time, so it needs the CA bundle too.
+        override = tmp_path / "docker-compose.extra-ca.yml"
+        override.write_text(
+            "services:\n"
+            "  worker:\n"
+            "    environment:\n"
+            "      PIP_CERT: /etc/gate/ca-bundle.crt\n"
+            "    volumes:\n"
+            f"      - {extra_ca}:/etc/gate/ca-bundle.crt:ro\n"
+        )
+        files.append(override)
+
+    port = free_port()
+    token = secrets.token_urlsafe(24)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATE_")}
+    env.update(
+        {
+            "GATE_IMAGE": SERVICE_IMAGE,
+            "GATE_PORT": str(port),
+            "GATE_DB_PASSWORD": secrets.token_urlsafe(16),
+            "GATE_BOOTSTRAP_TOKEN": token,
+            "GATE_SECRETS_KEY": Fernet.generate_key().decode(),
+        }
+    )
+    project = Compose(command, f"gatecompose{uuid.uuid4().hex[:10]}", files, env)
+    url = f"http://127.0.0.1:{port}"
+    passed = False
+    try:
+        project.run("up", "-d", "--no-build")
+        wait_ready(project, url)
+        timings.mark("up and ready")
+        yield project, url, token, timings
+        passed = True
+    finally:
+        if not passed:
+            print(f"compose logs of {project.project}:\n{project.logs()}")
+        project.run("down", "-v", "--remove-orphans", "--timeout", "20", check=False)
+        print(f"compose test timings: {timings.report()}")
+
+
+def wait_ready(project: Compose, url: str) -> None:
+    deadline = time.monotonic() + READY_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        for cid in project.container_ids("api"):
+            state = container_state(cid)
+            if state["status"] in ("exited", "dead"):
+                raise AssertionError(f"the api container exited: {state}")
+        time.sleep(1)
+    raise AssertionError(f"{url}/readyz not ready within {READY_SECONDS} s")
+
+
+def wait_phase(client: GateClient, gate_id: str, phase: str, timeout_s: float) -> dict[str, object]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        gate = client.gate(gate_id)
+        if gate["phase"] == phase or gate["status"] in ("passed", "failed", "error", "cancelled"):
+            return gate
+        time.sleep(0.5)
+    raise AssertionError(f"gate {gate_id} did not reach {phase} within {timeout_s} s")
+
+
+def test_compose_up_judges_scales_and_cancels(
+    compose: tuple[Compose, str, str, Timings], tmp_path: Path
+) -> None:
+    project, url, token, timings = compose
+    client = GateClient(url, token=token)
+    try:
+        gate = client.submit(bundle_of(calculator_project(tmp_path / "calc", failing=False)))
+        gate = client.wait(gate["id"], timeout_s=VERDICT_SECONDS)
+        assert gate["status"] == "passed", gate
+        assert gate["total_cases"] == gate["passed_cases"] > 0, gate
+        timings.mark("first verdict")
+
+        project.run("up", "-d", "--no-build", "--scale", "worker=2")
+        workers = project.container_ids("worker")
+        assert len(workers) == 2, workers
+        timings.mark("scaled to two workers")
+
+        slow = client.submit(bundle_of(write(tmp_path / "slow", SLOW_PROJECT)))
+        running = wait_phase(client, slow["id"], "running_tests", VERDICT_SECONDS)
+        assert running["status"] == "running", running
+        client.cancel(slow["id"])
+        ended = client.wait(slow["id"], timeout_s=120)
+        assert ended["status"] == "cancelled", ended
+        timings.mark("cancelled a running gate")
+
+        # Both workers still up, and nothing restarted along the way (a crash would have).
+        for service in ("db", "api", "worker"):
+            for cid in project.container_ids(service):
+                state = container_state(cid)
+                assert state["status"] == "running" and state["restarts"] == "0", (service, state)
+    finally:
+        client.close()
