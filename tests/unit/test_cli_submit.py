@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -402,3 +403,55 @@ def test_bundle_text_cannot_reach_the_terminal_as_escapes() -> None:
 def test_failed_runs_that_cannot_load_say_so() -> None:
     detail = {"total_failed": 1, "shown": [{"run_id": "r9", "fetch_error": "HTTP 404"}]}
     assert plain(failed_run_lines(detail)) == ["      Run r9 (could not load: HTTP 404)"]
+
+
+def test_an_archive_is_sent_as_it_is(
+    use_api: Callable[[FakeGate], None],
+    project: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from gate_service.client.pack import pack_project
+
+    archive = tmp_path / "bundle.tgz"
+    archive.write_bytes(pack_project(project))
+    fake = FakeGate([PASSED])
+    use_api(fake)
+    code, _, _ = run_cli(capsys, str(archive))
+    posted = next(r for r in fake.requests if r.method == "POST")
+    assert code == 0 and b'filename="bundle.tgz"' in posted.content
+    assert archive.read_bytes() in posted.content
+
+
+def test_waiting_retries_network_errors_then_gives_up() -> None:
+    calls = {"n": 0}
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        calls["n"] += 1
+        if calls["n"] <= 2:
+            raise httpx.ReadError("reset", request=request)
+        return httpx.Response(200, json=PASSED)
+
+    client = REAL_CLIENT("http://gate.test", transport=httpx.MockTransport(flaky))
+    assert client.wait(GATE_ID, retry_delay_s=0)["status"] == "passed"
+    assert calls["n"] == 3
+
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    client = REAL_CLIENT("http://gate.test", transport=httpx.MockTransport(down))
+    with pytest.raises(httpx.ConnectError):
+        client.wait(GATE_ID, retry_delay_s=0, network_retries=3)
+
+
+def test_a_gate_that_does_not_finish_in_time_exits_2(
+    use_api: Callable[[FakeGate], None],
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    clock = itertools.count(0.0, 1000.0)
+    monkeypatch.setattr(api.time, "monotonic", lambda: next(clock))  # no real waiting
+    use_api(FakeGate([gate("running", [])]))
+    code, _, err = run_cli(capsys, str(project), "--timeout", "1500")
+    assert code == 2 and "did not finish within 1500 s" in err
