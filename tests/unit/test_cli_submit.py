@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -451,7 +452,7 @@ def test_a_gate_that_does_not_finish_in_time_exits_2(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     clock = itertools.count(0.0, 1000.0)
-    monkeypatch.setattr(api.time, "monotonic", lambda: next(clock))  # no real waiting
+    monkeypatch.setattr(time, "monotonic", lambda: next(clock))  # no real waiting
     use_api(FakeGate([gate("running", [])]))
     code, _, err = run_cli(capsys, str(project), "--timeout", "1500")
     assert code == 2 and "did not finish within 1500 s" in err
