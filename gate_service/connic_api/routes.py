@@ -47,12 +47,13 @@ Pid = Annotated[str, Path(description="The token's project name (CONNIC_PROJECT_
 
 # The declared-size middleware in main.py holds every other body to the multipart limit;
 # this route's base64 body is a third larger, so it bounds its own body (below) instead.
-_TEST_RUNS_PATH = re.compile(r"/v1/projects/[^/]+/test-runs/?")
+# Matched at the end of the path: behind a proxy's root_path the scope's path has a prefix.
+_TEST_RUNS_PATH = re.compile(r"/v1/projects/[^/]+/test-runs/?\Z")
 
 
 def bounds_its_own_body(method: str, path: str) -> bool:
     """True for the one route that enforces its own, larger, body limit while streaming."""
-    return method == "POST" and _TEST_RUNS_PATH.fullmatch(path) is not None
+    return method == "POST" and _TEST_RUNS_PATH.search(path) is not None
 
 
 SUBMIT_SCHEMA: dict[str, Any] = {

@@ -23,6 +23,7 @@ from fastapi.testclient import TestClient
 from httpx import Response
 
 from gate_service.config import Settings
+from gate_service.connic_api.routes import bounds_its_own_body
 from gate_service.main import create_app
 from gate_service.worker.loop import Worker
 from tests.fixtures.auth import ADMIN_TOKEN, as_token, bearer, project_token
@@ -391,3 +392,15 @@ def test_a_chunked_body_over_the_bound_is_refused_while_streaming(
     assert head.startswith(b"HTTP/1.1 413"), response[:300]
     assert bound <= sent < bound + 8 * mib, sent
     assert b"refused after" in rest and b"PayloadTooLarge" in rest
+
+
+def test_only_the_submission_route_is_spared_the_multipart_size_check() -> None:
+    assert bounds_its_own_body("POST", f"/v1/projects/{PID}/test-runs")
+    assert bounds_its_own_body("POST", f"/behind/a/proxy/v1/projects/{PID}/test-runs")
+    for method, path in (
+        ("GET", f"/v1/projects/{PID}/test-runs"),
+        ("POST", f"/v1/projects/{PID}/test-runs/x"),
+        ("POST", "/v1/gates"),
+        ("POST", f"/v1/projects/{PID}/tokens"),
+    ):
+        assert not bounds_its_own_body(method, path), (method, path)
