@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -96,7 +97,9 @@ class Timings:
 
 
 @pytest.fixture
-def compose(docker_engine: None, tmp_path: Path) -> Iterator[tuple[Compose, str, str, Timings]]:
+def compose(
+    docker_engine: None, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[Compose, str, str, Timings]]:
     """The compose project up and ready: (compose, API URL, admin token, timings)."""
     docker = buildkit_docker()
     if docker is None:
@@ -144,13 +147,15 @@ def compose(docker_engine: None, tmp_path: Path) -> Iterator[tuple[Compose, str,
     )
     project = Compose(command, f"gatecompose{uuid.uuid4().hex[:10]}", files, env)
     url = f"http://127.0.0.1:{port}"
+    failed_before = request.session.testsfailed
     passed = False
     try:
         project.run("up", "-d", "--no-build")
         wait_ready(project, url)
         timings.mark("up and ready")
         yield project, url, token, timings
-        passed = True
+        # A failing test is not raised in here: its report is counted before teardown.
+        passed = request.session.testsfailed == failed_before
     finally:
         if not passed:
             print(f"compose logs of {project.project}:\n{project.logs()}")
@@ -184,6 +189,18 @@ def wait_phase(client: GateClient, gate_id: str, phase: str, timeout_s: float) -
     raise AssertionError(f"gate {gate_id} did not reach {phase} within {timeout_s} s")
 
 
+def assert_no_case_containers(gate_id: str, timeout_s: float) -> None:
+    argv = ["docker", "ps", "-aq", "--filter", f"label=gate.gate_id={gate_id}"]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"case containers of cancelled gate {gate_id} remain: {left}")
+        time.sleep(1)
+
+
 def test_compose_up_judges_scales_and_cancels(
     compose: tuple[Compose, str, str, Timings], tmp_path: Path
 ) -> None:
@@ -207,6 +224,8 @@ def test_compose_up_judges_scales_and_cancels(
         client.cancel(slow["id"])
         ended = client.wait(slow["id"], timeout_s=120)
         assert ended["status"] == "cancelled", ended
+        # The worker stopped its case container on the host's engine, through the socket.
+        assert_no_case_containers(slow["id"], timeout_s=60)
         timings.mark("cancelled a running gate")
 
         # Both workers still up, and nothing restarted along the way (a crash would have).
