@@ -205,7 +205,8 @@ def coverage(
         Path, typer.Argument(exists=True, file_okay=False, help="the project folder")
     ] = Path("."),
     as_json: Annotated[
-        bool, typer.Option("--json", help="print the report as JSON (always exit 0)")
+        bool,
+        typer.Option("--json", help="print the report as JSON (exit 1 if it holds an error)"),
     ] = False,
 ) -> None:
     """Static per-agent test coverage (`connic test --coverage`); no gate, no token."""
@@ -216,7 +217,10 @@ def coverage(
     report = compute_coverage(path)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
-        raise typer.Exit(0)
+        # As connic-composer-sdk 0.1.57 does (spec §11 says 0, from an older release): a
+        # report with an error or a suite that does not parse fails the pipeline step.
+        broken = report.get("error") or any(row.get("parse_error") for row in report["agents"])
+        raise typer.Exit(1 if broken else 0)
     raise typer.Exit(render_coverage(report, Console(highlight=False)))
 
 

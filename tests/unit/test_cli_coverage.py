@@ -21,14 +21,14 @@ def test_json_is_the_report_and_exits_0(tmp_path: Path, capsys: pytest.CaptureFi
     assert {row["name"] for row in json.loads(out)["agents"]} >= {"calc", "pipeline"}
 
 
-def test_json_exits_0_even_when_a_suite_does_not_parse(
+def test_json_exits_1_when_a_suite_does_not_parse_as_the_format_cli_does(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     project = calculator_project(tmp_path / "p", failing=False)
     write(project, {"tests/calc.yaml": "tests: [unclosed\n"})
-    assert main(["coverage", str(project), "--json"]) == 0
-    capsys.readouterr()
-    assert main(["coverage", str(project)]) == 1  # the table view fails on it, as §11 says
+    assert main(["coverage", str(project), "--json"]) == 1
+    assert "parse_error" in capsys.readouterr().out  # the report is printed all the same
+    assert main(["coverage", str(project)]) == 1
 
 
 def test_table_for_people(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
