@@ -57,13 +57,40 @@ def buildkit_docker() -> str | None:
     return None
 
 
+# docker-compose v1 (Debian's 1.29) breaks with docker-py 7 ("kwargs_from_env() got an
+# unexpected keyword argument 'ssl_version'"), which a pip install of this project into the
+# system Python puts first on its path (/usr/local). Run it with Debian's own docker-py.
+_V1_WITH_DEBIANS_DOCKER_PY = (
+    "import sys; "
+    "sys.path[:] = [p for p in sys.path if not p.startswith('/usr/local/')]; "
+    "sys.argv[0] = 'docker-compose'; "
+    "from compose.cli.main import main; main()"
+)
+
+
+def _v1_command(script: str) -> list[str]:
+    with open(script, "rb") as fh:
+        first = fh.readline().decode(errors="replace")
+    if first.startswith("#!") and "python" in first:
+        interpreter = first[2:].split()[0]
+        return [interpreter, "-c", _V1_WITH_DEBIANS_DOCKER_PY]
+    return [script]
+
+
+def compose_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment compose runs in: no PYTHONPATH to shadow a v1's own packages."""
+    return {k: v for k, v in env.items() if k != "PYTHONPATH"}
+
+
 def compose_command() -> list[str] | None:
     for exe in _docker_clis():
         if _ok([exe, "compose", "version"]) is not None:
             return [exe, "compose"]
     v1 = shutil.which("docker-compose")
-    if v1 and _ok([v1, "version"]) is not None:
-        return [v1]
+    if v1:
+        command = _v1_command(v1)
+        if _ok([*command, "version"], env=compose_environment(os.environ)) is not None:
+            return command
     return None
 
 
@@ -102,7 +129,7 @@ class Compose:
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=self.env,
+            env=compose_environment(self.env),
             cwd=ROOT,
             check=False,
         )
