@@ -94,8 +94,17 @@ def compose_command() -> list[str] | None:
     return None
 
 
+def _image_id(tag: str) -> str | None:
+    return (_ok(["docker", "image", "inspect", "--format", "{{.Id}}", tag]) or "").strip() or None
+
+
 def build_service_image(docker: str, tag: str, *, extra_ca: Path | None) -> str:
-    """`docker build` of the repository's Dockerfile, the extra CA as the build secret."""
+    """`docker build` of the repository's Dockerfile, the extra CA as the build secret.
+
+    The image this tag named before (this test's own, from older sources) is removed, so
+    rebuilds do not pile up untagged images.
+    """
+    previous = _image_id(tag)
     argv = [docker, "build", "--progress=plain", "-t", tag]
     if extra_ca is not None:
         argv += ["--secret", f"id=extra_ca,src={extra_ca}"]
@@ -109,6 +118,8 @@ def build_service_image(docker: str, tag: str, *, extra_ca: Path | None) -> str:
     )
     if proc.returncode != 0:
         raise AssertionError(f"building {tag} failed:\n{(proc.stdout + proc.stderr)[-6000:]}")
+    if previous is not None and previous != _image_id(tag):
+        subprocess.run(["docker", "rmi", previous], capture_output=True, check=False)
     return proc.stdout + proc.stderr
 
 
