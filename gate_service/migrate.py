@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from alembic import command
 from alembic.config import Config
+from sqlalchemy import create_engine, text
 
+from gate_service.db import sqlalchemy_url
 from gate_service.resources import migrations_dir
+
+# An API and its workers all migrate at start, often at the same moment (compose starts them
+# together): one transaction-scoped advisory lock makes the others wait, then find the schema
+# at head, instead of racing to create the same tables.
+MIGRATION_LOCK_KEY = 0x6761_7465_6D69  # "gatemi"
 
 
 def alembic_config(url: str) -> Config:
@@ -17,7 +24,16 @@ def alembic_config(url: str) -> Config:
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(url), revision)
+    cfg = alembic_config(url)
+    engine = create_engine(sqlalchemy_url(url))
+    try:
+        # One transaction for the lock and every migration (PostgreSQL's DDL is transactional).
+        with engine.begin() as connection:
+            connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
+            cfg.attributes["connection"] = connection
+            command.upgrade(cfg, revision)
+    finally:
+        engine.dispose()
 
 
 def downgrade(url: str, revision: str = "base") -> None:

@@ -52,7 +52,7 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
     while True:
         if proc.poll() is not None:
             pytest.fail(
-                f"{proc.args} exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}"
+                f"{proc.args!r} exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}"
             )
         try:
             if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:

@@ -1,5 +1,7 @@
 """The migrations build exactly the models' schema, and run both ways."""
 
+import threading
+
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
@@ -28,6 +30,28 @@ def test_upgrade_downgrade_upgrade(empty_database_url: str) -> None:
     migrate.downgrade(empty_database_url, "base")
     assert tables(empty_database_url) == set()
     migrate.upgrade(empty_database_url)
+    assert tables(empty_database_url) == TABLES
+
+
+def test_processes_starting_together_migrate_one_at_a_time(empty_database_url: str) -> None:
+    # Without the advisory lock, two upgrades of an empty database race to create the same
+    # tables and one fails with "already exists" (as compose's API and worker did).
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def upgrade() -> None:
+        start.wait()
+        try:
+            migrate.upgrade(empty_database_url)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=upgrade) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
     assert tables(empty_database_url) == TABLES
 
 
