@@ -36,7 +36,11 @@ MAX_PATH_CHARS = 1024
 MAX_NAME_CHARS = 255
 CHUNK = 64 * 1024
 
-UPLOAD_ROOTS = ("agents", "tools", "middleware", "schemas", "guardrails", "hooks", "tests")
+# connic-composer-sdk 0.1.57 uploads connectors/ as well (spec §1 predates it); what its CLI
+# and `gate submit` pack is what the gate keeps.
+UPLOAD_ROOTS = (
+    "agents", "tools", "middleware", "schemas", "guardrails", "hooks", "tests", "connectors",
+)  # fmt: skip
 ROOT_FILES = ("requirements.txt",)
 CODE_EXTENSIONS = frozenset(
     {".py", ".yaml", ".yml", ".txt", ".json", ".csv", ".md", ".toml", ".jsonl"}

@@ -48,6 +48,7 @@ def zipped(**files: bytes) -> bytes:
 def test_extracts_the_upload_set_and_counts_bytes(tmp_path: Path) -> None:
     data = tgz(
         reg("agents/a.yaml", b"name: a\n"),
+        reg("connectors/c.yaml", b"k: v\n"),
         reg("tests/files/blob.bin", b"\x00" * 100),
         reg("requirements.txt", b"pyyaml\n"),
         reg("README.md", b"not uploaded"),
@@ -55,8 +56,10 @@ def test_extracts_the_upload_set_and_counts_bytes(tmp_path: Path) -> None:
         reg(".env", b"SECRET=1"),
     )
     manifest = read_archive(data, tmp_path)
-    assert sorted(manifest.files) == ["agents/a.yaml", "requirements.txt", "tests/files/blob.bin"]
-    assert (manifest.code_bytes, manifest.fixture_bytes) == (15, 100)
+    assert sorted(manifest.files) == [
+        "agents/a.yaml", "connectors/c.yaml", "requirements.txt", "tests/files/blob.bin",
+    ]  # fmt: skip
+    assert (manifest.code_bytes, manifest.fixture_bytes) == (20, 100)
     assert (tmp_path / "tests/files/blob.bin").read_bytes() == b"\x00" * 100
     assert not (tmp_path / ".env").exists()
     assert not (tmp_path / "README.md").exists()
