@@ -52,8 +52,10 @@ def claim(
     lease_seconds: int,
     max_running_per_project: int | None = None,
 ) -> ClaimedJob | None:
-    """The oldest queued job, leased to ``owner``; None when there is none to take.
+    """A queued job, leased to ``owner``; None when there is none to take.
 
+    Claims go round-robin across projects (see ``_FAIR_ORDER``): the oldest queued job of
+    the project served least recently, so one project's burst does not starve the others.
     With ``max_running_per_project``, a job whose project already has that many running jobs
     is left queued (another project's is taken instead), so one project cannot hold every
     worker.
@@ -67,8 +69,11 @@ def claim(
             """
             UPDATE jobs SET state = 'running', lease_owner = :owner, attempts = attempts + 1,
                    lease_expires_at = now() + make_interval(secs => :lease)
-             WHERE id = (SELECT id FROM jobs WHERE state = 'queued'
-                          ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1)
+             WHERE id = (SELECT j.id FROM jobs j JOIN gates g ON g.id = j.gate_id
+                          WHERE j.state = 'queued'
+                          ORDER BY """
+            + _FAIR_ORDER
+            + """ FOR UPDATE OF j SKIP LOCKED LIMIT 1)
             RETURNING id, gate_id, attempts
             """
         ),
@@ -78,6 +83,19 @@ def claim(
         return None
     return ClaimedJob(id=row.id, gate_id=row.gate_id, attempts=row.attempts, owner=owner)
 
+
+# Round-robin across projects: a queued job of the project served least recently first
+# (never served: first of all), then the oldest. A project was last served when its newest
+# gate started, or now if it has a claimed job whose gate has not started yet (a claim
+# commits before the worker starts the gate). Derived from the gates so that no claim has
+# to write a shared row; a retry's claim does not count as a new turn.
+_FAIR_ORDER = """
+    (SELECT max(CASE WHEN sj.state = 'running' AND sg.started_at IS NULL THEN now()
+                     ELSE sg.started_at END)
+       FROM gates sg LEFT JOIN jobs sj ON sj.gate_id = sg.id
+      WHERE sg.project_id = g.project_id) ASC NULLS FIRST,
+    j.id
+"""
 
 _RUNNING_OF_PROJECT = """
     SELECT count(*) FROM jobs r JOIN gates rg ON rg.id = r.gate_id
@@ -97,6 +115,8 @@ def _claim_capped(
     claimer committed before it let go of the lock. Each try runs in a savepoint; a lost
     race rolls it back, which releases the job and project locks before the next try, so a
     claimer never waits for a project while holding another project's lock (no deadlock).
+    The fair order (``_FAIR_ORDER``) only chooses which candidate to try first; the cap's
+    exactness rests on the lock and the recount alone.
     """
     full: list[str] = []  # projects found at their cap during this claim
     while True:
@@ -111,7 +131,9 @@ def _claim_capped(
                        AND ("""
                     + _RUNNING_OF_PROJECT.format(project="g.project_id")
                     + """) < :cap
-                     ORDER BY j.id FOR UPDATE OF j SKIP LOCKED LIMIT 1
+                     ORDER BY """
+                    + _FAIR_ORDER
+                    + """ FOR UPDATE OF j SKIP LOCKED LIMIT 1
                     """
                 ),
                 {"full": full, "cap": cap},
