@@ -7,9 +7,11 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -18,20 +20,58 @@ from ..config import Settings
 log = logging.getLogger("gate")
 
 
-def _database_url(settings: Settings) -> tuple[str, Any]:
-    """The configured server, or an embedded one under the data dir; migrated either way."""
+def _database_url(settings: Settings, cleanup: ExitStack) -> str:
+    """The configured server, or an embedded one under the data dir; migrated either way.
+
+    An embedded server is stopped by ``cleanup``, so every exit path stops it, including a
+    failing migration right after it started.
+    """
     from .. import migrate
 
-    embedded = None
     url = settings.database_url
     if not url:
         from ..pg import EmbeddedPostgres
 
         embedded = EmbeddedPostgres(settings.runtime_dir() / "postgres")
+        cleanup.callback(embedded.stop)
         url = embedded.url
     log.info("migrating the database")
     migrate.upgrade(url)
-    return url, embedded
+    return url
+
+
+@contextmanager
+def _lifetime() -> Iterator[ExitStack]:
+    """What the process owns, released on every exit path: an ExitStack for the callers'
+    cleanups (workers, the embedded Postgres), closed however the body ends.
+
+    SIGTERM and SIGINT end the process through that path too. Python's default SIGTERM kills
+    the process outright, skipping every ``finally``; and uvicorn, which handles both signals
+    while it serves, raises the signal it caught again once it has shut down. Both reach this
+    handler instead: the first signal raises SystemExit(0) (a requested stop), and any signal
+    during the cleanup is only logged, so a second one cannot cut the cleanup short.
+    """
+    stopping = False
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        if stopping:
+            log.info("signal %s: already stopping", signum)
+            return
+        stopping = True
+        log.info("signal %s: stopping", signum)
+        raise SystemExit(0)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with ExitStack() as cleanup:
+            try:
+                yield cleanup
+            finally:
+                stopping = True
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _prepare_images(settings: Settings) -> None:
@@ -75,20 +115,22 @@ def serve() -> None:
     from ..main import create_app
 
     settings = Settings()
-    url, embedded = _database_url(settings)
-    _prepare_images(settings)
-    stop = threading.Event()
-    workers = _start_workers(settings, url, settings.embedded_workers, stop)
-    app = create_app(settings.model_copy(update={"database_url": url}))
-    log.info("serving on http://%s:%s", settings.host, settings.port)
-    try:
+    # Cleanups run in reverse: the workers stop before the embedded Postgres they use.
+    with _lifetime() as cleanup:
+        url = _database_url(settings, cleanup)
+        _prepare_images(settings)
+        stop = threading.Event()
+        workers = _start_workers(settings, url, settings.embedded_workers, stop)
+
+        @cleanup.callback
+        def _stop_workers() -> None:
+            stop.set()
+            for thread in workers:
+                thread.join(timeout=30)
+
+        app = create_app(settings.model_copy(update={"database_url": url}))
+        log.info("serving on http://%s:%s", settings.host, settings.port)
         uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
-    finally:
-        stop.set()
-        for thread in workers:
-            thread.join(timeout=30)
-        if embedded is not None:
-            embedded.stop()
 
 
 def api() -> None:
@@ -98,13 +140,10 @@ def api() -> None:
     from ..main import create_app
 
     settings = Settings()
-    url, embedded = _database_url(settings)
-    app = create_app(settings.model_copy(update={"database_url": url}))
-    try:
+    with _lifetime() as cleanup:
+        url = _database_url(settings, cleanup)
+        app = create_app(settings.model_copy(update={"database_url": url}))
         uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
-    finally:
-        if embedded is not None:
-            embedded.stop()
 
 
 def worker(
@@ -117,7 +156,7 @@ def worker(
             "gate worker needs GATE_DATABASE_URL (workers share the API's database)", err=True
         )
         raise typer.Exit(2)
-    url, _ = _database_url(settings)
+    url = _database_url(settings, ExitStack())  # a configured server: nothing to stop
     _prepare_images(settings)
     stop = threading.Event()
 
