@@ -60,6 +60,7 @@ class Worker:
         if now - self._last_reap >= REAP_EVERY_SECONDS:
             self._last_reap = now
             self.reap_expired()
+            self.reap_orphans()
         if self.retention_clock.due(self.ctx.settings.retention_interval_seconds):
             self.retain()
         with session_scope(self.ctx.sessions) as session:
@@ -97,7 +98,9 @@ class Worker:
                 why = "the gate was cancelled" if owned else "the lease was lost"
                 log.warning("job %s: %s; stopping its containers", job.id, why)
                 job.halt.set()
-                self._reap({"gate.gate_id": str(job.gate_id)})
+                # Only this worker's containers of the gate: after a lost lease, the worker
+                # that took the job over may run the gate's cases on this same engine.
+                self._reap({"gate.gate_id": str(job.gate_id), "gate.owner": job.owner})
                 return
 
     def _reap(
@@ -119,17 +122,22 @@ class Worker:
             log.exception("worker %s: the retention pass failed", self.name)
 
     def reap_orphans(self) -> None:
-        """Remove case containers whose worker no longer holds a lease (it crashed).
+        """Remove case containers that no worker is judging any more: their gate is
+        finished, or their worker's lease on its job expired (it crashed, or lost the job).
 
-        Only containers of this database's gates: several installations (or test runs) may
-        share one Docker engine, and another's containers are never ours to judge.
+        A container is kept while the worker named by its label holds a live lease on the
+        job of its gate, so no worker removes another live worker's cases. Only containers
+        of this database's gates: several installations (or test runs) may share one Docker
+        engine, and another's containers are never ours to judge. Runs at the worker's start
+        and every REAP_EVERY_SECONDS.
         """
         with session_scope(self.ctx.sessions) as session:
-            live = queue.active_owners(session)
 
             def keep(labels: Mapping[str, str]) -> bool:
                 owner, gate_id = labels.get("gate.owner"), labels.get("gate.gate_id")
-                return owner in live or not queue.is_our_gate(session, gate_id)
+                if not queue.is_our_gate(session, gate_id):
+                    return True
+                return queue.holds_live_lease(session, gate_id, owner)
 
             self._reap({}, keep=keep)
 

@@ -209,6 +209,27 @@ def is_our_gate(session: Session, gate_id: str | None) -> bool:
     return found is not None
 
 
+def holds_live_lease(session: Session, gate_id: str | None, owner: str | None) -> bool:
+    """Whether ``owner`` holds an unexpired lease on the job of the gate a container names.
+
+    A case container is some worker's only while that worker is judging its gate: once the
+    gate is finished, or the lease has expired (the job goes back to the queue), it is an
+    orphan, even if its worker is alive and holds other jobs.
+    """
+    try:
+        parsed = uuid.UUID(gate_id or "")
+    except ValueError:
+        return False
+    found = session.execute(
+        text(
+            "SELECT 1 FROM jobs WHERE gate_id = :g AND lease_owner = :owner "
+            "AND state = 'running' AND lease_expires_at > now()"
+        ),
+        {"g": parsed, "owner": owner},
+    ).first()
+    return found is not None
+
+
 def cancel_requested(session: Session, job: ClaimedJob) -> bool:
     return bool(
         session.execute(

@@ -299,3 +299,79 @@ def test_parsed_requirements_not_the_file_are_what_is_downloaded(
     submit(client, bundle_of(requirements_project(tmp_path / "p", reqs)))
     worker.run_once()
     assert sandbox.downloads == [["gate-e2e-demo==1.0", 'attrs>=22; python_version >= "3.8"']]
+
+
+def test_the_periodic_reaper_removes_containers_no_live_lease_covers(
+    client: TestClient,
+    worker: Worker,
+    sandbox: FakeSandbox,
+    sessions: sessionmaker[Session],
+    tmp_path: Path,
+) -> None:
+    data = bundle_of(calculator_project(tmp_path / "p", failing=False))
+    finished, expired, live = (submit(client, data) for _ in range(3))
+    with session_scope(sessions) as s:
+        s.execute(text("UPDATE jobs SET state = 'done' WHERE gate_id = :g"), {"g": finished})
+        for gate_id, lease in ((expired, "-1 second"), (live, "60 seconds")):
+            s.execute(
+                text(
+                    "UPDATE jobs SET state = 'running', lease_owner = 'busy', attempts = 2, "
+                    "lease_expires_at = now() + CAST(:lease AS interval) WHERE gate_id = :g"
+                ),
+                {"g": gate_id, "lease": lease},
+            )
+    # The owner `busy` is alive (it holds a live lease), but only `live` is still its gate.
+    of_finished = {"gate.gate_id": finished, "gate.owner": "busy"}
+    of_expired = {"gate.gate_id": expired, "gate.owner": "busy"}
+    of_live = {"gate.gate_id": live, "gate.owner": "busy"}
+    of_live_by_another = {"gate.gate_id": live, "gate.owner": "previous-owner"}
+    theirs = {"gate.gate_id": str(uuid.uuid4()), "gate.owner": "their-worker"}
+    sandbox.containers = [of_finished, of_expired, of_live, of_live_by_another, theirs]
+    worker._last_reap = 0.0  # as at start: a reaping pass is due
+    # Nothing to claim (`expired` used its attempts: the pass ends it); the reaping ran.
+    assert worker.run_once() is False
+    assert sandbox.containers == [of_live, theirs]
+    sandbox.containers.append(of_finished)
+    worker.run_once()  # the next pass is REAP_EVERY_SECONDS away
+    assert of_finished in sandbox.containers
+
+
+@pytest.mark.parametrize("why", ["lease lost", "cancelled"])
+def test_the_heartbeat_removes_only_this_workers_containers_of_the_gate(
+    why: str,
+    client: TestClient,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    sandbox: FakeSandbox,
+    tmp_path: Path,
+) -> None:
+    data = bundle_of(calculator_project(tmp_path / "p", failing=False))
+    gate_id, other_gate = submit(client, data), submit(client, data)
+    worker = Worker(
+        WorkerContext(
+            settings=settings.model_copy(update={"job_lease_seconds": 5}),
+            sessions=sessions,
+            sandbox=sandbox,
+            stop=threading.Event(),
+        ),
+        name="old-owner",
+    )
+    with session_scope(sessions) as s:
+        job = queue.claim(s, owner="old-owner", lease_seconds=60)
+    assert job is not None and str(job.gate_id) == gate_id
+    with session_scope(sessions) as s:
+        if why == "lease lost":  # requeued and taken over by another worker
+            s.execute(
+                text("UPDATE jobs SET lease_owner = 'new-owner' WHERE id = :id"), {"id": job.id}
+            )
+        else:
+            s.execute(
+                text("UPDATE gates SET cancel_requested = true WHERE id = :g"), {"g": gate_id}
+            )
+    mine = {"gate.gate_id": gate_id, "gate.owner": "old-owner"}
+    new_owners = {"gate.gate_id": gate_id, "gate.owner": "new-owner"}
+    my_other_gate = {"gate.gate_id": other_gate, "gate.owner": "old-owner"}
+    sandbox.containers = [mine, new_owners, my_other_gate]
+    worker._heartbeat(job, threading.Event())  # returns once it saw the loss or the cancel
+    assert job.halt.is_set()
+    assert sandbox.containers == [new_owners, my_other_gate]
