@@ -68,6 +68,11 @@ _NO_WHEEL = (
 )
 
 _DOCKER_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
+# A case container's exit codes that only a signal from outside it can cause: the runner runs
+# under an init as root, which nothing in the case can signal, and an out-of-memory kill is
+# reported as OOMKilled. The engine's own stop (SIGTERM, then SIGKILL) when it shuts down or
+# restores its containers after a crash ends a case this way.
+STOPPED_FROM_OUTSIDE = frozenset({128 + signal.SIGKILL, 128 + signal.SIGTERM})
 
 
 @contextmanager
@@ -530,19 +535,19 @@ class DockerSandbox:
         try:
             with _docker_errors("starting a case container"):
                 container.start()
-            try:
-                status = container.wait(timeout=limits.wall_seconds)
-                exit_code: int | None = int(status.get("StatusCode", -1))
-            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-                timed_out, exit_code = True, None
-                with _docker_errors("stopping a timed-out case container"):
-                    container.kill()
+            timed_out, exit_code = self._wait(container, limits.wall_seconds)
             duration_ms = int((time.monotonic() - started) * 1000)
             with _docker_errors("reading a case container's output"):
                 container.reload()
                 oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
                 stdout = container.logs(stdout=True, stderr=False)
                 stderr = container.logs(stdout=False, stderr=True, tail=200)
+            if not timed_out and not oom and exit_code in STOPPED_FROM_OUTSIDE:
+                raise SandboxError(
+                    f"the case container was stopped from outside (exit code {exit_code}): the "
+                    "Docker engine restarted or stopped, or someone stopped the container; "
+                    "the case was not judged"
+                )
         finally:
             try:
                 container.remove(force=True)
@@ -558,6 +563,33 @@ class DockerSandbox:
             oom_killed=oom,
             output_truncated=truncated,
         )
+
+    @staticmethod
+    def _wait(container: Any, wall_seconds: float) -> tuple[bool, int | None]:
+        """(timed_out, exit code): the container's end, or its kill at the wall deadline.
+
+        Only a read that ran the whole deadline is a timeout (the case's fault, judged
+        failed). The connection breaking before that (the engine restarted, crashed or
+        stopped) says nothing about the case: it is a SandboxError, an infrastructure fault
+        that the job is retried for, never a case that "ran past its hard deadline".
+        """
+        started = time.monotonic()
+        try:
+            status = container.wait(timeout=wall_seconds)
+            return False, int(status.get("StatusCode", -1))
+        except requests.exceptions.ReadTimeout as exc:
+            if time.monotonic() - started < wall_seconds - 1:
+                raise SandboxError(
+                    f"waiting for a case container failed early: {exc}; the case was not judged"
+                ) from None
+        except _DOCKER_ERRORS as exc:
+            raise SandboxError(
+                f"lost the Docker engine while a case container ran ({exc}); "
+                "the case was not judged"
+            ) from None
+        with _docker_errors("stopping a timed-out case container"):
+            container.kill()
+        return True, None
 
     def reap(
         self,

@@ -1,0 +1,144 @@
+"""How DockerSandbox.run classifies the end of a case container (issue #12 item 5).
+
+A container that ran the whole wall deadline is the case's fault (timed_out, judged failed);
+an engine that went away or stopped the container is infrastructure (SandboxError: the job is
+retried up to GATE_JOB_MAX_ATTEMPTS, then `error`). The errors raised here are the docker SDK's
+and requests' own classes, as a restarting engine produces them (see
+tests/e2e/test_engine_restart.py for the same against a real, private dockerd).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import docker.errors
+import pytest
+import requests
+import requests.exceptions
+from urllib3.exceptions import ProtocolError
+
+from gate_service.config import Settings
+from gate_service.errors import SandboxError
+from gate_service.sandbox import RunLimits, RunResult
+from gate_service.sandbox.docker_engine import DockerSandbox
+
+LIMITS = RunLimits(
+    memory_mb=64, cpus=1, pids=32, wall_seconds=2, tmpfs_mb=8, output_limit_bytes=10_000
+)
+
+
+def api_error(status: int, message: str) -> docker.errors.APIError:
+    response = requests.Response()
+    response.status_code = status
+    return docker.errors.APIError(message, response=response, explanation=message)
+
+
+class StubContainer:
+    def __init__(self, wait: Any, state: dict[str, Any] | None = None) -> None:
+        self._wait = wait
+        self.id = "c0ffee"
+        self.attrs: dict[str, Any] = {"State": state or {}}
+        self.killed = self.removed = self.started = False
+
+    def start(self) -> None:
+        self.started = True
+
+    def wait(self, timeout: float) -> dict[str, Any]:
+        if isinstance(self._wait, BaseException):
+            raise self._wait
+        if callable(self._wait):
+            return dict(self._wait(timeout))
+        return {"StatusCode": self._wait}
+
+    def kill(self) -> None:
+        self.killed = True
+
+    def reload(self) -> None:
+        pass
+
+    def logs(self, **_: Any) -> bytes:
+        return b""
+
+    def remove(self, force: bool = False) -> None:
+        self.removed = True
+
+
+class StubContainers:
+    def __init__(self, container: StubContainer) -> None:
+        self.container = container
+        self.created = 0
+
+    def create(self, image: str, **_: Any) -> StubContainer:
+        self.created += 1
+        return self.container
+
+
+class StubClient:
+    def __init__(self, container: StubContainer) -> None:
+        self.containers = StubContainers(container)
+
+    def ping(self) -> bool:
+        return True
+
+
+def run(container: StubContainer, halt: threading.Event | None = None) -> RunResult:
+    sandbox = DockerSandbox(Settings(), client=StubClient(container))  # type: ignore[arg-type]
+    return sandbox.run("img", ["true"], limits=LIMITS, labels={})
+
+
+LOST_ENGINE = [
+    requests.exceptions.ConnectionError(
+        ProtocolError("Connection aborted.", ConnectionResetError(104, "reset by peer"))
+    ),
+    requests.exceptions.ChunkedEncodingError(ProtocolError("Response ended prematurely")),
+    api_error(500, "Internal Server Error: daemon is shutting down"),
+    docker.errors.NotFound("No such container: c0ffee"),
+]
+
+
+@pytest.mark.parametrize("error", LOST_ENGINE, ids=lambda e: type(e).__name__)
+def test_losing_the_engine_mid_case_is_a_sandbox_error_not_a_timeout(error: Exception) -> None:
+    container = StubContainer(error)
+    with pytest.raises(SandboxError, match="the case was not judged"):
+        run(container)
+    assert not container.killed
+    assert container.removed  # tried, at least; the reaper removes it otherwise
+
+
+def test_only_a_wait_of_the_whole_deadline_is_a_timeout() -> None:
+    def slow(timeout: float) -> dict[str, Any]:
+        time.sleep(timeout)
+        raise requests.exceptions.ReadTimeout("read timed out")
+
+    container = StubContainer(slow)
+    result = run(container)
+    assert result.timed_out and result.exit_code is None
+    assert container.killed and container.removed
+
+
+def test_an_early_read_timeout_is_not_the_case_running_long() -> None:
+    container = StubContainer(requests.exceptions.ReadTimeout("read timed out"))
+    with pytest.raises(SandboxError):
+        run(container)
+    assert not container.killed
+
+
+@pytest.mark.parametrize("code", [137, 143])
+def test_a_container_stopped_from_outside_is_a_sandbox_error(code: int) -> None:
+    container = StubContainer(code, {"OOMKilled": False})
+    with pytest.raises(SandboxError, match="stopped from outside"):
+        run(container)
+    assert container.removed
+
+
+def test_an_out_of_memory_kill_stays_the_case_s_outcome() -> None:
+    result = run(StubContainer(137, {"OOMKilled": True}))
+    assert result.oom_killed and result.exit_code == 137 and not result.timed_out
+
+
+@pytest.mark.parametrize("code", [0, 1, 70])
+def test_the_runner_s_own_exit_codes_are_results(code: int) -> None:
+    result = run(StubContainer(code, {"OOMKilled": False}))
+    assert result.exit_code == code and not result.timed_out
