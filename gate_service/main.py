@@ -27,6 +27,7 @@ from .connic_api.routes import router as connic_router
 from .db import make_engine, make_sessionmaker, session_scope
 from .deps import SessionFactoryDep
 from .errors import Conflict, ServiceUnavailable, error_body, error_responses, install_handlers
+from .gates.notify import GateBodies, GateChanges
 from .gates.routes import router as gates_router
 from .middleware import install_middleware
 from .secrets.crypto import SecretBox
@@ -136,9 +137,14 @@ def create_app(settings: Settings) -> FastAPI:
         # Built here, not at import: the key may be made on first start under GATE_DATA_DIR.
         app.state.secret_box = SecretBox.from_settings(settings)
         bootstrap_admin(settings, app.state.sessionmaker)
+        # Long-polls wait on one LISTEN connection of this process (gates/notify.py).
+        app.state.gate_bodies = GateBodies()
+        app.state.gate_changes = GateChanges(database_url)
+        app.state.gate_changes.start()
         try:
             yield
         finally:
+            await app.state.gate_changes.stop()
             engine.dispose()
 
     app = FastAPI(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from typing import Annotated, Any
@@ -19,12 +18,13 @@ from ..auth.service import Principal, record_by
 from ..bundles.archive import read_archive
 from ..config import Settings
 from ..db import session_scope
-from ..deps import SessionDep, SessionFactoryDep, SettingsDep
+from ..deps import SessionDep, SessionFactoryDep, SettingsDep, get_sessionmaker, get_settings
 from ..errors import BadRequest, error_responses
 from ..models import GateStatus
 from ..text import unstorable
 from . import service
 from .labels import parse_label_filter, parse_labels
+from .notify import GateBodies, GateChanges
 from .schemas import GateList, GateRead, RunRead
 from .upload import Upload, receive_upload
 
@@ -217,14 +217,28 @@ def list_gates(
 
 
 def _look(
-    factory: sessionmaker[Session], who: Principal, gate_id: uuid.UUID, if_none_match: str | None
-) -> tuple[str, GateRead | None]:
-    """One short transaction: the current ETag, and the gate if it differs from the client's."""
+    factory: sessionmaker[Session],
+    bodies: GateBodies,
+    who: Principal,
+    gate_id: uuid.UUID,
+    if_none_match: str | None,
+) -> tuple[str, bytes | None]:
+    """One short transaction: the current ETag, and the body if it differs from the client's.
+
+    An unchanged gate costs one revision query; a changed one is read and serialised once
+    per revision (``GateBodies``), however many clients poll it.
+    """
     with session_scope(factory) as session:
-        etag = _etag(gate_id, service.gate_revision(session, gate_id, who.project_id))
+        revision = service.gate_revision(session, gate_id, who.project_id)
+        etag = _etag(gate_id, revision)
         if etag == if_none_match:
             return etag, None
-        return etag, service.read_gate(session, gate_id, who.project_id)
+        body = bodies.get(gate_id, revision, who.project_id)
+        if body is None:
+            revision, body = service.read_gate_body(session, gate_id, who.project_id)
+            bodies.put(gate_id, revision, who.project_id, body)
+            etag = _etag(gate_id, revision)
+        return etag, body
 
 
 @router.get(
@@ -235,38 +249,42 @@ def _look(
 async def get_gate(
     gate_id: uuid.UUID,
     request: Request,
-    factory: SessionFactoryDep,
-    settings: SettingsDep,
     who: Reader,
     wait: Annotated[int, Query(ge=0, description="Long-poll up to N seconds for a change")] = 0,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
     """Read a gate; with ?wait=N and If-None-Match, wait for it to change."""
+    # app.state read here, not through sync dependencies: each of those is a threadpool hop.
+    factory, settings = get_sessionmaker(request), get_settings(request)
+    bodies: GateBodies = request.app.state.gate_bodies
     if wait <= 0:
-        return await _get_gate(factory, who, gate_id, if_none_match, 0)
+        etag, body = await run_in_threadpool(_look, factory, bodies, who, gate_id, if_none_match)
+        return _answer(etag, body)
+    changes: GateChanges = request.app.state.gate_changes
     # Only a waiting request holds a slot; when all are taken the answer is 503 at once.
     with long_poll_slots(request).hold():
-        return await _get_gate(
-            factory, who, gate_id, if_none_match, min(wait, settings.long_poll_max_seconds)
-        )
+        deadline = time.monotonic() + min(wait, settings.long_poll_max_seconds)
+        # Subscribed before the first read, and cleared before each: a change committed
+        # while reading wakes the waiter again instead of being missed.
+        with changes.subscribe(gate_id) as waiter:
+            while True:
+                waiter.clear()
+                # Waiting happens on the event loop, so a long-poll holds no thread or lock.
+                etag, body = await run_in_threadpool(
+                    _look, factory, bodies, who, gate_id, if_none_match
+                )
+                left = deadline - time.monotonic()
+                if body is not None or left <= 0:
+                    return _answer(etag, body)
+                # Woken by a notification for this gate (or a reconnect of the listener);
+                # re-checks on its own now and then, in case a notification was lost.
+                await waiter.wait(min(left, changes.recheck_seconds))
 
 
-async def _get_gate(
-    factory: sessionmaker[Session],
-    who: Principal,
-    gate_id: uuid.UUID,
-    if_none_match: str | None,
-    wait_seconds: int,
-) -> Response:
-    deadline = time.monotonic() + wait_seconds
-    while True:
-        # Waiting happens on the event loop, so a long-poll holds no thread, snapshot or lock.
-        etag, view = await run_in_threadpool(_look, factory, who, gate_id, if_none_match)
-        if view is not None:
-            return JSONResponse(view.model_dump(mode="json"), headers={"ETag": etag})
-        if time.monotonic() >= deadline:
-            return Response(status_code=304, headers={"ETag": etag})
-        await asyncio.sleep(0.25)
+def _answer(etag: str, body: bytes | None) -> Response:
+    if body is None:
+        return Response(status_code=304, headers={"ETag": etag})
+    return Response(body, media_type="application/json", headers={"ETag": etag})
 
 
 @router.post("/gates/{gate_id}/cancel", response_model=GateRead, responses=ERRORS)

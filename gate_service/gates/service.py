@@ -143,8 +143,28 @@ def gate_revision(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -
 
 
 def read_gate(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> GateRead:
-    gate = get_gate(session, gate_id, project_id=project_id)
-    bundle = session.get_one(Bundle, gate.bundle_sha256)
+    return _read_gate(session, gate_id, project_id)[1]
+
+
+def read_gate_body(
+    session: Session, gate_id: uuid.UUID, project_id: uuid.UUID
+) -> tuple[int, bytes]:
+    """The gate's revision and its JSON body (what GET answers), from three queries."""
+    revision, view = _read_gate(session, gate_id, project_id)
+    return revision, view.model_dump_json().encode()
+
+
+def _read_gate(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> tuple[int, GateRead]:
+    # The gate and its bundle in one query, then the cases, then their runs' ids.
+    row = session.execute(
+        select(Gate, Bundle)
+        .join(Bundle, Bundle.sha256 == Gate.bundle_sha256)
+        .where(Gate.id == gate_id)
+        .where(Gate.project_id == project_id)
+    ).first()
+    if row is None:
+        raise NotFound(f"no gate with id {gate_id}")
+    gate, bundle = row
     cases = session.scalars(
         select(Case).where(Case.gate_id == gate.id).order_by(Case.position)
     ).all()
@@ -175,7 +195,7 @@ def read_gate(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> Ga
         )
         for c in cases
     ]
-    return GateRead(
+    return gate.revision, GateRead(
         id=gate.id,
         status=gate.status,
         phase=gate.phase,

@@ -1,0 +1,246 @@
+"""Gate changes pushed from Postgres: one LISTEN connection per API process wakes long-polls.
+
+Migration 0004 makes Postgres `NOTIFY gate_changed, '<gate id>'` whenever a gate's revision
+changes (or the gate is deleted), from whichever process committed the change. ``GateChanges``
+holds the process's one listening connection, in a task on the event loop started by the
+app's lifespan, and wakes the waiters of that gate id. A waiter then re-reads its gate once.
+
+Nothing here queries per waiter: waiting is an ``asyncio.Event``. Notifications can be lost
+while the connection is down, so after every (re)connect all waiters are woken to re-check,
+and each waiter also re-checks on its own every ``recheck_seconds``, in case one is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterator
+
+import psycopg
+from sqlalchemy.engine import make_url
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "gate_changed"  # as in migrations/versions/0004_gate_change_notify.py
+RECHECK_SECONDS = 10.0  # a waiter re-reads at least this often, whatever it hears
+HEALTH_CHECK_SECONDS = 30.0  # an idle listening connection is probed this often
+RECONNECT_MIN_SECONDS = 0.5
+RECONNECT_MAX_SECONDS = 10.0
+
+
+def libpq_conninfo(database_url: str) -> str:
+    """A SQLAlchemy or plain postgresql:// URL as a libpq one (psycopg connects with it)."""
+    return make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class Waiter:
+    """One long-poll's subscription to one gate: set when that gate may have changed."""
+
+    def __init__(self, gate_id: uuid.UUID) -> None:
+        self.gate_id = gate_id
+        self.sleeping = False  # in wait(): it has read its gate and issues nothing now
+        self._event = asyncio.Event()
+
+    def clear(self) -> None:
+        """Called before each read, so a change committed during the read wakes it again."""
+        self._event.clear()
+
+    def wake(self) -> None:
+        self._event.set()
+
+    async def wait(self, timeout: float) -> bool:
+        """True when woken, False when ``timeout`` seconds passed first."""
+        self.sleeping = True
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+        except TimeoutError:
+            return False
+        finally:
+            self.sleeping = False
+        return True
+
+
+class GateChanges:
+    """The process's one LISTEN connection and the long-polls waiting on it.
+
+    Built and started in the app's lifespan (``start``), stopped on shutdown (``stop``);
+    all its methods run on the event loop that serves the requests.
+    """
+
+    def __init__(
+        self,
+        database_url: str,
+        *,
+        recheck_seconds: float = RECHECK_SECONDS,
+        health_check_seconds: float = HEALTH_CHECK_SECONDS,
+    ) -> None:
+        self.conninfo = libpq_conninfo(database_url)
+        self.recheck_seconds = recheck_seconds
+        self.health_check_seconds = health_check_seconds
+        self._waiters: dict[uuid.UUID, set[Waiter]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._listening = asyncio.Event()
+        self.backend_pid: int | None = None  # the listening session's, while connected
+        self.connects = 0  # successful (re)connects, for tests and metrics
+        self.notifications = 0
+
+    # -- waiters -----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def subscribe(self, gate_id: uuid.UUID) -> Iterator[Waiter]:
+        """Register a waiter for ``gate_id`` for the block; subscribe *before* the first read."""
+        waiter = Waiter(gate_id)
+        self._waiters.setdefault(gate_id, set()).add(waiter)
+        try:
+            yield waiter
+        finally:
+            waiters = self._waiters.get(gate_id)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._waiters[gate_id]
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(w) for w in self._waiters.values())
+
+    @property
+    def sleeping(self) -> int:
+        """Waiters that have read their gate and now wait for a wake-up."""
+        return sum(w.sleeping for waiters in self._waiters.values() for w in waiters)
+
+    @property
+    def listening(self) -> bool:
+        return self._listening.is_set()
+
+    async def wait_listening(self, timeout: float) -> bool:
+        """True once the connection listens (for tests and readiness), False after timeout."""
+        try:
+            await asyncio.wait_for(self._listening.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def _wake(self, gate_id: uuid.UUID) -> None:
+        for waiter in self._waiters.get(gate_id, ()):
+            waiter.wake()
+
+    def _wake_all(self) -> None:
+        for waiters in self._waiters.values():
+            for waiter in waiters:
+                waiter.wake()
+
+    def _on_payload(self, payload: str) -> None:
+        self.notifications += 1
+        try:
+            gate_id = uuid.UUID(payload)
+        except ValueError:
+            log.warning("ignoring a %s notification with payload %r", CHANNEL, payload[:100])
+            return
+        self._wake(gate_id)
+
+    # -- the listening connection --------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name="gate-changes-listener"
+            )
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._listening.clear()
+        self._wake_all()  # nobody is left waiting for a notification that cannot come
+
+    async def _run(self) -> None:
+        delay = RECONNECT_MIN_SECONDS
+        while True:
+            connects = self.connects
+            try:
+                await self._listen()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a lost connection, a restart, a refused connect
+                log.warning("gate change listener: %s; reconnecting", exc)
+            # Waiters are woken once listening again (see _listen), when a re-read can work.
+            self._listening.clear()
+            self.backend_pid = None
+            # Back off while connecting fails; retry soon after a connection that worked.
+            delay = RECONNECT_MIN_SECONDS if self.connects > connects else delay * 2
+            delay = min(delay, RECONNECT_MAX_SECONDS)
+            await asyncio.sleep(delay)
+
+    async def _listen(self) -> None:
+        conn = await psycopg.AsyncConnection.connect(
+            self.conninfo,
+            autocommit=True,
+            application_name="gate-api-listener",
+            # A peer that vanishes without closing is noticed, not waited on forever.
+            keepalives=1,
+            keepalives_idle=30,
+            keepalives_interval=10,
+            keepalives_count=3,
+        )
+        async with conn:
+            await conn.execute(f"LISTEN {CHANNEL}")
+            self.backend_pid = conn.info.backend_pid
+            self.connects += 1
+            self._listening.set()
+            # Anything committed before LISTEN took effect was not heard: re-check all.
+            self._wake_all()
+            log.info("gate change listener: listening (backend pid %s)", self.backend_pid)
+            while True:
+                async for note in conn.notifies(timeout=self.health_check_seconds):
+                    self._on_payload(note.payload)
+                # Quiet for a while: make sure the connection still answers.
+                await conn.execute("SELECT 1")
+
+
+class GateBodies:
+    """Serialised gate bodies by gate id, valid for one revision: a re-read of an unchanged
+    gate costs one revision query, not the full read and its serialisation.
+
+    Bounded in bytes (least recently used out first); used from threadpool threads.
+    """
+
+    def __init__(self, max_bytes: int = 64 * 1024 * 1024, max_body_bytes: int = 1024 * 1024):
+        self.max_bytes, self.max_body_bytes = max_bytes, max_body_bytes
+        self._bodies: OrderedDict[uuid.UUID, tuple[int, uuid.UUID, bytes]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, gate_id: uuid.UUID, revision: int, project_id: uuid.UUID) -> bytes | None:
+        with self._lock:
+            entry = self._bodies.get(gate_id)
+            if entry is None or entry[0] != revision or entry[1] != project_id:
+                self.misses += 1
+                return None
+            self._bodies.move_to_end(gate_id)
+            self.hits += 1
+            return entry[2]
+
+    def put(self, gate_id: uuid.UUID, revision: int, project_id: uuid.UUID, body: bytes) -> None:
+        if len(body) > self.max_body_bytes:
+            return
+        with self._lock:
+            old = self._bodies.pop(gate_id, None)
+            if old is not None:
+                self._bytes -= len(old[2])
+                if old[0] > revision:  # a slower reader of an older revision: keep the newer
+                    self._bodies[gate_id] = old
+                    self._bytes += len(old[2])
+                    return
+            self._bodies[gate_id] = (revision, project_id, body)
+            self._bytes += len(body)
+            while self._bytes > self.max_bytes and self._bodies:
+                _, (_, _, dropped) = self._bodies.popitem(last=False)
+                self._bytes -= len(dropped)

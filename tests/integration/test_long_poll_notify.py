@@ -1,0 +1,217 @@
+"""Long-polls wait on Postgres LISTEN/NOTIFY through one listener per API process (issue 12).
+
+A waiter is woken by a change committed by another session, many idle waiters issue no
+queries, and the listener reconnects after its connection is killed. On a real Postgres; no
+timing comparisons, only events and generous deadlines.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import event, text, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from gate_service.db import session_scope
+from gate_service.gates.notify import GateChanges
+from gate_service.models import Gate
+from tests.fixtures.projects import bundle_of, calculator_project
+
+DEADLINE_SECONDS = 30
+WAIT = 60  # longer than any test waits for an answer: a 304 means nobody woke the waiter
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {DEADLINE_SECONDS} s: {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def changes(client: TestClient) -> GateChanges:
+    hub: GateChanges = client.app.state.gate_changes  # type: ignore[attr-defined]
+    # Only a notification (or a reconnect) can wake a waiter within these tests.
+    hub.recheck_seconds = 3600
+    wait_until(lambda: hub.listening, "the listener listens")
+    return hub
+
+
+@pytest.fixture
+def gate(client: TestClient, tmp_path: Path) -> tuple[str, str]:
+    data = bundle_of(calculator_project(tmp_path / "p", failing=False))
+    gate_id = client.post("/v1/gates", files={"bundle": ("p.tgz", data)}).json()["id"]
+    etag = client.get(f"/v1/gates/{gate_id}").headers["ETag"]
+    return gate_id, etag
+
+
+@pytest.fixture
+def pool() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(max_workers=32) as executor:
+        yield executor
+
+
+def bump(sessions: sessionmaker[Session], gate_id: str) -> None:
+    """A visible change to the gate, committed by another session (as a worker makes it)."""
+    with session_scope(sessions) as session:
+        session.execute(
+            update(Gate).where(Gate.id == uuid.UUID(gate_id)).values(revision=Gate.revision + 1)
+        )
+
+
+def long_poll(pool: ThreadPoolExecutor, client: TestClient, gate_id: str, etag: str) -> Future[Any]:
+    def get() -> Any:
+        return client.get(
+            f"/v1/gates/{gate_id}", params={"wait": WAIT}, headers={"If-None-Match": etag}
+        )
+
+    return pool.submit(get)
+
+
+def test_a_waiter_is_woken_by_a_change_from_another_session(
+    client: TestClient,
+    changes: GateChanges,
+    gate: tuple[str, str],
+    sessions: sessionmaker[Session],
+    pool: ThreadPoolExecutor,
+) -> None:
+    gate_id, etag = gate
+    waiting = long_poll(pool, client, gate_id, etag)
+    wait_until(lambda: changes.sleeping == 1, "the long-poll waits")
+    bump(sessions, gate_id)
+    answer = waiting.result(timeout=DEADLINE_SECONDS)
+    assert answer.status_code == 200
+    assert answer.headers["ETag"] != etag
+    assert answer.json()["id"] == gate_id
+    # The new ETag is current: a plain read with it answers 304, the long-poll contract.
+    again = client.get(f"/v1/gates/{gate_id}", headers={"If-None-Match": answer.headers["ETag"]})
+    assert again.status_code == 304
+
+
+def test_idle_waiters_issue_no_queries_and_one_change_answers_them_all(
+    client: TestClient,
+    changes: GateChanges,
+    gate: tuple[str, str],
+    sessions: sessionmaker[Session],
+    pool: ThreadPoolExecutor,
+) -> None:
+    gate_id, etag = gate
+    statements: list[str] = []
+
+    def count(*args: Any) -> None:
+        statements.append(args[2])
+
+    engine = client.app.state.engine  # type: ignore[attr-defined]
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        waiters = [long_poll(pool, client, gate_id, etag) for _ in range(20)]
+        wait_until(lambda: changes.sleeping == 20, "20 long-polls have read and wait")
+        # Each has read its gate once; the old design then re-read it 4 times a second each.
+        settled = len(statements)
+        time.sleep(1.5)
+        assert statements[settled:] == []
+        bump(sessions, gate_id)
+        answers = [w.result(timeout=DEADLINE_SECONDS) for w in waiters]
+        woken = statements[settled:]
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert [a.status_code for a in answers] == [200] * 20
+    assert len({a.content for a in answers}) == 1
+    # One re-read each, not one per tick: its revision query and, when the serialised body
+    # of the new revision is not cached yet, the full read (gate with bundle, cases, runs).
+    assert sum(s.lstrip().startswith("SELECT gates.revision") for s in woken) == 20
+    assert len(woken) <= 20 * 4
+
+
+def test_waiters_of_other_gates_are_not_woken(
+    client: TestClient,
+    changes: GateChanges,
+    gate: tuple[str, str],
+    sessions: sessionmaker[Session],
+    pool: ThreadPoolExecutor,
+    tmp_path: Path,
+) -> None:
+    gate_id, etag = gate
+    data = bundle_of(calculator_project(tmp_path / "q", failing=False))
+    other = client.post("/v1/gates", files={"bundle": ("q.tgz", data)}).json()["id"]
+    waiting = long_poll(pool, client, gate_id, etag)
+    wait_until(lambda: changes.sleeping == 1, "the long-poll waits")
+    heard = changes.notifications
+    bump(sessions, other)
+    wait_until(lambda: changes.notifications > heard, "the other gate's change is heard")
+    assert not waiting.done()
+    bump(sessions, gate_id)
+    assert waiting.result(timeout=DEADLINE_SECONDS).status_code == 200
+
+
+def test_the_listener_reconnects_after_its_connection_is_killed(
+    client: TestClient,
+    changes: GateChanges,
+    gate: tuple[str, str],
+    sessions: sessionmaker[Session],
+    pool: ThreadPoolExecutor,
+) -> None:
+    gate_id, etag = gate
+    waiting = long_poll(pool, client, gate_id, etag)
+    wait_until(lambda: changes.sleeping == 1, "the long-poll waits")
+    killed, connects = changes.backend_pid, changes.connects
+    assert killed is not None
+    with session_scope(sessions) as session:
+        assert session.scalar(text("SELECT pg_terminate_backend(:pid)"), {"pid": killed})
+    wait_until(lambda: changes.connects > connects and changes.listening, "the listener reconnects")
+    assert changes.backend_pid != killed
+    # The waiter from before the kill still gets the change...
+    bump(sessions, gate_id)
+    first = waiting.result(timeout=DEADLINE_SECONDS)
+    assert first.status_code == 200
+    # ...and a new one is woken by a notification on the new connection.
+    waiting = long_poll(pool, client, gate_id, first.headers["ETag"])
+    wait_until(lambda: changes.sleeping == 1, "the second long-poll waits")
+    bump(sessions, gate_id)
+    second = waiting.result(timeout=DEADLINE_SECONDS)
+    assert second.status_code == 200
+    assert second.headers["ETag"] != first.headers["ETag"]
+
+
+def test_a_deleted_gate_wakes_its_waiters_with_404(
+    client: TestClient,
+    changes: GateChanges,
+    gate: tuple[str, str],
+    sessions: sessionmaker[Session],
+    pool: ThreadPoolExecutor,
+) -> None:
+    gate_id, etag = gate
+    waiting = long_poll(pool, client, gate_id, etag)
+    wait_until(lambda: changes.sleeping == 1, "the long-poll waits")
+    with session_scope(sessions) as session:
+        session.execute(text("DELETE FROM gates WHERE id = :id"), {"id": gate_id})
+    assert waiting.result(timeout=DEADLINE_SECONDS).status_code == 404
+
+
+def test_shutdown_stops_the_listener_and_closes_its_connection(
+    settings: Any, sessions: sessionmaker[Session]
+) -> None:
+    from gate_service.main import create_app
+    from tests.fixtures.auth import ADMIN_TOKEN, bearer
+
+    with TestClient(create_app(settings), headers=bearer(ADMIN_TOKEN)) as c:
+        hub: GateChanges = c.app.state.gate_changes  # type: ignore[attr-defined]
+        wait_until(lambda: hub.listening, "the listener listens")
+        pid = hub.backend_pid
+    assert not hub.listening
+
+    def gone() -> bool:
+        with session_scope(sessions) as session:
+            return not session.scalar(
+                text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
+            )
+
+    wait_until(gone, "the listening session ends")
