@@ -87,7 +87,18 @@ class Settings(BaseSettings):
 
     # Worker
     embedded_workers: int = Field(default=1, ge=0, description="Worker threads in `gate serve`.")
-    case_concurrency: int = Field(default=2, ge=1, description="Case containers run at once.")
+    case_concurrency: int = Field(
+        default=2,
+        ge=1,
+        description="Case containers one worker runs at once, shared by the gates it holds.",
+    )
+    worker_gates: int = Field(
+        default=2,
+        ge=1,
+        description="Gates one worker judges at once (it claims another while it holds fewer); "
+        "their cases share its GATE_CASE_CONCURRENCY slots, served round-robin, so a small "
+        "gate is not stuck behind a large one.",
+    )
     job_lease_seconds: int = Field(default=60, ge=5)
     job_max_attempts: int = Field(default=3, ge=1)
     worker_poll_seconds: float = Field(default=0.5, gt=0)

@@ -54,6 +54,7 @@ from ..secrets.redact import Redactor, redact_result
 from ..secrets.service import project_secrets
 from . import queue
 from .queue import ClaimedJob
+from .slots import CaseSlots
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -172,10 +173,14 @@ def test_image_tag(sha256: str, runner_tag: str) -> str:
     return f"gate-test:{sha256}-{runner_digest}"
 
 
-def judge_gate(ctx: WorkerContext, job: ClaimedJob) -> None:
-    """Take a claimed job to a verdict, or give it back to the queue for another attempt."""
+def judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None = None) -> None:
+    """Take a claimed job to a verdict, or give it back to the queue for another attempt.
+
+    ``slots``: the worker's case slots, shared with the other gates it holds; without them
+    the gate runs GATE_CASE_CONCURRENCY cases at once on its own.
+    """
     try:
-        _judge(ctx, job)
+        _judge(ctx, job, slots)
     except queue.LeaseLost:
         log.warning("lost the lease on job %s; another worker has it now", job.id)
     except BundleRejected as exc:
@@ -211,7 +216,7 @@ def judge_gate(ctx: WorkerContext, job: ClaimedJob) -> None:
         _write(ctx, job, give_up)
 
 
-def _judge(ctx: WorkerContext, job: ClaimedJob) -> None:
+def _judge(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None) -> None:
     def begin(session: Session, gate: Gate) -> tuple[bool, str, str | None, bytes]:
         if gate.cancel_requested:
             service.cancel_gate(gate)
@@ -270,7 +275,7 @@ def _judge(ctx: WorkerContext, job: ClaimedJob) -> None:
         image = _build_image(ctx, context_dir, sha256, requirements.requirements)
 
     _write(ctx, job, lambda _s, gate: service.set_phase(gate, Phase.running_tests))
-    _run_cases(ctx, job, image)
+    _run_cases(ctx, job, image, slots or CaseSlots(ctx.settings.case_concurrency))
 
     def conclude(session: Session, gate: Gate) -> None:
         if gate.cancel_requested:
@@ -311,7 +316,7 @@ def _build_image(
         raise BundleRejected(f"the test image cannot be built: {exc}") from None
 
 
-def _run_cases(ctx: WorkerContext, job: ClaimedJob, image: str) -> None:
+def _run_cases(ctx: WorkerContext, job: ClaimedJob, image: str, slots: CaseSlots) -> None:
     with session_scope(ctx.sessions) as session:
         pending = [
             (c.id, c.suite, c.test_name, c.runs, c.timeout_s)
@@ -323,10 +328,20 @@ def _run_cases(ctx: WorkerContext, job: ClaimedJob, image: str) -> None:
             )
         ]
     with ThreadPoolExecutor(max_workers=ctx.settings.case_concurrency) as pool:
-        futures = [pool.submit(_run_case, ctx, job, image, *p) for p in pending]
+        futures = [pool.submit(_run_case_in_slot, slots, ctx, job, image, *p) for p in pending]
         judged = [future.result() for future in futures]
     if not all(judged) and ctx.stop.is_set():
         raise Stopping()
+
+
+def _run_case_in_slot(
+    slots: CaseSlots, ctx: WorkerContext, job: ClaimedJob, image: str, *case: Any
+) -> bool:
+    """``_run_case`` once one of the worker's case slots is this gate's (see slots.py)."""
+    if ctx.stop.is_set() or job.halt.is_set():
+        return False
+    with slots.slot(job.id):
+        return _run_case(ctx, job, image, *case)
 
 
 def _run_case(

@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from ..db import session_scope
 from ..gates import service
@@ -17,6 +17,7 @@ from . import queue
 from .handler import WorkerContext, judge_gate
 from .queue import ClaimedJob
 from .retention import PROCESS_CLOCK, RetentionClock, run_retention
+from .slots import CaseSlots
 
 log = logging.getLogger(__name__)
 REAP_EVERY_SECONDS = 10.0
@@ -37,6 +38,8 @@ class Worker:
         self.ctx = ctx
         self.name = name or worker_name()
         self._last_reap = 0.0
+        # The case containers this worker runs at once, shared by every gate it holds.
+        self.slots = CaseSlots(ctx.settings.case_concurrency)
         # Shared by every worker of the process: one retention pass per interval per process.
         self.retention_clock = retention_clock
 
@@ -55,7 +58,16 @@ class Worker:
         log.info("worker %s stopped", self.name)
 
     def run_once(self) -> bool:
-        """Claim and judge one job; False when the queue was empty."""
+        """Claim a job and judge it, with the others this worker takes meanwhile (see
+        ``_judge_held``); False when the queue was empty."""
+        self._housekeeping()
+        job = self._claim()
+        if job is None:
+            return False
+        self._judge_held(job)
+        return True
+
+    def _housekeeping(self) -> None:
         now = time.monotonic()
         if now - self._last_reap >= REAP_EVERY_SECONDS:
             self._last_reap = now
@@ -63,25 +75,76 @@ class Worker:
             self.reap_orphans()
         if self.retention_clock.due(self.ctx.settings.retention_interval_seconds):
             self.retain()
+
+    def _claim(self, exclude: Collection[uuid.UUID] = ()) -> ClaimedJob | None:
         with session_scope(self.ctx.sessions) as session:
-            job = queue.claim(
+            return queue.claim(
                 session,
                 owner=self.name,
                 lease_seconds=self.ctx.settings.job_lease_seconds,
                 max_running_per_project=self.ctx.settings.max_running_gates_per_project,
+                exclude=exclude,
             )
-        if job is None:
-            return False
+
+    def _judge_held(self, first: ClaimedJob) -> None:
+        """Judge ``first``, holding up to GATE_WORKER_GATES jobs while any taken here runs.
+
+        Each held job is judged in its own thread, under its own lease and heartbeat (so
+        fencing, cancel, deadlines and retries are each job's own, as with one); their cases
+        share this worker's case slots, served round-robin (slots.py), so a small gate taken
+        next to a large one is not stuck behind it. More jobs are claimed at once and then
+        whenever one ends or every GATE_WORKER_POLL_SECONDS, under the same fair order and
+        per-project cap as any claim. Returns once every job taken here is finished or
+        handed back; a gate is taken at most once per call, so a job handed back for a
+        retry waits for the next call.
+        """
+        limit = self.ctx.settings.worker_gates
+        if limit == 1:
+            self._judge_one(first)
+            return
+        changed = threading.Event()
+        held: list[threading.Thread] = []
+        taken = {first.gate_id}
+
+        def hold(job: ClaimedJob) -> None:
+            def judge() -> None:
+                try:
+                    self._judge_one(job)
+                except Exception:
+                    log.exception("worker %s: judging gate %s failed", self.name, job.gate_id)
+                finally:
+                    changed.set()
+
+            thread = threading.Thread(target=judge, name=f"job-{job.id}", daemon=True)
+            held.append(thread)
+            thread.start()
+
+        hold(first)
+        while True:
+            changed.clear()
+            held[:] = [t for t in held if t.is_alive()]
+            if not held:
+                return
+            self._housekeeping()
+            while len(held) < limit and not self.ctx.stop.is_set():
+                job = self._claim(exclude=taken)
+                if job is None:
+                    break
+                taken.add(job.gate_id)
+                hold(job)
+            changed.wait(self.ctx.settings.worker_poll_seconds)
+
+    def _judge_one(self, job: ClaimedJob) -> None:
+        """Judge one job to its end, with a heartbeat renewing its lease meanwhile."""
         log.info("worker %s judging gate %s (attempt %s)", self.name, job.gate_id, job.attempts)
         done = threading.Event()
         beat = threading.Thread(target=self._heartbeat, args=(job, done), daemon=True)
         beat.start()
         try:
-            judge_gate(self.ctx, job)
+            judge_gate(self.ctx, job, self.slots)
         finally:
             done.set()
             beat.join()
-        return True
 
     def _heartbeat(self, job: ClaimedJob, done: threading.Event) -> None:
         lease = self.ctx.settings.job_lease_seconds

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from sqlalchemy import text
@@ -51,6 +52,7 @@ def claim(
     owner: str,
     lease_seconds: int,
     max_running_per_project: int | None = None,
+    exclude: Collection[uuid.UUID] = (),
 ) -> ClaimedJob | None:
     """A queued job, leased to ``owner``; None when there is none to take.
 
@@ -58,11 +60,16 @@ def claim(
     the project served least recently, so one project's burst does not starve the others.
     With ``max_running_per_project``, a job whose project already has that many running jobs
     is left queued (another project's is taken instead), so one project cannot hold every
-    worker.
+    worker. Gates in ``exclude`` are not taken (a worker's round took them already).
     """
+    skip = [str(g) for g in exclude]
     if max_running_per_project is not None:
         return _claim_capped(
-            session, owner=owner, lease_seconds=lease_seconds, cap=max_running_per_project
+            session,
+            owner=owner,
+            lease_seconds=lease_seconds,
+            cap=max_running_per_project,
+            exclude=skip,
         )
     row = session.execute(
         text(
@@ -71,13 +78,14 @@ def claim(
                    lease_expires_at = now() + make_interval(secs => :lease)
              WHERE id = (SELECT j.id FROM jobs j JOIN gates g ON g.id = j.gate_id
                           WHERE j.state = 'queued'
+                            AND NOT (j.gate_id = ANY(CAST(:exclude AS uuid[])))
                           ORDER BY """
             + _FAIR_ORDER
             + """ FOR UPDATE OF j SKIP LOCKED LIMIT 1)
             RETURNING id, gate_id, attempts
             """
         ),
-        {"owner": owner, "lease": lease_seconds},
+        {"owner": owner, "lease": lease_seconds, "exclude": skip},
     ).one_or_none()
     if row is None:
         return None
@@ -104,7 +112,7 @@ _RUNNING_OF_PROJECT = """
 
 
 def _claim_capped(
-    session: Session, *, owner: str, lease_seconds: int, cap: int
+    session: Session, *, owner: str, lease_seconds: int, cap: int, exclude: list[str]
 ) -> ClaimedJob | None:
     """Claim under a per-project cap on running jobs, exactly.
 
@@ -128,6 +136,7 @@ def _claim_capped(
                     SELECT j.id, g.project_id FROM jobs j JOIN gates g ON g.id = j.gate_id
                      WHERE j.state = 'queued'
                        AND NOT (g.project_id = ANY(CAST(:full AS uuid[])))
+                       AND NOT (j.gate_id = ANY(CAST(:exclude AS uuid[])))
                        AND ("""
                     + _RUNNING_OF_PROJECT.format(project="g.project_id")
                     + """) < :cap
@@ -136,7 +145,7 @@ def _claim_capped(
                     + """ FOR UPDATE OF j SKIP LOCKED LIMIT 1
                     """
                 ),
-                {"full": full, "cap": cap},
+                {"full": full, "cap": cap, "exclude": exclude},
             ).one_or_none()
             if row is None:
                 attempt.rollback()

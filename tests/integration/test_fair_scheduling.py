@@ -13,9 +13,9 @@ from gate_service.config import Settings
 from gate_service.db import session_scope
 from gate_service.models import Gate
 from gate_service.worker import queue
-from gate_service.worker.loop import Worker
 from tests.fixtures.auth import as_token, project_token
 from tests.fixtures.projects import AGENTS, bundle_of, write
+from tests.fixtures.sandbox import FakeSandbox, fake_worker
 
 
 def cases_project(root: Path, cases: int) -> Path:
@@ -78,8 +78,10 @@ def test_the_uncapped_claim_is_fair_too(
 
 
 def test_a_worker_serves_projects_in_turn(
-    client: TestClient, worker: Worker, sessions: sessionmaker[Session], tmp_path: Path
+    client: TestClient, settings: Settings, sessions: sessionmaker[Session], tmp_path: Path
 ) -> None:
+    # One gate at a time, so that the order the gates started in is the order of the claims.
+    worker = fake_worker(settings.model_copy(update={"worker_gates": 1}), sessions, FakeSandbox())
     data = bundle_of(cases_project(tmp_path / "p", 1))
     a_gates = [submit(client, data) for _ in range(3)]
     b = project_b(client)
@@ -91,3 +93,24 @@ def test_a_worker_serves_projects_in_turn(
         assert {g.status for g in gates} == {"passed"}
         order = [g.id for g in gates]
     assert order == [a_gates[0], b_gates[0], a_gates[1], b_gates[1], a_gates[2]]
+
+
+def test_a_small_gate_submitted_after_a_large_one_finishes_first(
+    client: TestClient,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    sandbox: FakeSandbox,
+    tmp_path: Path,
+) -> None:
+    assert (settings.worker_gates, settings.case_concurrency) == (2, 2)
+    worker = fake_worker(settings, sessions, sandbox)
+    large = submit(client, bundle_of(cases_project(tmp_path / "large", 200)))
+    small = submit(project_b(client), bundle_of(cases_project(tmp_path / "small", 2)))
+    assert worker.run_once() is True  # took both gates; their cases shared its two slots
+    with sessions() as s:
+        finished = {g.id: (g.status, g.finished_at) for g in s.scalars(select(Gate))}
+    assert finished[large][0] == finished[small][0] == "passed"
+    small_at, large_at = finished[small][1], finished[large][1]
+    assert small_at is not None and large_at is not None
+    assert small_at < large_at
+    assert len(sandbox.runs) == 202
