@@ -114,6 +114,24 @@ class Settings(BaseSettings):
         le=100_000,
         description="Rows the retention pass deletes per transaction.",
     )
+    gc_interval_seconds: float = Field(
+        default=3600,
+        ge=0,
+        description="How often, at most, each worker process collects garbage (test images "
+        "past GATE_TEST_IMAGE_BUDGET_BYTES, runner images of old digests, build scratch "
+        "directories left by crashed workers); 0 turns the image part off.",
+    )
+    test_image_budget_bytes: int = Field(
+        default=10 * 1024 * MIB,
+        ge=0,
+        description="Disk the `gate-test:*` images of one Docker engine may hold (bytes of "
+        "their own layers); past it the least recently used go first.",
+    )
+    gc_grace_seconds: float = Field(
+        default=3600,
+        ge=0,
+        description="Images built or used more recently than this are never collected.",
+    )
 
     # Case containers; the runner's own timeout_s applies inside these limits.
     case_memory_mb: int = 512

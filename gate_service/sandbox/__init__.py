@@ -53,6 +53,20 @@ class TestImageSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ImageInfo:
+    """One image on the engine, as garbage collection sees it."""
+
+    id: str
+    tags: tuple[str, ...]
+    labels: Mapping[str, str]
+    created: float  # Unix time
+    # Bytes of the image's own layers (shared with no other image): what removing it frees.
+    unique_bytes: int
+    parent_id: str = ""  # the image it was built on ("" when the engine does not say)
+    containers: int = 0  # containers (running or not) made from it
+
+
 class BuildRefused(Exception):
     """A test image build went past its time limit or output cap.
 
@@ -91,4 +105,12 @@ class Sandbox(Protocol):
         keep: Callable[[Mapping[str, str]], bool] | None = None,
     ) -> int:
         """Remove our containers carrying these labels (except those ``keep`` spares)."""
+        ...
+
+    def list_images(self) -> list[ImageInfo]:
+        """Every image on the engine, untagged ones included (they link children to parents)."""
+        ...
+
+    def remove_image(self, ref: str) -> bool:
+        """Remove an image reference, never by force; False when it is gone or still in use."""
         ...

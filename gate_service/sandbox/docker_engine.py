@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -29,7 +28,16 @@ from docker.types import LogConfig, Ulimit
 from ..bundles.requirements import read_requirements
 from ..config import BaseImageSource, Settings
 from ..errors import SandboxError
-from . import BUNDLE_DEPS_DIR, LABEL, BuildRefused, RunLimits, RunResult, TestImageSpec
+from ..scratch import scratch_dir
+from . import (
+    BUNDLE_DEPS_DIR,
+    LABEL,
+    BuildRefused,
+    ImageInfo,
+    RunLimits,
+    RunResult,
+    TestImageSpec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -168,10 +176,10 @@ def fetch_wheels(settings: Settings, requirements: Sequence[str], dest: Path) ->
         return
     timeout = settings.pip_download_timeout_seconds
     budget = settings.pip_download_max_bytes
-    with tempfile.TemporaryDirectory(prefix="gate-pip-", dir=settings.runtime_dir()) as scratch:
-        tmp, log_path = Path(scratch) / "tmp", Path(scratch) / "pip.log"
+    with scratch_dir(settings, "pip-") as scratch:
+        tmp, log_path = scratch / "tmp", scratch / "pip.log"
         tmp.mkdir()
-        empty = Path(scratch) / "cwd"
+        empty = scratch / "cwd"
         empty.mkdir()
         argv = [
             # -I: not the working directory on sys.path (nor PYTHONPATH or user site).
@@ -319,8 +327,7 @@ class DockerSandbox:
                 "installed (apt-get install debootstrap, or load python:3.11-slim into the engine)"
             )
         mirror = self.settings.debootstrap_mirror or apt_mirror()
-        work = Path(tempfile.mkdtemp(prefix="gate-base-", dir=self.settings.runtime_dir()))
-        try:
+        with scratch_dir(self.settings, "base-") as work:
             rootfs, tarball = work / "rootfs", work / "rootfs.tar"
             log.info("building the base image with debootstrap from %s (about a minute)", mirror)
             started = time.monotonic()
@@ -344,8 +351,6 @@ class DockerSandbox:
             with _docker_errors("importing the base image"):
                 self.client.api.import_image_from_file(str(tarball), repository=repo, tag=tag)
             log.info("base image %s ready in %.0f s", DEBOOTSTRAP_TAG, time.monotonic() - started)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
 
     def runner_image(self) -> str:
         with self._lock:
@@ -365,8 +370,7 @@ class DockerSandbox:
     def _build_runner(self, base: str, tag: str) -> None:
         src = self.settings.runner_source_dir
         log.info("building runner image %s FROM %s", tag, base)
-        with tempfile.TemporaryDirectory(prefix="gate-runner-ctx-") as tmp:
-            ctx = Path(tmp)
+        with scratch_dir(self.settings, "runner-") as ctx:
             shutil.copy(src / "Dockerfile", ctx / "Dockerfile")
             shutil.copy(src / "requirements.txt", ctx / "requirements.txt")
             shutil.copytree(
@@ -611,6 +615,44 @@ class DockerSandbox:
                     continue  # gone already (its own run() removed it)
                 removed += 1
         return removed
+
+    # -- garbage collection ---------------------------------------------------------------
+
+    def list_images(self) -> list[ImageInfo]:
+        """Every image with its own bytes and container count (the engine's disk usage)."""
+        with _docker_errors("listing images"):
+            usage = self.client.df()
+        images: list[ImageInfo] = []
+        for item in usage.get("Images") or []:
+            size = int(item.get("Size") or 0)
+            shared = int(item.get("SharedSize") or 0)
+            images.append(
+                ImageInfo(
+                    id=str(item.get("Id") or ""),
+                    tags=tuple(t for t in item.get("RepoTags") or () if t != "<none>:<none>"),
+                    labels=dict(item.get("Labels") or {}),
+                    created=float(item.get("Created") or 0),
+                    unique_bytes=max(0, size - max(0, shared)),
+                    parent_id=str(item.get("ParentId") or ""),
+                    containers=max(0, int(item.get("Containers") or 0)),
+                )
+            )
+        return images
+
+    def remove_image(self, ref: str) -> bool:
+        try:
+            # Never forced: the engine refuses while a container (running or not) uses it.
+            self.client.images.remove(ref, force=False, noprune=False)
+        except docker.errors.ImageNotFound:
+            return False
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # conflict: in use by a container
+                log.info("image %s is in use; kept (%s)", ref, exc.explanation)
+                return False
+            raise SandboxError(f"removing image {ref} failed: {exc}") from None
+        except _DOCKER_ERRORS as exc:
+            raise SandboxError(f"removing image {ref} failed: {exc}") from None
+        return True
 
     def close(self) -> None:
         self.client.close()

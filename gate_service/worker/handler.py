@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import tempfile
 import threading
 import uuid
 from collections.abc import Callable
@@ -49,6 +48,7 @@ from ..sandbox import (
     TestImageSpec,
 )
 from ..sandbox.docker_engine import WheelDownloadError
+from ..scratch import scratch_dir
 from ..secrets.crypto import SecretBox
 from ..secrets.redact import Redactor, redact_result
 from ..secrets.service import project_secrets
@@ -230,8 +230,8 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None) -> None
     go_on, sha256, name_filter, data = _write(ctx, job, begin)
     if not go_on:
         return
-    with tempfile.TemporaryDirectory(prefix="gate-", dir=ctx.settings.runtime_dir()) as tmp:
-        context_dir = Path(tmp)
+    # A scratch directory this process holds locked, so a crash leaves nothing for good.
+    with scratch_dir(ctx.settings, "build-") as context_dir:
         bundle_dir = context_dir / "bundle"
         bundle_dir.mkdir()
         try:

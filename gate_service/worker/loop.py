@@ -14,6 +14,7 @@ from ..db import session_scope
 from ..gates import service
 from ..models import GateStatus
 from . import queue
+from .gc import collect_if_due
 from .handler import WorkerContext, judge_gate
 from .queue import ClaimedJob
 from .retention import PROCESS_CLOCK, RetentionClock, run_retention
@@ -61,6 +62,7 @@ class Worker:
         """Claim a job and judge it, with the others this worker takes meanwhile (see
         ``_judge_held``); False when the queue was empty."""
         self._housekeeping()
+        collect_if_due(self.ctx)  # scratch at the start, images each GATE_GC_INTERVAL_SECONDS
         job = self._claim()
         if job is None:
             return False
