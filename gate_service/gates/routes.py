@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request, Response
+import anyio
+import anyio.to_thread
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..admission import long_poll_slots, upload_slots
-from ..auth.deps import Reader, Submitter
-from ..auth.service import Principal, record_by
+from ..auth.deps import FailureLimiter, Reader, Submitter, require
+from ..auth.service import LAST_USED_RESOLUTION, Principal, record_by
+from ..auth.tokens import Scope, digests_match, token_digest
 from ..bundles.archive import read_archive
 from ..config import Settings
 from ..db import session_scope
 from ..deps import SessionDep, SessionFactoryDep, SettingsDep, get_sessionmaker, get_settings
-from ..errors import BadRequest, error_responses
-from ..models import GateStatus
+from ..errors import BadRequest, NotFound, error_responses
+from ..models import GateStatus, utcnow
 from ..text import unstorable
 from . import service
 from .labels import parse_label_filter, parse_labels
@@ -241,6 +246,86 @@ def _look(
         return etag, body
 
 
+# The token and the gate's revision in one autocommit query: a status poll's whole database
+# work when the token needs no write and the body of that revision is cached.
+_TOKEN_AND_REVISION = text(
+    "SELECT t.id, t.project_id, p.name, t.scopes, t.token_sha256, t.revoked_at, t.expires_at,"
+    " t.last_used_at, g.revision"
+    " FROM api_tokens t JOIN projects p ON p.id = t.project_id"
+    " LEFT JOIN gates g ON g.id = :gate AND g.project_id = t.project_id"
+    " WHERE t.token_sha256 = :digest"
+)
+_READ = require(Scope.read)
+
+
+@dataclass(frozen=True)
+class GateReader:
+    """The caller (with the read scope) and, when it came with the check, the gate's revision
+    (None: not known yet; -1: no such gate of the caller's project)."""
+
+    who: Principal
+    revision: int | None = None
+
+
+def _quick_read(request: Request) -> GateReader | None:
+    """The read-scope check of ``auth.deps.require`` and the gate's revision, in one query.
+
+    Only the path where authentication writes nothing: None when the client is being braked,
+    the header is not a bearer token, or the token is unknown, revoked, expired, lacks the
+    read scope or has a last_used_at due; ``require`` then decides (401/403/429, audit rows,
+    last_used_at), exactly as for every other route.
+    """
+    limiter: FailureLimiter = request.app.state.auth_failures
+    if limiter.retry_after(request.client.host if request.client else "unknown") is not None:
+        return None
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    token = token.strip()
+    try:
+        gate_id = uuid.UUID(request.path_params["gate_id"])
+    except (KeyError, ValueError):
+        return None
+    if scheme.lower() != "bearer" or not token:
+        return None
+    digest = token_digest(token)
+    engine: Engine = request.app.state.engine
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        row = conn.execute(_TOKEN_AND_REVISION, {"gate": gate_id, "digest": digest}).first()
+    if row is None or not digests_match(row.token_sha256, digest):
+        return None
+    now = utcnow()
+    if row.revoked_at is not None or (row.expires_at is not None and row.expires_at <= now):
+        return None
+    if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
+        return None
+    who = Principal(row.id, row.project_id, row.name, frozenset(row.scopes))
+    if not who.has(Scope.read):
+        return None
+    return GateReader(who, -1 if row.revision is None else row.revision)
+
+
+def _read_gate_check(request: Request) -> GateReader:
+    return _quick_read(request) or GateReader(_READ(request))
+
+
+# Status reads in threads at once, per process: fewer than the engine's pool (10), so a burst
+# of polls queues here instead of opening and closing overflow connections for each read.
+STATUS_READ_THREADS = 8
+
+
+def _status_read_limiter(request: Request) -> anyio.CapacityLimiter:
+    limiter: anyio.CapacityLimiter | None = getattr(request.app.state, "status_reads", None)
+    if limiter is None:  # made on the event loop, by the first status read
+        limiter = request.app.state.status_reads = anyio.CapacityLimiter(STATUS_READ_THREADS)
+    return limiter
+
+
+async def gate_reader(request: Request) -> GateReader:
+    """Like ``Reader``, plus the gate's revision, in one threadpool hop and one query."""
+    return await anyio.to_thread.run_sync(
+        _read_gate_check, request, limiter=_status_read_limiter(request)
+    )
+
+
 @router.get(
     "/gates/{gate_id}",
     response_model=GateRead,
@@ -249,7 +334,7 @@ def _look(
 async def get_gate(
     gate_id: uuid.UUID,
     request: Request,
-    who: Reader,
+    reader: Annotated[GateReader, Depends(gate_reader)],
     wait: Annotated[int, Query(ge=0, description="Long-poll up to N seconds for a change")] = 0,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
@@ -257,8 +342,22 @@ async def get_gate(
     # app.state read here, not through sync dependencies: each of those is a threadpool hop.
     factory, settings = get_sessionmaker(request), get_settings(request)
     bodies: GateBodies = request.app.state.gate_bodies
+    limiter = _status_read_limiter(request)
+    who = reader.who
     if wait <= 0:
-        etag, body = await run_in_threadpool(_look, factory, bodies, who, gate_id, if_none_match)
+        if reader.revision == -1:
+            raise NotFound(f"no gate with id {gate_id}")
+        if reader.revision is not None:
+            # The common poll: 304, or a cached body, with no further database work.
+            etag = _etag(gate_id, reader.revision)
+            if etag == if_none_match:
+                return _answer(etag, None)
+            body = bodies.get(gate_id, reader.revision, who.project_id)
+            if body is not None:
+                return _answer(etag, body)
+        etag, body = await anyio.to_thread.run_sync(
+            _look, factory, bodies, who, gate_id, if_none_match, limiter=limiter
+        )
         return _answer(etag, body)
     changes: GateChanges = request.app.state.gate_changes
     # Only a waiting request holds a slot; when all are taken the answer is 503 at once.
@@ -270,8 +369,8 @@ async def get_gate(
             while True:
                 waiter.clear()
                 # Waiting happens on the event loop, so a long-poll holds no thread or lock.
-                etag, body = await run_in_threadpool(
-                    _look, factory, bodies, who, gate_id, if_none_match
+                etag, body = await anyio.to_thread.run_sync(
+                    _look, factory, bodies, who, gate_id, if_none_match, limiter=limiter
                 )
                 left = deadline - time.monotonic()
                 if body is not None or left <= 0:

@@ -16,12 +16,14 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import event, text, update
+from sqlalchemy import event, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from gate_service.auth.tokens import token_digest
 from gate_service.db import session_scope
 from gate_service.gates.notify import GateChanges
-from gate_service.models import Gate
+from gate_service.models import ApiToken, Gate, utcnow
+from tests.fixtures.auth import as_token, project_token
 from tests.fixtures.projects import bundle_of, calculator_project
 
 DEADLINE_SECONDS = 30
@@ -215,3 +217,63 @@ def test_shutdown_stops_the_listener_and_closes_its_connection(
             )
 
     wait_until(gone, "the listening session ends")
+
+
+def test_a_status_read_checks_its_token_as_every_route_does(
+    client: TestClient, gate: tuple[str, str], sessions: sessionmaker[Session]
+) -> None:
+    # GET /v1/gates/{id} checks the token and reads the revision in one query, and serves a
+    # cached body: none of that may skip a check, a write or the project scoping.
+    gate_id, etag = gate
+    path = f"/v1/gates/{gate_id}"
+    assert client.get(path).status_code == 200  # the body of this revision is cached now
+    body = client.post("/v1/projects/default/tokens", json={"scopes": ["read"]}).json()
+    reader = as_token(client, body["token"])
+    digest = token_digest(body["token"])
+
+    def last_used() -> Any:
+        with session_scope(sessions) as session:
+            return session.scalar(
+                select(ApiToken.last_used_at).where(ApiToken.token_sha256 == digest)
+            )
+
+    assert last_used() is None
+    assert reader.get(path).headers["ETag"] == etag
+    assert last_used() is not None  # a first use is recorded
+    assert reader.get(path, headers={"If-None-Match": etag}).status_code == 304
+
+    other = as_token(client, project_token(client, "other", ["read"]))
+    assert other.get(path).status_code == 404
+    submitter = as_token(client, project_token(client, "default", ["submit"]))
+    assert submitter.get(path).status_code == 403
+    assert as_token(client, "gate_not-a-token").get(path).status_code == 401
+    assert as_token(client, None).get(path).status_code == 401
+
+    with session_scope(sessions) as session:
+        session.execute(
+            update(ApiToken).where(ApiToken.token_sha256 == digest).values(expires_at=utcnow())
+        )
+    expired = reader.get(path)
+    assert (expired.status_code, expired.json()["detail"]) == (401, "the token has expired")
+    assert client.delete(f"/v1/tokens/{body['id']}").status_code == 200
+    revoked = reader.get(path)
+    assert (revoked.status_code, revoked.json()["detail"]) in {
+        (401, "the token was revoked"),
+        (401, "the token has expired"),
+    }
+
+
+def test_a_plain_read_after_a_change_gets_the_new_revision(
+    client: TestClient, gate: tuple[str, str], sessions: sessionmaker[Session]
+) -> None:
+    gate_id, etag = gate
+    before = client.get(f"/v1/gates/{gate_id}")
+    with session_scope(sessions) as session:
+        row = session.get_one(Gate, uuid.UUID(gate_id))
+        row.failure_reason = "changed"
+        row.revision += 1
+    after = client.get(f"/v1/gates/{gate_id}", headers={"If-None-Match": etag})
+    assert after.status_code == 200
+    assert after.headers["ETag"] != before.headers["ETag"]
+    assert after.json()["failure_reason"] == "changed"
+    assert before.json()["failure_reason"] is None
