@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,8 @@ from typing import Protocol
 # and put on sys.path after the runner's own paths (the runner owns that name), so no wheel
 # can replace runner modules or add a .pth startup hook to the runner's interpreter.
 from gate_runner import BUNDLE_DEPS_DIR as BUNDLE_DEPS_DIR
+
+from ..errors import SandboxError
 
 LABEL = "gate.managed"  # every container and image we create carries it, for the reaper
 # The runner starts as root with only SETUID, SETGID and KILL, and runs every invocation
@@ -75,6 +78,14 @@ class BuildRefused(Exception):
     """
 
 
+class Halted(SandboxError):
+    """The job's halt event was set (the gate was cancelled, or the job's lease was lost) while
+    the engine worked for it: the download, build or case container was stopped and nothing
+    was judged. A SandboxError, so a halted case is skipped like one whose container the
+    heartbeat removed; the handler reads the halt itself and never retries for it.
+    """
+
+
 class Sandbox(Protocol):
     def runner_image(self) -> str:
         """Make sure the runner base image exists (building it if needed); return its tag."""
@@ -82,11 +93,19 @@ class Sandbox(Protocol):
 
     def image_exists(self, tag: str) -> bool: ...
 
-    def download_wheels(self, requirements: Sequence[str], dest: Path) -> None:
+    # ``halt``, on the three below: the job's halt event (queue.ClaimedJob.halt). Once set, the
+    # work stops (pip killed, the build cut, the case container removed or never created)
+    # and Halted is raised.
+
+    def download_wheels(
+        self, requirements: Sequence[str], dest: Path, *, halt: threading.Event | None = None
+    ) -> None:
         """Fetch the wheels of these (already parsed) requirements into ``dest`` on the host."""
         ...
 
-    def build_test_image(self, spec: TestImageSpec) -> str: ...
+    def build_test_image(
+        self, spec: TestImageSpec, *, halt: threading.Event | None = None
+    ) -> str: ...
 
     def run(
         self,
@@ -96,6 +115,7 @@ class Sandbox(Protocol):
         limits: RunLimits,
         labels: Mapping[str, str],
         env: Mapping[str, str] | None = None,
+        halt: threading.Event | None = None,
     ) -> RunResult: ...
 
     def reap(

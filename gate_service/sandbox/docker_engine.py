@@ -33,6 +33,7 @@ from . import (
     BUNDLE_DEPS_DIR,
     LABEL,
     BuildRefused,
+    Halted,
     ImageInfo,
     RunLimits,
     RunResult,
@@ -68,8 +69,10 @@ COPY --chown=0:0 bundle/ /bundle/
 COPY --from=deps --chown=0:0 {deps}/ {deps}/
 """
 BUNDLE_WHEELS_DIR = "/tmp/bundle-wheels"
-# Seconds between looks at a pip download's size and age.
+# Seconds between looks at a pip download's size and age (and at the job's halt event).
 PIP_POLL_SECONDS = 0.1
+# Seconds between looks at the job's halt event while an image builds or a case runs.
+HALT_POLL_SECONDS = 0.2
 _NO_WHEEL = (
     re.compile(r"No matching distribution found for ([A-Za-z0-9][A-Za-z0-9._-]*)"),
     re.compile(r"satisfies the requirement ([A-Za-z0-9][A-Za-z0-9._-]*)"),
@@ -161,7 +164,12 @@ def runner_digest(src: Path, base: str) -> str:
     return h.hexdigest()[:12]
 
 
-def fetch_wheels(settings: Settings, requirements: Sequence[str], dest: Path) -> None:
+def fetch_wheels(
+    settings: Settings,
+    requirements: Sequence[str],
+    dest: Path,
+    halt: threading.Event | None = None,
+) -> None:
     """Fetch the wheels of parsed requirements into ``dest`` on the host, within limits.
 
     ``--only-binary=:all:`` means no package code runs here (a package with no wheel is
@@ -169,7 +177,8 @@ def fetch_wheels(settings: Settings, requirements: Sequence[str], dest: Path) ->
     are separate arguments after ``--``, never a file pip would read as its own language.
     pip runs in its own process group with its temporary files in a directory of ours, and is
     killed (with anything it started) once it runs past GATE_PIP_DOWNLOAD_TIMEOUT_SECONDS or
-    what it fetched passes GATE_PIP_DOWNLOAD_MAX_BYTES.
+    what it fetched passes GATE_PIP_DOWNLOAD_MAX_BYTES, or at once when ``halt`` is set (the
+    job was cancelled or its lease lost), which raises Halted.
     """
     dest.mkdir(parents=True, exist_ok=True)
     if not requirements:
@@ -192,6 +201,7 @@ def fetch_wheels(settings: Settings, requirements: Sequence[str], dest: Path) ->
             "--", *requirements,
         ]  # fmt: skip
         refused: str | None = None
+        halted = False
         with log_path.open("wb") as out:
             proc = subprocess.Popen(
                 argv,
@@ -212,6 +222,9 @@ def fetch_wheels(settings: Settings, requirements: Sequence[str], dest: Path) ->
                         break
                     except subprocess.TimeoutExpired:
                         pass
+                    if halt is not None and halt.is_set():
+                        halted = True
+                        break
                     if time.monotonic() > deadline:
                         refused = f"downloading requirements took longer than {timeout:g} s"
                         break
@@ -225,6 +238,9 @@ def fetch_wheels(settings: Settings, requirements: Sequence[str], dest: Path) ->
                     except ProcessLookupError:
                         pass
                     proc.wait()
+        if halted:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise Halted("the job was halted while its requirements downloaded; pip was stopped")
         if refused is None and _tree_bytes(dest) > budget:
             refused = f"requirements' wheels exceed {budget} bytes"
         if refused is not None:
@@ -363,9 +379,11 @@ class DockerSandbox:
             self._runner_tag = tag
             return tag
 
-    def download_wheels(self, requirements: Sequence[str], dest: Path) -> None:
+    def download_wheels(
+        self, requirements: Sequence[str], dest: Path, *, halt: threading.Event | None = None
+    ) -> None:
         """Fetch the wheels of parsed requirements on the host (see fetch_wheels)."""
-        fetch_wheels(self.settings, requirements, dest)
+        fetch_wheels(self.settings, requirements, dest, halt)
 
     def _build_runner(self, base: str, tag: str) -> None:
         src = self.settings.runner_source_dir
@@ -398,7 +416,7 @@ class DockerSandbox:
                     labels={LABEL: "runner"},
                 )
 
-    def build_test_image(self, spec: TestImageSpec) -> str:
+    def build_test_image(self, spec: TestImageSpec, *, halt: threading.Event | None = None) -> str:
         dockerfile = bundle_dockerfile(self.runner_image(), spec.requirements)
         (spec.context_dir / "Dockerfile").write_text(dockerfile)
         self._build(
@@ -412,11 +430,18 @@ class DockerSandbox:
             pull=False,
             network_mode="none",
             labels={LABEL: "test", **spec.labels},
+            halt=halt,
         )
         return spec.tag
 
     def _build(
-        self, action: str, *, timeout_seconds: float, output_limit_bytes: int, **kwargs: Any
+        self,
+        action: str,
+        *,
+        timeout_seconds: float,
+        output_limit_bytes: int,
+        halt: threading.Event | None = None,
+        **kwargs: Any,
     ) -> None:
         """One image build through the streaming API, within a time limit and an output cap.
 
@@ -424,8 +449,11 @@ class DockerSandbox:
         (it cancels a build whose client went away), and BuildRefused is raised: our build
         steps are fixed, so what makes a build slow or loud is the bundle, and a retry would
         hit the same limit. An error the engine reports in the stream stays a SandboxError
-        (an infrastructure error, as before), with the tail of the log.
+        (an infrastructure error, as before), with the tail of the log. ``halt`` set (the job
+        was cancelled or its lease lost) cuts the build the same way and raises Halted.
         """
+        if halt is not None and halt.is_set():
+            raise Halted(f"the job was halted before {action}")
         started = time.monotonic()
         tail: deque[str] = deque(maxlen=200)
         received = 0
@@ -453,11 +481,23 @@ class DockerSandbox:
         timer = threading.Timer(max(0.0, started + timeout_seconds - time.monotonic()), expire)
         timer.daemon = True
         timer.start()
+        finished, halted = threading.Event(), threading.Event()
+
+        def watch_halt() -> None:
+            assert halt is not None
+            while not finished.wait(HALT_POLL_SECONDS):
+                if halt.is_set():
+                    halted.set()
+                    cut()
+                    return
+
+        if halt is not None:
+            threading.Thread(target=watch_halt, name="gate-build-halt", daemon=True).start()
         error: str | None = None
         try:
             try:
                 for item in stream:
-                    if expired.is_set():
+                    if expired.is_set() or halted.is_set():
                         break
                     chunk: dict[str, Any] = (
                         item if isinstance(item, dict) else {"stream": str(item)}
@@ -479,11 +519,14 @@ class DockerSandbox:
             except BuildRefused:
                 raise
             except Exception as exc:
-                if not expired.is_set():
+                if not (expired.is_set() or halted.is_set()):
                     raise SandboxError(f"{action} failed: {exc}") from None
+            if halted.is_set():
+                raise Halted(f"the job was halted during {action}; the build was stopped")
             if expired.is_set():
                 raise BuildRefused(f"the build took longer than {timeout_seconds:g} s; stopped")
         finally:
+            finished.set()
             timer.cancel()
             stream.close()
             if response is not None:
@@ -501,7 +544,18 @@ class DockerSandbox:
         limits: RunLimits,
         labels: Mapping[str, str],
         env: Mapping[str, str] | None = None,
+        halt: threading.Event | None = None,
     ) -> RunResult:
+        """One case container, to its end or its wall deadline.
+
+        ``halt`` (the job's: set when it is cancelled or its lease is lost, before the
+        heartbeat removes the gate's containers) is read before the container is created and
+        again once it exists, before it starts: a container created after the removal pass
+        is removed here instead of running to completion. Set while the container runs, it
+        is removed within HALT_POLL_SECONDS. Each raises Halted.
+        """
+        if halt is not None and halt.is_set():
+            raise Halted("the job was halted; no case container was created")
         kwargs: dict[str, Any] = {
             "command": list(argv),
             # The runner starts as root with only what it needs to run each invocation under
@@ -537,9 +591,11 @@ class DockerSandbox:
             container = self.client.containers.create(image, **kwargs)
         timed_out = False
         try:
+            if halt is not None and halt.is_set():
+                raise Halted("the job was halted; the case container was removed unstarted")
             with _docker_errors("starting a case container"):
                 container.start()
-            timed_out, exit_code = self._wait(container, limits.wall_seconds)
+            timed_out, exit_code = self._wait(container, limits.wall_seconds, halt)
             duration_ms = int((time.monotonic() - started) * 1000)
             with _docker_errors("reading a case container's output"):
                 container.reload()
@@ -569,17 +625,36 @@ class DockerSandbox:
         )
 
     @staticmethod
-    def _wait(container: Any, wall_seconds: float) -> tuple[bool, int | None]:
+    def _wait(
+        container: Any, wall_seconds: float, halt: threading.Event | None = None
+    ) -> tuple[bool, int | None]:
         """(timed_out, exit code): the container's end, or its kill at the wall deadline.
 
         Only a read that ran the whole deadline is a timeout (the case's fault, judged
         failed). The connection breaking before that (the engine restarted, crashed or
         stopped) says nothing about the case: it is a SandboxError, an infrastructure fault
         that the job is retried for, never a case that "ran past its hard deadline".
+        ``halt`` set meanwhile removes the container and raises Halted.
         """
         started = time.monotonic()
+        finished = threading.Event()
+
+        def watch_halt() -> None:
+            assert halt is not None
+            while not finished.wait(HALT_POLL_SECONDS):
+                if halt.is_set():
+                    try:
+                        container.remove(force=True)
+                    except _DOCKER_ERRORS as exc:
+                        log.debug("removing a halted case container: %s", exc)
+                    return
+
+        if halt is not None:
+            threading.Thread(target=watch_halt, name="gate-case-halt", daemon=True).start()
         try:
             status = container.wait(timeout=wall_seconds)
+            if halt is not None and halt.is_set():
+                raise Halted("the job was halted; its case container was removed")
             return False, int(status.get("StatusCode", -1))
         except requests.exceptions.ReadTimeout as exc:
             if time.monotonic() - started < wall_seconds - 1:
@@ -587,10 +662,14 @@ class DockerSandbox:
                     f"waiting for a case container failed early: {exc}; the case was not judged"
                 ) from None
         except _DOCKER_ERRORS as exc:
+            if halt is not None and halt.is_set():
+                raise Halted("the job was halted; its case container was removed") from None
             raise SandboxError(
                 f"lost the Docker engine while a case container ran ({exc}); "
                 "the case was not judged"
             ) from None
+        finally:
+            finished.set()
         with _docker_errors("stopping a timed-out case container"):
             container.kill()
         return True, None

@@ -43,6 +43,7 @@ from ..sandbox import (
     INVOCATION_UID,
     SCRATCH_DIR,
     BuildRefused,
+    Halted,
     RunLimits,
     Sandbox,
     TestImageSpec,
@@ -272,10 +273,11 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None) -> None
             service.set_phase(gate, Phase.building)
 
         _write(ctx, job, enter_building)
-        image = _build_image(ctx, context_dir, sha256, requirements.requirements)
+        image = _build_image(ctx, context_dir, sha256, requirements.requirements, job.halt)
 
-    _write(ctx, job, lambda _s, gate: service.set_phase(gate, Phase.running_tests))
-    _run_cases(ctx, job, image, slots or CaseSlots(ctx.settings.case_concurrency))
+    if image is not None:  # None: halted (cancelled, or the lease lost) while it was built
+        _write(ctx, job, lambda _s, gate: service.set_phase(gate, Phase.running_tests))
+        _run_cases(ctx, job, image, slots or CaseSlots(ctx.settings.case_concurrency))
 
     def conclude(session: Session, gate: Gate) -> None:
         if gate.cancel_requested:
@@ -288,15 +290,22 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None) -> None
 
 
 def _build_image(
-    ctx: WorkerContext, context_dir: Path, sha256: str, requirements: list[str]
-) -> str:
+    ctx: WorkerContext,
+    context_dir: Path,
+    sha256: str,
+    requirements: list[str],
+    halt: threading.Event,
+) -> str | None:
+    """The bundle's test image; None when ``halt`` stopped its download or build."""
     sandbox = ctx.sandbox
     tag = test_image_tag(sha256, sandbox.runner_image())
     if sandbox.image_exists(tag):
         return tag
     if requirements:
         try:
-            sandbox.download_wheels(requirements, context_dir / "wheels")
+            sandbox.download_wheels(requirements, context_dir / "wheels", halt=halt)
+        except Halted:
+            return None
         except WheelDownloadError as exc:
             raise BundleRejected(
                 f"{REQUIREMENTS_FILE} cannot be installed from the configured wheelhouse or "
@@ -310,8 +319,11 @@ def _build_image(
                 context_dir=context_dir,
                 requirements=tuple(requirements),
                 labels={"gate.bundle": sha256},
-            )
+            ),
+            halt=halt,
         )
+    except Halted:
+        return None
     except BuildRefused as exc:
         raise BundleRejected(f"the test image cannot be built: {exc}") from None
 
@@ -417,8 +429,9 @@ def _run_case(
                 "gate.case_id": str(case_id),
                 "gate.owner": job.owner,
             },
+            halt=job.halt,
         )
-    except SandboxError:
+    except SandboxError:  # Halted among them
         if job.halt.is_set():  # the heartbeat removed the container (cancel or lost lease)
             return False
         raise

@@ -4,6 +4,7 @@ that reference (issue 9, item 5). Real Postgres, the in-process fake sandbox."""
 
 import logging
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -36,6 +37,7 @@ class CrashingRunner(FakeSandbox):
         limits: RunLimits,
         labels: Mapping[str, str],
         env: Mapping[str, str] | None = None,
+        halt: threading.Event | None = None,
     ) -> RunResult:
         self.runs.append(list(argv))
         return RunResult(
