@@ -25,6 +25,11 @@ class BaseImageSource(StrEnum):
     debootstrap = "debootstrap"  # always build the base from Debian packages
 
 
+class LogFormat(StrEnum):
+    text = "text"  # one human line per record
+    json = "json"  # one JSON object per line, with gate_id, case and worker where known
+
+
 class Settings(BaseSettings):
     """Every knob of the service. Units are part of each name."""
 
@@ -211,6 +216,29 @@ class Settings(BaseSettings):
     )
     max_concurrent_long_polls: int = Field(
         default=1000, ge=1, description="?wait= requests one API process holds; past it 503."
+    )
+
+    # Observability
+    log_format: LogFormat = Field(
+        default=LogFormat.text,
+        description="'json' writes one JSON object per line carrying gate_id, case_id, case "
+        "and worker where known; 'text' one human line.",
+    )
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token that may read /metrics (besides admin tokens of project "
+        "`default`); for Prometheus' bearer_token_file.",
+    )
+    worker_metrics_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="Port where a standalone `gate worker` serves its own /metrics "
+        "(durations, container starts, image cache, reaped containers); 0: none.",
+    )
+    worker_metrics_host: str = Field(
+        default="0.0.0.0",
+        description="Address GATE_WORKER_METRICS_PORT listens on.",
     )
 
     def runtime_dir(self) -> Path:

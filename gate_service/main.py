@@ -29,6 +29,7 @@ from .deps import SessionFactoryDep
 from .errors import Conflict, ServiceUnavailable, error_body, error_responses, install_handlers
 from .gates.notify import GateBodies, GateChanges
 from .gates.routes import router as gates_router
+from .metrics import Metrics, install_metrics
 from .middleware import install_middleware
 from .secrets.crypto import SecretBox
 from .secrets.routes import router as secrets_router
@@ -123,7 +124,8 @@ def bootstrap_admin(settings: Settings, factory: sessionmaker[Session]) -> None:
     )
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:
+    """``metrics``: a registry shared with in-process workers (`gate serve`); default: a new one."""
     if not settings.database_url:
         raise ValueError("create_app needs settings.database_url (gate serve provides one)")
     database_url = settings.database_url
@@ -162,6 +164,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(auth_router)
     app.include_router(secrets_router)
     app.include_router(connic_router)
+    install_metrics(app, settings, metrics or Metrics())
     app.add_middleware(
         DeclaredSizeLimit,
         limit_bytes=settings.upload_limit_bytes + MULTIPART_OVERHEAD_BYTES,

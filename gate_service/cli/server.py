@@ -11,11 +11,15 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ..config import Settings
+from ..logs import configure_logging, uvicorn_log_config
+
+if TYPE_CHECKING:
+    from ..metrics import Metrics
 
 log = logging.getLogger("gate")
 
@@ -87,7 +91,7 @@ def _prepare_images(settings: Settings) -> None:
 
 
 def _start_workers(
-    settings: Settings, url: str, count: int, stop: threading.Event
+    settings: Settings, url: str, count: int, stop: threading.Event, metrics: Metrics
 ) -> list[threading.Thread]:
     from ..db import make_engine, make_sessionmaker
     from ..sandbox.docker_engine import DockerSandbox
@@ -100,7 +104,11 @@ def _start_workers(
     for i in range(count):
         # One engine client per worker: the docker SDK's HTTP session is not shared safely.
         ctx = WorkerContext(
-            settings=settings, sessions=sessions, sandbox=DockerSandbox(settings), stop=stop
+            settings=settings,
+            sessions=sessions,
+            sandbox=DockerSandbox(settings),
+            stop=stop,
+            metrics=metrics,  # one registry per process, shared by its workers
         )
         thread = threading.Thread(target=Worker(ctx).run, name=f"gate-worker-{i}", daemon=True)
         thread.start()
@@ -115,12 +123,17 @@ def serve() -> None:
     from ..main import create_app
 
     settings = Settings()
+    configure_logging(settings)
     # Cleanups run in reverse: the workers stop before the embedded Postgres they use.
     with _lifetime() as cleanup:
         url = _database_url(settings, cleanup)
         _prepare_images(settings)
         stop = threading.Event()
-        workers = _start_workers(settings, url, settings.embedded_workers, stop)
+        # In-process workers observe into the API's registry, so its /metrics shows them.
+        from ..metrics import Metrics
+
+        metrics = Metrics()
+        workers = _start_workers(settings, url, settings.embedded_workers, stop, metrics)
 
         @cleanup.callback
         def _stop_workers() -> None:
@@ -128,9 +141,15 @@ def serve() -> None:
             for thread in workers:
                 thread.join(timeout=30)
 
-        app = create_app(settings.model_copy(update={"database_url": url}))
+        app = create_app(settings.model_copy(update={"database_url": url}), metrics)
         log.info("serving on http://%s:%s", settings.host, settings.port)
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+        uvicorn.run(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level="info",
+            log_config=uvicorn_log_config(settings),
+        )
 
 
 def api() -> None:
@@ -140,10 +159,17 @@ def api() -> None:
     from ..main import create_app
 
     settings = Settings()
+    configure_logging(settings)
     with _lifetime() as cleanup:
         url = _database_url(settings, cleanup)
         app = create_app(settings.model_copy(update={"database_url": url}))
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+        uvicorn.run(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level="info",
+            log_config=uvicorn_log_config(settings),
+        )
 
 
 def worker(
@@ -151,6 +177,7 @@ def worker(
 ) -> None:
     """A worker alone (scale-out); needs GATE_DATABASE_URL."""
     settings = Settings()
+    configure_logging(settings)
     if not settings.database_url:
         typer.echo(
             "gate worker needs GATE_DATABASE_URL (workers share the API's database)", err=True
@@ -166,7 +193,12 @@ def worker(
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    workers = _start_workers(settings, url, threads, stop)
+    from ..metrics import Metrics, serve_worker_metrics
+
+    metrics = Metrics()
+    if settings.worker_metrics_port:  # this process's own registry: nothing else shows it
+        serve_worker_metrics(settings, metrics)
+    workers = _start_workers(settings, url, threads, stop, metrics)
     while any(t.is_alive() for t in workers):
         for thread in workers:
             thread.join(timeout=1)

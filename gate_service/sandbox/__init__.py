@@ -42,6 +42,8 @@ class RunResult:
     timed_out: bool
     oom_killed: bool
     output_truncated: bool
+    # Milliseconds from asking the engine for the container until it was running.
+    start_ms: int | None = None
 
 
 @dataclass(frozen=True)

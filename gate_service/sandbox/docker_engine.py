@@ -595,6 +595,7 @@ class DockerSandbox:
                 raise Halted("the job was halted; the case container was removed unstarted")
             with _docker_errors("starting a case container"):
                 container.start()
+            start_ms = int((time.monotonic() - started) * 1000)
             timed_out, exit_code = self._wait(container, limits.wall_seconds, halt)
             duration_ms = int((time.monotonic() - started) * 1000)
             with _docker_errors("reading a case container's output"):
@@ -622,6 +623,7 @@ class DockerSandbox:
             timed_out=timed_out,
             oom_killed=oom,
             output_truncated=truncated,
+            start_ms=start_ms,
         )
 
     @staticmethod

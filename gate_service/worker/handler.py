@@ -7,6 +7,7 @@ stopped instead of starting over.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import secrets
@@ -14,8 +15,9 @@ import threading
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,6 +33,8 @@ from ..config import Settings
 from ..db import session_scope
 from ..errors import GateError, SandboxError
 from ..gates import service
+from ..logs import bind_log_context
+from ..metrics import Metrics
 from ..models import Bundle, Case, CaseStatus, Gate, Phase, utcnow
 from ..runner_contract import (
     NONCE_ENV,
@@ -118,6 +122,8 @@ class WorkerContext:
     # Decrypts the project secrets cases receive; None builds it from the settings when the
     # worker starts (GATE_SECRETS_KEY, else GATE_DATA_DIR/secrets.key), never at import.
     secret_box: SecretBox | None = None
+    # This process's instruments; `gate serve` passes the API's, so /metrics shows them.
+    metrics: Metrics = field(default_factory=Metrics)
 
     def __post_init__(self) -> None:
         if self.secret_box is None:
@@ -192,6 +198,7 @@ def judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None = No
                 _close_unjudged(session, gate, "not run: the gate ran past its deadline")
             service.fail_gate(gate, reason=rejected.reason, problems=rejected.problems)
             queue.finish(session, job, error=rejected.reason)
+            ctx.metrics.gate_finished(session, gate)
 
         _write(ctx, job, reject)
     except Stopping:
@@ -213,6 +220,7 @@ def judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None = No
                 reason=f"infrastructure error after {job.attempts} attempt(s): {detail}",
             )
             queue.finish(session, job, error=detail)
+            ctx.metrics.gate_finished(session, gate)
 
         _write(ctx, job, give_up)
 
@@ -285,6 +293,7 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None) -> None
         else:
             service.finish_gate(session, gate)
         queue.finish(session, job)
+        ctx.metrics.gate_finished(session, gate)
 
     _write(ctx, job, conclude)
 
@@ -299,7 +308,9 @@ def _build_image(
     """The bundle's test image; None when ``halt`` stopped its download or build."""
     sandbox = ctx.sandbox
     tag = test_image_tag(sha256, sandbox.runner_image())
-    if sandbox.image_exists(tag):
+    hit = sandbox.image_exists(tag)
+    ctx.metrics.image_lookup(hit=hit)
+    if hit:
         return tag
     if requirements:
         try:
@@ -340,7 +351,14 @@ def _run_cases(ctx: WorkerContext, job: ClaimedJob, image: str, slots: CaseSlots
             )
         ]
     with ThreadPoolExecutor(max_workers=ctx.settings.case_concurrency) as pool:
-        futures = [pool.submit(_run_case_in_slot, slots, ctx, job, image, *p) for p in pending]
+        # Each case in its own copy of this thread's log context (gate_id, worker).
+        futures = [
+            pool.submit(
+                contextvars.copy_context().run,
+                partial(_run_case_in_slot, slots, ctx, job, image, *p),
+            )
+            for p in pending
+        ]
         judged = [future.result() for future in futures]
     if not all(judged) and ctx.stop.is_set():
         raise Stopping()
@@ -367,6 +385,7 @@ def _run_case(
     timeout_s: int,
 ) -> bool:
     """Judge one case in its container; False when it was skipped (stop, cancel, halt)."""
+    bind_log_context(case_id=case_id, case=f"{suite}::{test_name}")
     if ctx.stop.is_set() or job.halt.is_set():
         return False
 
@@ -435,6 +454,7 @@ def _run_case(
         if job.halt.is_set():  # the heartbeat removed the container (cancel or lost lease)
             return False
         raise
+    ctx.metrics.container_started(result.start_ms)
 
     def store(session: Session, gate: Gate) -> None:
         case = session.get_one(Case, case_id)
@@ -509,6 +529,7 @@ def _run_case(
                     reason=f"the runner failed (exit code {result.exit_code}): "
                     + incidents.public(redactor.text(str(exc)), reference),
                 )
+        ctx.metrics.case_judged(session, case.status, result.duration_ms)
 
     _write(ctx, job, store)
     if result.timed_out and cut_by_deadline:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import socket
@@ -12,6 +13,7 @@ from collections.abc import Callable, Collection, Mapping
 
 from ..db import session_scope
 from ..gates import service
+from ..logs import bind_log_context, log_context
 from ..models import GateStatus
 from . import queue
 from .gc import collect_if_due
@@ -46,6 +48,7 @@ class Worker:
 
     def run(self) -> None:
         """Work until ctx.stop is set; the job in hand is finished or handed back first."""
+        bind_log_context(worker=self.name)  # this thread's records carry the worker's name
         log.info("worker %s started", self.name)
         self.reap_orphans()
         while not self.ctx.stop.is_set():
@@ -138,15 +141,21 @@ class Worker:
 
     def _judge_one(self, job: ClaimedJob) -> None:
         """Judge one job to its end, with a heartbeat renewing its lease meanwhile."""
-        log.info("worker %s judging gate %s (attempt %s)", self.name, job.gate_id, job.attempts)
-        done = threading.Event()
-        beat = threading.Thread(target=self._heartbeat, args=(job, done), daemon=True)
-        beat.start()
-        try:
-            judge_gate(self.ctx, job, self.slots)
-        finally:
-            done.set()
-            beat.join()
+        # Every record about the job carries its gate and this worker (the heartbeat's too).
+        with log_context(worker=self.name, gate_id=job.gate_id):
+            log.info("worker %s judging gate %s (attempt %s)", self.name, job.gate_id, job.attempts)
+            done = threading.Event()
+            beat = threading.Thread(
+                target=contextvars.copy_context().run,
+                args=(self._heartbeat, job, done),
+                daemon=True,
+            )
+            beat.start()
+            try:
+                judge_gate(self.ctx, job, self.slots)
+            finally:
+                done.set()
+                beat.join()
 
     def _heartbeat(self, job: ClaimedJob, done: threading.Event) -> None:
         lease = self.ctx.settings.job_lease_seconds
@@ -176,6 +185,7 @@ class Worker:
         except Exception:
             log.exception("removing containers %s failed", labels)
             return
+        self.ctx.metrics.containers_reaped(removed)
         if removed:
             log.info("removed %s container(s) %s", removed, labels or "left by dead workers")
 
@@ -225,3 +235,4 @@ class Worker:
                     reason=f"no worker finished the gate in {expired.attempts} attempt(s); "
                     f"last: {note}" + (f" ({expired.last_error})" if expired.last_error else ""),
                 )
+                self.ctx.metrics.gate_finished(session, gate)

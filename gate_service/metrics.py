@@ -1,0 +1,262 @@
+"""Prometheus metrics: one registry per app or worker process, never the global default.
+
+Two kinds, exposed together on `/metrics`:
+
+- **State**, read from Postgres at scrape time by ``DatabaseCollector`` (queue depth per
+  project, gates per status): one cheap query each, so every API replica answers the same
+  without sharing anything but the database.
+- **Events**, observed where they happen by ``Metrics`` (case and gate durations, container
+  start latency, image cache hits and misses, reaped containers). Workers observe them in
+  their own process: `gate serve` runs its workers in the API's process and hands them the
+  API's ``Metrics``; a standalone `gate worker` serves its own registry on
+  GATE_WORKER_METRICS_PORT. They are not derived from the database at scrape time: a
+  histogram needs each observation, and counters that retention could shrink are not
+  counters.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request, Response
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+from sqlalchemy import event, text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from .auth.deps import principal
+from .db import session_scope
+from .errors import Forbidden, error_responses
+from .models import GateStatus
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from .config import Settings
+    from .models import Gate
+
+log = logging.getLogger(__name__)
+
+CASE_SECONDS_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+GATE_SECONDS_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
+START_SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class Metrics:
+    """A registry and the instruments workers observe into; made at startup, never at import."""
+
+    def __init__(self, *, process: bool = True) -> None:
+        self.registry = CollectorRegistry()
+        if process:  # process_* (CPU, memory, open files) of this process, from /proc
+            ProcessCollector(registry=self.registry)
+        self.case_seconds = Histogram(
+            "gate_case_duration_seconds",
+            "Wall time of a judged case's container, by the case's status.",
+            ["status"],
+            buckets=CASE_SECONDS_BUCKETS,
+            registry=self.registry,
+        )
+        self.gate_seconds = Histogram(
+            "gate_duration_seconds",
+            "Time from a gate's start to its verdict, by the gate's final status.",
+            ["status"],
+            buckets=GATE_SECONDS_BUCKETS,
+            registry=self.registry,
+        )
+        self.container_start_seconds = Histogram(
+            "gate_container_start_seconds",
+            "Time to create and start a case container.",
+            buckets=START_SECONDS_BUCKETS,
+            registry=self.registry,
+        )
+        self.image_cache = Counter(
+            "gate_image_cache_lookups",
+            "Test image lookups: hit (the bundle's image was built already) or miss (built).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.reaped = Counter(
+            "gate_containers_reaped",
+            "Case containers the reaper removed (left by dead workers, cancelled or lost gates).",
+            registry=self.registry,
+        )
+
+    # -- observations, one line at each hook point --------------------------------------------
+
+    def case_judged(self, session: Session, status: str, duration_ms: int) -> None:
+        """A case's outcome, counted once its transaction commits (a retry would recount)."""
+        _after_commit(
+            session, lambda: self.case_seconds.labels(str(status)).observe(duration_ms / 1000)
+        )
+
+    def gate_finished(self, session: Session, gate: Gate) -> None:
+        """A gate's verdict, counted once its transaction commits; unstarted gates are not."""
+        status, started, finished = str(gate.status), gate.started_at, gate.finished_at
+        if started is None or finished is None:
+            return
+        seconds = max(0.0, (finished - started).total_seconds())
+        _after_commit(session, lambda: self.gate_seconds.labels(status).observe(seconds))
+
+    def image_lookup(self, *, hit: bool) -> None:
+        self.image_cache.labels("hit" if hit else "miss").inc()
+
+    def container_started(self, start_ms: int | None) -> None:
+        if start_ms is not None:
+            self.container_start_seconds.observe(start_ms / 1000)
+
+    def containers_reaped(self, count: int) -> None:
+        if count > 0:
+            self.reaped.inc(count)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def serve_worker_metrics(settings: Settings, metrics: Metrics) -> WSGIServer:
+    """A standalone worker's own /metrics on GATE_WORKER_METRICS_PORT, in a daemon thread.
+
+    No token: it shows no project, gate or case names, only this process's durations and
+    counts (bind it to an internal address with GATE_WORKER_METRICS_HOST)."""
+    host, port = settings.worker_metrics_host, settings.worker_metrics_port
+    server, _thread = start_http_server(port, addr=host, registry=metrics.registry)
+    log.info("worker metrics on http://%s:%s/metrics", host, port)
+    return server
+
+
+def _after_commit(session: Session, observe: Callable[[], None]) -> None:
+    def fire(_session: Session) -> None:
+        observe()
+
+    event.listen(session, "after_commit", fire, once=True)
+
+
+# -- state read from Postgres at scrape time -------------------------------------------------
+
+# Projects with nothing queued answer 0, so their series do not vanish between scrapes.
+QUEUE_DEPTH_SQL = text(
+    "SELECT p.name, coalesce(q.n, 0) FROM projects p LEFT JOIN ("
+    " SELECT g.project_id, count(*) AS n FROM jobs j JOIN gates g ON g.id = j.gate_id"
+    " WHERE j.state = 'queued' GROUP BY g.project_id"
+    ") q ON q.project_id = p.id"
+)
+GATES_BY_STATUS_SQL = text("SELECT status, count(*) FROM gates GROUP BY status")
+
+
+class DatabaseCollector(Collector):
+    """Queue depth per project and gates per status, read when Prometheus scrapes.
+
+    ``sessions`` gives the app's session factory, or None before its lifespan made one: the
+    collector is registered with the app, so a lifespan run twice never registers it twice.
+    """
+
+    def __init__(self, sessions: Callable[[], sessionmaker[Session] | None]) -> None:
+        self.sessions = sessions
+
+    def describe(self) -> Iterable[Metric]:
+        # Names only: registering must not query the database.
+        return list(self._families())
+
+    def _families(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "gate_queue_depth", "Gates waiting for a worker, per project.", labels=["project"]
+        )
+        yield GaugeMetricFamily("gate_gates", "Stored gates, per status.", labels=["status"])
+        yield GaugeMetricFamily(
+            "gate_database_up", "1 when the database answered this scrape's queries, else 0."
+        )
+
+    def collect(self) -> Iterable[Metric]:
+        depth, gates, up = self._families()
+        factory = self.sessions()
+        if factory is None:
+            up.add_metric([], 0)
+            return [up]
+        try:
+            with session_scope(factory) as session:
+                queued = session.execute(QUEUE_DEPTH_SQL).all()
+                counts = {str(s): int(n) for s, n in session.execute(GATES_BY_STATUS_SQL).all()}
+        except SQLAlchemyError:
+            log.warning("metrics: the database does not answer", exc_info=True)
+            up.add_metric([], 0)
+            return [up]
+        for project, n in queued:
+            depth.add_metric([str(project)], int(n))
+        for status in GateStatus:
+            gates.add_metric([status.value], counts.pop(status.value, 0))
+        for other, n in counts.items():  # a status this code does not know yet
+            gates.add_metric([other], n)
+        up.add_metric([], 1)
+        return [depth, gates, up]
+
+
+# -- the /metrics route ----------------------------------------------------------------------
+
+
+def metrics_reader(settings: Settings) -> Callable[[Request], None]:
+    """GATE_METRICS_TOKEN, or an admin token of project `default` (per-project queue depth
+    names every project, so neither anonymous callers nor other projects' tokens may read)."""
+    expected = settings.metrics_token.get_secret_value() if settings.metrics_token else None
+
+    def check(request: Request) -> None:
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if (
+            expected
+            and scheme.lower() == "bearer"
+            and hmac.compare_digest(given.strip().encode(), expected.encode())
+        ):
+            return
+        who = principal(request)  # 429 after repeated failures, 401 for a bad token
+        if not who.service_admin:
+            raise Forbidden(
+                "/metrics needs GATE_METRICS_TOKEN or an admin token of project 'default'"
+            )
+
+    return check
+
+
+METRICS_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The Prometheus text exposition format",
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    },
+    **error_responses(
+        {
+            400: "A Host not in GATE_TRUSTED_HOSTS",
+            401: "No token, or an unknown one",
+            403: "A token that is neither GATE_METRICS_TOKEN nor an admin token of 'default'",
+            429: "Too many failed authentications from this client",
+        }
+    ),
+}
+
+
+def install_metrics(app: FastAPI, settings: Settings, metrics: Metrics) -> None:
+    """`/metrics` over ``metrics`` (one app per Metrics), with the database collector."""
+    app.state.metrics = metrics
+    metrics.registry.register(DatabaseCollector(lambda: getattr(app.state, "sessionmaker", None)))
+    check = metrics_reader(settings)
+
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses=METRICS_RESPONSES,
+        summary="Prometheus metrics",
+    )
+    def prometheus_metrics(request: Request) -> Response:
+        """Queue depth per project and gates per status (read from the database now), and
+        this process's case and gate durations, container start latency, image cache lookups
+        and reaped containers. Needs GATE_METRICS_TOKEN or an admin token of `default`."""
+        check(request)
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
