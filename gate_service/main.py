@@ -29,6 +29,7 @@ from .deps import SessionFactoryDep
 from .errors import Conflict, ServiceUnavailable, error_body, error_responses, install_handlers
 from .gates.notify import GateBodies, GateChanges
 from .gates.routes import router as gates_router
+from .gates.status_reads import StatusReads
 from .metrics import Metrics, install_metrics
 from .middleware import install_middleware
 from .secrets.crypto import SecretBox
@@ -143,10 +144,12 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:
         app.state.gate_bodies = GateBodies()
         app.state.gate_changes = GateChanges(database_url)
         app.state.gate_changes.start()
+        app.state.status_reads = StatusReads(database_url)
         try:
             yield
         finally:
             await app.state.gate_changes.stop()
+            await app.state.status_reads.close()
             engine.dispose()
 
     app = FastAPI(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -9,10 +10,10 @@ from typing import Annotated, Any
 
 import anyio
 import anyio.to_thread
+import psycopg
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
-from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -31,8 +32,10 @@ from . import service
 from .labels import parse_label_filter, parse_labels
 from .notify import GateBodies, GateChanges
 from .schemas import GateList, GateRead, RunRead
+from .status_reads import StatusReads
 from .upload import Upload, receive_upload
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1")
 
 MODEL_MODES = ("scripted", "replay", "live")
@@ -248,12 +251,12 @@ def _look(
 
 # The token and the gate's revision in one autocommit query: a status poll's whole database
 # work when the token needs no write and the body of that revision is cached.
-_TOKEN_AND_REVISION = text(
+_TOKEN_AND_REVISION = (
     "SELECT t.id, t.project_id, p.name, t.scopes, t.token_sha256, t.revoked_at, t.expires_at,"
     " t.last_used_at, g.revision"
     " FROM api_tokens t JOIN projects p ON p.id = t.project_id"
-    " LEFT JOIN gates g ON g.id = :gate AND g.project_id = t.project_id"
-    " WHERE t.token_sha256 = :digest"
+    " LEFT JOIN gates g ON g.id = %(gate)s AND g.project_id = t.project_id"
+    " WHERE t.token_sha256 = %(digest)s"
 )
 _READ = require(Scope.read)
 
@@ -267,13 +270,14 @@ class GateReader:
     revision: int | None = None
 
 
-def _quick_read(request: Request) -> GateReader | None:
-    """The read-scope check of ``auth.deps.require`` and the gate's revision, in one query.
+async def _quick_read(request: Request) -> GateReader | None:
+    """The read-scope check of ``auth.deps.require`` and the gate's revision, in one query
+    on the event loop (``StatusReads``).
 
     Only the path where authentication writes nothing: None when the client is being braked,
     the header is not a bearer token, or the token is unknown, revoked, expired, lacks the
-    read scope or has a last_used_at due; ``require`` then decides (401/403/429, audit rows,
-    last_used_at), exactly as for every other route.
+    read scope or has a last_used_at due, or the query failed; ``require`` then decides
+    (401/403/429, audit rows, last_used_at), exactly as for every other route.
     """
     limiter: FailureLimiter = request.app.state.auth_failures
     if limiter.retry_after(request.client.host if request.client else "unknown") is not None:
@@ -287,9 +291,12 @@ def _quick_read(request: Request) -> GateReader | None:
     if scheme.lower() != "bearer" or not token:
         return None
     digest = token_digest(token)
-    engine: Engine = request.app.state.engine
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        row = conn.execute(_TOKEN_AND_REVISION, {"gate": gate_id, "digest": digest}).first()
+    reads: StatusReads = request.app.state.status_reads
+    try:
+        row = await reads.fetch_one(_TOKEN_AND_REVISION, {"gate": gate_id, "digest": digest})
+    except psycopg.Error:
+        log.debug("status read: falling back to the ordinary path", exc_info=True)
+        return None
     if row is None or not digests_match(row.token_sha256, digest):
         return None
     now = utcnow()
@@ -303,27 +310,26 @@ def _quick_read(request: Request) -> GateReader | None:
     return GateReader(who, -1 if row.revision is None else row.revision)
 
 
-def _read_gate_check(request: Request) -> GateReader:
-    return _quick_read(request) or GateReader(_READ(request))
-
-
 # Status reads in threads at once, per process: fewer than the engine's pool (10), so a burst
 # of polls queues here instead of opening and closing overflow connections for each read.
 STATUS_READ_THREADS = 8
 
 
 def _status_read_limiter(request: Request) -> anyio.CapacityLimiter:
-    limiter: anyio.CapacityLimiter | None = getattr(request.app.state, "status_reads", None)
+    limiter: anyio.CapacityLimiter | None = getattr(request.app.state, "status_reads_limiter", None)
     if limiter is None:  # made on the event loop, by the first status read
-        limiter = request.app.state.status_reads = anyio.CapacityLimiter(STATUS_READ_THREADS)
+        limiter = anyio.CapacityLimiter(STATUS_READ_THREADS)
+        request.app.state.status_reads_limiter = limiter
     return limiter
 
 
 async def gate_reader(request: Request) -> GateReader:
-    """Like ``Reader``, plus the gate's revision, in one threadpool hop and one query."""
-    return await anyio.to_thread.run_sync(
-        _read_gate_check, request, limiter=_status_read_limiter(request)
-    )
+    """Like ``Reader``, plus the gate's revision: one query on the event loop, no thread."""
+    quick = await _quick_read(request)
+    if quick is not None:
+        return quick
+    who = await anyio.to_thread.run_sync(_READ, request, limiter=_status_read_limiter(request))
+    return GateReader(who)
 
 
 @router.get(

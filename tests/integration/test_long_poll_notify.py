@@ -277,3 +277,23 @@ def test_a_plain_read_after_a_change_gets_the_new_revision(
     assert after.headers["ETag"] != before.headers["ETag"]
     assert after.json()["failure_reason"] == "changed"
     assert before.json()["failure_reason"] is None
+
+
+def test_status_reads_survive_their_connections_being_killed(
+    client: TestClient, gate: tuple[str, str], sessions: sessionmaker[Session]
+) -> None:
+    # The status read's own connections (gates/status_reads.py), as after a Postgres restart.
+    gate_id, etag = gate
+    path = f"/v1/gates/{gate_id}"
+    assert client.get(path).status_code == 200
+    with session_scope(sessions) as session:
+        killed = session.scalar(
+            text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE application_name = 'gate-api-status' AND datname = current_database()"
+            )
+        )
+    assert killed
+    for _ in range(6):
+        answer = client.get(path)
+        assert (answer.status_code, answer.headers["ETag"]) == (200, etag)
