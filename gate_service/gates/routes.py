@@ -369,21 +369,43 @@ async def get_gate(
     # Only a waiting request holds a slot; when all are taken the answer is 503 at once.
     with long_poll_slots(request).hold():
         deadline = time.monotonic() + min(wait, settings.long_poll_max_seconds)
-        # Subscribed before the first read, and cleared before each: a change committed
-        # while reading wakes the waiter again instead of being missed.
+        # Subscribed before the first read, and cleared before each re-check: a change
+        # committed while reading wakes the waiter again instead of being missed.
         with changes.subscribe(gate_id) as waiter:
-            while True:
-                waiter.clear()
-                # Waiting happens on the event loop, so a long-poll holds no thread or lock.
-                etag, body = await anyio.to_thread.run_sync(
-                    _look, factory, bodies, who, gate_id, if_none_match, limiter=limiter
-                )
+            # Waiting happens on the event loop, so a long-poll holds no thread or lock.
+            etag, body = await anyio.to_thread.run_sync(
+                _look, factory, bodies, who, gate_id, if_none_match, limiter=limiter
+            )
+            while body is None:
                 left = deadline - time.monotonic()
-                if body is not None or left <= 0:
-                    return _answer(etag, body)
+                if left <= 0:
+                    break
                 # Woken by a notification for this gate (or a reconnect of the listener);
                 # re-checks on its own now and then, in case a notification was lost.
                 await waiter.wait(min(left, changes.recheck_seconds))
+                waiter.clear()
+                # The revision alone first, on the loop: an unchanged gate (a lost
+                # notification's re-check, a reconnect's wake-up) costs no thread.
+                if not await _unchanged(request, who, gate_id, etag):
+                    etag, body = await anyio.to_thread.run_sync(
+                        _look, factory, bodies, who, gate_id, if_none_match, limiter=limiter
+                    )
+            return _answer(etag, body)
+
+
+_REVISION = "SELECT revision FROM gates WHERE id = %(gate)s AND project_id = %(project)s"
+
+
+async def _unchanged(request: Request, who: Principal, gate_id: uuid.UUID, etag: str) -> bool:
+    """True when the gate still has this ETag; False when it changed, is gone, or the quick
+    query failed (the caller then reads it the ordinary way)."""
+    reads: StatusReads = request.app.state.status_reads
+    try:
+        row = await reads.fetch_one(_REVISION, {"gate": gate_id, "project": who.project_id})
+    except psycopg.Error:
+        log.debug("status re-check: falling back to the ordinary path", exc_info=True)
+        return False
+    return row is not None and _etag(gate_id, row.revision) == etag
 
 
 def _answer(etag: str, body: bytes | None) -> Response:

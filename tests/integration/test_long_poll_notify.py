@@ -297,3 +297,26 @@ def test_status_reads_survive_their_connections_being_killed(
     for _ in range(6):
         answer = client.get(path)
         assert (answer.status_code, answer.headers["ETag"]) == (200, etag)
+
+
+def test_the_safety_recheck_covers_a_lost_notification(
+    client: TestClient,
+    changes: GateChanges,
+    gate: tuple[str, str],
+    sessions: sessionmaker[Session],
+    pool: ThreadPoolExecutor,
+) -> None:
+    gate_id, etag = gate
+    changes.recheck_seconds = 0.2
+    waiting = long_poll(pool, client, gate_id, etag)
+    wait_until(lambda: changes.sleeping == 1, "the long-poll waits")
+    heard = changes.notifications
+    with session_scope(sessions) as session:
+        # Triggers off for this transaction (superuser): the change sends no notification.
+        session.execute(text("SET LOCAL session_replication_role = replica"))
+        session.execute(
+            update(Gate).where(Gate.id == uuid.UUID(gate_id)).values(revision=Gate.revision + 1)
+        )
+    answer = waiting.result(timeout=DEADLINE_SECONDS)
+    assert answer.status_code == 200
+    assert changes.notifications == heard
