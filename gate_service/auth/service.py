@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
@@ -38,6 +38,28 @@ class Principal:
         return Scope.admin in self.scopes and self.project_name == DEFAULT_PROJECT
 
 
+def token_refusal(
+    revoked_at: datetime | None, expires_at: datetime | None, now: datetime
+) -> str | None:
+    """Why a known token is refused ("revoked", "expired"), or None: the one owner of the rule.
+
+    The status-read fast path (gates/routes.py) asks this too, so a new rule lands in both.
+    """
+    if revoked_at is not None:
+        return "revoked"
+    if expires_at is not None and expires_at <= now:
+        return "expired"
+    return None
+
+
+def last_use_due(last_used_at: datetime | None, now: datetime) -> bool:
+    """Whether authenticating now must write the token's last_used_at."""
+    return last_used_at is None or now - last_used_at > LAST_USED_RESOLUTION
+
+
+REFUSAL_TEXT = {"revoked": "the token was revoked", "expired": "the token has expired"}
+
+
 def authenticate(session: Session, token: str) -> tuple[Principal | None, str]:
     """The token's principal, or None and why not (for the 401 and the audit trail)."""
     digest = token_digest(token)
@@ -50,15 +72,12 @@ def authenticate(session: Session, token: str) -> tuple[Principal | None, str]:
         return None, "the token is not known"
     stored, project_name = row
     now = utcnow()
-    if stored.revoked_at is not None:
+    why = token_refusal(stored.revoked_at, stored.expires_at, now)
+    if why is not None:
         record(session, "token.rejected", project_id=stored.project_id, token_id=stored.id,
-               detail={"why": "revoked"})  # fmt: skip
-        return None, "the token was revoked"
-    if stored.expires_at is not None and stored.expires_at <= now:
-        record(session, "token.rejected", project_id=stored.project_id, token_id=stored.id,
-               detail={"why": "expired"})  # fmt: skip
-        return None, "the token has expired"
-    if stored.last_used_at is None or now - stored.last_used_at > LAST_USED_RESOLUTION:
+               detail={"why": why})  # fmt: skip
+        return None, REFUSAL_TEXT[why]
+    if last_use_due(stored.last_used_at, now):
         stored.last_used_at = now
     return Principal(stored.id, stored.project_id, project_name, frozenset(stored.scopes)), ""
 

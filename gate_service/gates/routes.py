@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..admission import long_poll_slots, upload_slots
 from ..auth.deps import FailureLimiter, Reader, Submitter, require
-from ..auth.service import LAST_USED_RESOLUTION, Principal, record_by
+from ..auth.service import Principal, last_use_due, record_by, token_refusal
 from ..auth.tokens import Scope, digests_match, token_digest
 from ..bundles.archive import read_archive
 from ..config import Settings
@@ -300,9 +300,8 @@ async def _quick_read(request: Request) -> GateReader | None:
     if row is None or not digests_match(row.token_sha256, digest):
         return None
     now = utcnow()
-    if row.revoked_at is not None or (row.expires_at is not None and row.expires_at <= now):
-        return None
-    if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
+    # The rules of auth.service.authenticate; anything it would refuse or write goes there.
+    if token_refusal(row.revoked_at, row.expires_at, now) or last_use_due(row.last_used_at, now):
         return None
     who = Principal(row.id, row.project_id, row.name, frozenset(row.scopes))
     if not who.has(Scope.read):
