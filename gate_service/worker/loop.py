@@ -65,7 +65,6 @@ class Worker:
         """Claim a job and judge it, with the others this worker takes meanwhile (see
         ``_judge_held``); False when the queue was empty."""
         self._housekeeping()
-        collect_if_due(self.ctx)  # scratch at the start, images each GATE_GC_INTERVAL_SECONDS
         job = self._claim()
         if job is None:
             return False
@@ -80,6 +79,8 @@ class Worker:
             self.reap_orphans()
         if self.retention_clock.due(self.ctx.settings.retention_interval_seconds):
             self.retain()
+        # Here, not only in run_once: under steady load one run_once can last for hours.
+        collect_if_due(self.ctx)  # scratch at the start, images each GATE_GC_INTERVAL_SECONDS
 
     def _claim(self, exclude: Collection[uuid.UUID] = ()) -> ClaimedJob | None:
         with session_scope(self.ctx.sessions) as session:
