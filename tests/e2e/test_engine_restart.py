@@ -66,7 +66,11 @@ class PrivateDaemon:
 
     def start(self) -> None:
         log = (self.root / "dockerd.log").open("ab")
+        # Its own network namespace: a dockerd started with `--bridge none` deletes the
+        # interface docker0 it finds, which in the host's namespace is the main engine's
+        # bridge (every bridged container after it then fails to start).
         argv = [
+            "unshare", "--net", "--",
             "dockerd",
             "--data-root", str(self.root / "data"),
             "--exec-root", str(self.root / "exec"),
@@ -160,6 +164,7 @@ def private_daemon(docker_engine: None) -> Iterator[PrivateDaemon]:
     root = Path(f"/tmp/gate-pd-{os.getpid()}-{time.monotonic_ns() % 10**6}")
     root.mkdir()
     daemon = PrivateDaemon(root)
+    host_interfaces = {entry.name for entry in Path("/sys/class/net").iterdir()}
     try:
         daemon.start()
         client = docker.DockerClient(base_url=daemon.url, timeout=60)
@@ -172,6 +177,8 @@ def private_daemon(docker_engine: None) -> Iterator[PrivateDaemon]:
         daemon.reap_containerd()
         unmount_under(root)
         shutil.rmtree(root, ignore_errors=True)
+    # The private daemon must leave the host's network alone (docker0 above all).
+    assert host_interfaces <= {entry.name for entry in Path("/sys/class/net").iterdir()}
 
 
 def run_in_thread(daemon: PrivateDaemon) -> tuple[threading.Thread, list[object]]:
