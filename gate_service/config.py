@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from enum import StrEnum
 from pathlib import Path
 
@@ -11,6 +12,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from gate_service.resources import runner_image_dir
 
 MIB = 1024 * 1024
+
+
+def default_case_concurrency() -> int:
+    """One case container per CPU: each is mostly one busy Python process."""
+    return os.cpu_count() or 1
 
 
 class Environment(StrEnum):
@@ -93,9 +99,10 @@ class Settings(BaseSettings):
     # Worker
     embedded_workers: int = Field(default=1, ge=0, description="Worker threads in `gate serve`.")
     case_concurrency: int = Field(
-        default=2,
+        default_factory=default_case_concurrency,
         ge=1,
-        description="Case containers one worker runs at once, shared by the gates it holds.",
+        description="Case containers one worker runs at once, shared by the gates it holds; "
+        "default: the machine's CPU count.",
     )
     worker_gates: int = Field(
         default=2,

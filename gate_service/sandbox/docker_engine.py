@@ -31,6 +31,7 @@ from ..errors import SandboxError
 from ..scratch import scratch_dir
 from . import (
     BUNDLE_DEPS_DIR,
+    INVOCATION_UID,
     LABEL,
     BuildRefused,
     Halted,
@@ -46,9 +47,17 @@ MIB = 1024 * 1024
 DEBOOTSTRAP_TAG = "gate-base:bookworm-debootstrap"
 DEBOOTSTRAP_PACKAGES = "python3,python3-venv,ca-certificates"
 
+# The bundle's Python files (and its dependencies') are compiled here, once per image: a case
+# container's root is read-only and PYTHONDONTWRITEBYTECODE is set, and every invocation
+# imports the project afresh, so without this each one would compile the same sources again.
+# Compiling runs no bundle code; a file that does not compile is left for its invocation to
+# report. The image's user goes back to the runner image's own afterwards.
 TEST_DOCKERFILE = """\
 FROM {runner}
 COPY --chown=0:0 bundle/ /bundle/
+USER 0:0
+RUN {compile_bundle}
+USER {runner_user}
 """
 # With requirements, two stages: `deps` installs the bundle's wheels into BUNDLE_DEPS_DIR
 # (never into the runner's venv, so no wheel can replace a runner module or add a .pth hook
@@ -62,13 +71,18 @@ USER 0:0
 COPY wheels/ /tmp/bundle-wheels/
 RUN {mkdir}
 RUN {install}
+RUN {compile_deps}
 RUN {chmod}
 
 FROM {runner}
 COPY --chown=0:0 bundle/ /bundle/
 COPY --from=deps --chown=0:0 {deps}/ {deps}/
+USER 0:0
+RUN {compile_bundle}
+USER {runner_user}
 """
 BUNDLE_WHEELS_DIR = "/tmp/bundle-wheels"
+COMPILE_MAX_FILE_BYTES = 2 * MIB
 # Seconds between looks at a pip download's size and age (and at the job's halt event).
 PIP_POLL_SECONDS = 0.1
 # Seconds between looks at the job's halt event while an image builds or a case runs.
@@ -261,8 +275,12 @@ def fetch_wheels(
 
 def bundle_dockerfile(runner: str, requirements: Sequence[str]) -> str:
     """The test image's Dockerfile: the runner, the bundle and, if any, its dependencies."""
+    compiled = {
+        "compile_bundle": json.dumps(_compile_command("/bundle")),
+        "runner_user": f"{INVOCATION_UID}:{INVOCATION_UID}",
+    }
     if not requirements:
-        return TEST_DOCKERFILE.format(runner=runner)
+        return TEST_DOCKERFILE.format(runner=runner, **compiled)
     install = [
         "/opt/gate-runner/bin/pip", "install",
         "--no-cache-dir", "--disable-pip-version-check", "--no-input",
@@ -275,9 +293,33 @@ def bundle_dockerfile(runner: str, requirements: Sequence[str]) -> str:
         runner=runner,
         mkdir=json.dumps(["/bin/mkdir", "-p", BUNDLE_DEPS_DIR]),
         install=json.dumps(install),
+        compile_deps=json.dumps(_compile_command(BUNDLE_DEPS_DIR)),
         chmod=json.dumps(["/bin/chmod", "-R", "u=rwX,go=rX", BUNDLE_DEPS_DIR]),
         deps=BUNDLE_DEPS_DIR,
+        **compiled,
     )
+
+
+def _compile_command(directory: str) -> list[str]:
+    """Exec-form argv that writes __pycache__ for the .py files under ``directory``.
+
+    Only compiles: nothing is imported or run, and links are not followed. A file that does
+    not compile (or is over COMPILE_MAX_FILE_BYTES, which bounds the build's memory) is left
+    as it is, for its invocation to compile or report; the step itself never fails the build.
+    """
+    script = (
+        "import os, py_compile\n"
+        f"for d, _, names in os.walk({directory!r}):\n"
+        "    for n in names:\n"
+        "        p = os.path.join(d, n)\n"
+        "        try:\n"
+        "            if (n.endswith('.py') and not os.path.islink(p) and os.path.isfile(p)\n"
+        f"                    and os.path.getsize(p) <= {COMPILE_MAX_FILE_BYTES}):\n"
+        "                py_compile.compile(p, doraise=True)\n"
+        "        except Exception:\n"
+        "            pass\n"
+    )
+    return ["/opt/gate-runner/bin/python", "-I", "-c", script]
 
 
 def _build_response(stream: Any) -> Any:

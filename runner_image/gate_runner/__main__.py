@@ -8,19 +8,18 @@ print into pipes the runner reads.
 The worker hands in a nonce (``GATE_RESULT_NONCE``) that the result must carry. Forked
 invocations inherit the runner's memory, so the nonce must never be in it while they run:
 the runner moves it into a pipe, re-executes itself without it, and reads it back only after
-the last invocation has ended.
+the last invocation has ended. That happens first, before anything is imported: whatever the
+first process imports is thrown away by the exec and paid again after it.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
-import traceback
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .invocations import DEFAULT_OUTPUT_LIMIT_BYTES, Isolation, make_undumpable
+if TYPE_CHECKING:
+    from pathlib import Path
 
 BEGIN_MARKER = "===GATE-RUNNER-RESULT-BEGIN==="
 END_MARKER = "===GATE-RUNNER-RESULT-END==="
@@ -48,6 +47,17 @@ def _read_nonce(fd: int | None) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    if NONCE_ENV in os.environ and args_in[:1] == ["run-case"]:
+        _stash_nonce_and_reexec(args_in)
+    # Imported after the re-exec, so only once per case.
+    import argparse
+    import json
+    import traceback
+    from pathlib import Path
+
+    from .invocations import DEFAULT_OUTPUT_LIMIT_BYTES, Isolation, make_undumpable
+
     parser = argparse.ArgumentParser(prog="gate_runner")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run-case", help="run one test case and print its result")
@@ -73,11 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     record.add_argument("--project", default=".", type=Path)
     record.add_argument("--suite", help="only this suite (path relative to the project)")
     record.add_argument("--case", help="only cases whose name contains this")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_in)
     if args.command == "record":
         return _record(args.project.resolve(), args.suite, args.case)
-    if NONCE_ENV in os.environ:
-        _stash_nonce_and_reexec(sys.argv[1:] if argv is None else argv)
     try:
         from .case import run_case
 
@@ -101,8 +109,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _record(project: Path, only_suite: str | None, name_filter: str | None) -> int:
     """Run every selected case live, recording each model exchange; print the verdicts."""
-    import os
-
     import yaml
 
     from .case import run_case

@@ -130,6 +130,10 @@ loose = [str(p) for p in [deps, *deps.rglob("*")] if p.stat().st_uid or p.stat()
 assert not loose, loose
 assert importlib.util.find_spec("gate_e2e_demo") is None, "installed into the runner's env"
 assert not os.path.exists("/tmp/bundle-wheels")
+# Compiled at build time, once per image: a case container cannot write bytecode.
+assert (deps / "gate_e2e_demo" / "__pycache__").is_dir()
+assert list(pathlib.Path("/bundle/tools/__pycache__").glob("calc.*.pyc"))
+assert not list(pathlib.Path("/bundle/tools/__pycache__").glob("broken.*.pyc"))
 try:
     open(deps / "planted.py", "w")
 except PermissionError:
@@ -142,6 +146,10 @@ def test_deps_install_apart_from_the_runner_root_owned_and_without_the_wheels(
 ) -> None:
     sandbox = builds.sandbox()
     image = builds.spec("gate-e2e-demo==1.0", wheel=True)
+    tools = image.context_dir / "bundle" / "tools"
+    tools.mkdir()
+    (tools / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (tools / "broken.py").write_text("def (:\n")  # its invocation reports it; the build goes on
     sandbox.build_test_image(image)
     out = sandbox.client.containers.run(
         image.tag,
@@ -152,7 +160,9 @@ def test_deps_install_apart_from_the_runner_root_owned_and_without_the_wheels(
         remove=True,
     )
     assert out.decode().strip() == "ok"
-    # Only the bundle and the deps on top of the runner: the wheels never made a layer.
+    # Only the bundle, the deps and the bundle's bytecode on top of the runner: the wheels
+    # never made a layer.
     built = sandbox.client.images.get(image.tag).attrs["RootFS"]["Layers"]
     runner = sandbox.client.images.get(sandbox.runner_image()).attrs["RootFS"]["Layers"]
-    assert built[: len(runner)] == runner and len(built) == len(runner) + 2
+    assert built[: len(runner)] == runner and len(built) == len(runner) + 3
+    assert sandbox.client.images.get(image.tag).attrs["Config"]["User"] == "10001:10001"

@@ -84,6 +84,7 @@ BUILDERS: dict[str, Callable[[Path], object]] = {
     "approval": projects.approval_project,
     "seed-bundle": seed_bundle.seed_bundle,
     "leaky": leaky.leaky_project,
+    "tool-cases": projects.tool_cases_project,
 }
 BUILDER_FUNCTIONS: list[Callable[..., Path]] = [
     projects.calculator_project,
@@ -97,6 +98,7 @@ BUILDER_FUNCTIONS: list[Callable[..., Path]] = [
     projects.approval_project,
     seed_bundle.seed_bundle,
     leaky.leaky_project,
+    projects.tool_cases_project,
 ]
 
 

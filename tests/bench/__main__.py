@@ -1,0 +1,62 @@
+"""Every benchmark in one run: ``python -m tests.bench``.
+
+Each bench runs in its own process, one after the other (they share the machine, so never at
+once), under the environment given here (GATE_TEST_DATABASE_URL is used where a bench needs
+Postgres). Before each bench's own figures comes what it measures and its target; a bench
+that cannot run here (a missing tool, no Docker) is reported and the others still run.
+Nothing is asserted: the figures depend on the machine and on what else runs on it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+BENCHES: list[tuple[str, str]] = [
+    (
+        "bench_case_start",
+        "one case container, start to parsed result, against `python -c pass` in the same "
+        "image: target: the runner's start-up no more than what it must import and run",
+    ),
+    (
+        "bench_upload",
+        "`gate api` resident memory while receiving uploads, against a 1 MiB upload: "
+        "target: a refused 200 MiB stream grows it no more than the baseline (a flat receiver)",
+    ),
+    (
+        "bench_status",
+        "status reads: GET a 20-case gate at >= 0.5x the /healthz rate; 500 idle long-polls "
+        "at <= 10% API CPU with /healthz p99 <= 50 ms",
+    ),
+    (
+        "bench_gate",
+        "a warm 20-case gate, POST to verdict, against 20 sequential bare `docker run` of its "
+        "test image: target <= 0.6x",
+    ),
+]
+
+
+def main() -> int:
+    only = set(sys.argv[1:])
+    failed = []
+    print(f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f} at the start")
+    for name, what in BENCHES:
+        if only and name not in only:
+            continue
+        print(f"\n== {name}: {what}", flush=True)
+        started = time.monotonic()
+        code = subprocess.run([sys.executable, "-m", f"tests.bench.{name}"], check=False).returncode
+        took = time.monotonic() - started
+        print(f"-- {name}: {'done' if code == 0 else f'FAILED (exit {code})'} in {took:.0f} s")
+        if code != 0:
+            failed.append(name)
+    print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
+    if failed:
+        print(f"benches that did not run to the end: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
