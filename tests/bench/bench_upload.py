@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.fixtures.auth import ADMIN_TOKEN
 from tests.fixtures.db import create_database, drop_database
 from tests.fixtures.live import free_port, stream_upload
 
@@ -81,7 +82,9 @@ def main() -> None:
     database = create_database(server_url)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATE_")}
-    env.update({"GATE_DATABASE_URL": database, "GATE_PORT": str(port)})
+    env.update(
+        {"GATE_DATABASE_URL": database, "GATE_PORT": str(port), "GATE_BOOTSTRAP_TOKEN": ADMIN_TOKEN}
+    )
     proc = subprocess.Popen(
         [sys.executable, "-m", "gate_service.cli", "api"],
         env=env,
@@ -101,7 +104,10 @@ def main() -> None:
             data = bundle(size)
             with PeakSampler(proc.pid) as sampler:
                 status = httpx.post(
-                    f"{url}/v1/gates", files={"bundle": ("b.tgz", data)}, timeout=120
+                    f"{url}/v1/gates",
+                    files={"bundle": ("b.tgz", data)},
+                    headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                    timeout=120,
                 ).status_code
             rows.append((label, len(data), status, sampler.growth))
         with PeakSampler(proc.pid) as sampler:
