@@ -175,6 +175,11 @@ def runner_digest(src: Path, base: str) -> str:
     ):
         h.update(path.relative_to(src).as_posix().encode())
         h.update(path.read_bytes())
+    # Test image tags end in this digest, so the recipes they are built by count too: a
+    # changed test Dockerfile must never reuse images built by the old one.
+    h.update(TEST_DOCKERFILE.encode())
+    h.update(TEST_DOCKERFILE_DEPS.encode())
+    h.update(json.dumps(_compile_command("/bundle")).encode())
     return h.hexdigest()[:12]
 
 
