@@ -734,13 +734,21 @@ class DockerSandbox:
         }
         removed = 0
         with _docker_errors("removing containers"):
-            for container in self.client.containers.list(all=True, filters=filters):
+            # ignore_removed: a container removed between the listing and its inspection (its
+            # own run() ending, another reaper) is gone already, not an engine failure.
+            for container in self.client.containers.list(
+                all=True, filters=filters, ignore_removed=True
+            ):
                 if keep is not None and keep(container.labels or {}):
                     continue
                 try:
                     container.remove(force=True)
                 except docker.errors.NotFound:
                     continue  # gone already (its own run() removed it)
+                except docker.errors.APIError as exc:
+                    if exc.status_code == 409:
+                        continue  # "removal already in progress": someone else's removal
+                    raise
                 removed += 1
         return removed
 

@@ -52,7 +52,7 @@ def test_a_halt_stops_an_image_build(private_daemon: PrivateDaemon, tmp_path: Pa
         )
     assert time.monotonic() - started < 20
     # The engine cancels a build whose client went away: its step container goes too.
-    assert wait_for(lambda: not client.containers.list(all=True)), client.containers.list(all=True)
+    assert wait_for(lambda: not client.containers.list(all=True, ignore_removed=True))
     assert not any("gate-test:halted" in image.tags for image in client.images.list())
 
 
@@ -65,4 +65,8 @@ def test_a_halt_removes_a_running_case_container(private_daemon: PrivateDaemon) 
     with pytest.raises(Halted):
         sandbox.run(IMAGE, ["/bin/sleep", "300"], limits=LIMITS, labels={"t": "halt"}, halt=halt)
     assert time.monotonic() - started < LIMITS.wall_seconds
-    assert wait_for(lambda: not client.containers.list(all=True, filters={"label": "t=halt"}))
+    assert wait_for(
+        lambda: (
+            not client.containers.list(all=True, filters={"label": "t=halt"}, ignore_removed=True)
+        )
+    )

@@ -198,7 +198,9 @@ def run_in_thread(daemon: PrivateDaemon) -> tuple[threading.Thread, list[object]
     thread.start()
     # Until the container runs.
     deadline = time.monotonic() + 60
-    while not client.containers.list(filters={"label": "t=restart", "status": "running"}):
+    while not client.containers.list(
+        filters={"label": "t=restart", "status": "running"}, ignore_removed=True
+    ):
         assert time.monotonic() < deadline, daemon.log()
         time.sleep(0.2)
     return thread, outcome

@@ -232,7 +232,7 @@ def test_cancel_stops_a_running_gate_and_removes_its_containers(
         # The case sleeps 120 s; ending within the 60 s wait means the cancel stopped it.
         final = client.wait(gate_id, timeout_s=60)
         assert final["status"] == "cancelled"
-        assert engine.containers.list(all=True, filters=label) == []
+        assert engine.containers.list(all=True, filters=label, ignore_removed=True) == []
         engine.close()
     finally:
         client.close()

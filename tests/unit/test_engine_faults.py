@@ -142,3 +142,59 @@ def test_an_out_of_memory_kill_stays_the_case_s_outcome() -> None:
 def test_the_runner_s_own_exit_codes_are_results(code: int) -> None:
     result = run(StubContainer(code, {"OOMKilled": False}))
     assert result.exit_code == code and not result.timed_out
+
+
+class ReapedContainer:
+    def __init__(self, labels: dict[str, str], fails_with: BaseException | None) -> None:
+        self.labels = labels
+        self.fails_with = fails_with
+
+    def remove(self, force: bool) -> None:
+        if self.fails_with is not None:
+            raise self.fails_with
+
+
+class ReapClient:
+    """Lists what the reaper asks for the way the SDK does with ignore_removed=True."""
+
+    def __init__(self, containers: list[ReapedContainer]) -> None:
+        self.listed: list[dict[str, Any]] = []
+        self._containers = containers
+
+        outer = self
+
+        class Containers:
+            def list(self, **kwargs: Any) -> list[ReapedContainer]:
+                outer.listed.append(kwargs)
+                return outer._containers
+
+        self.containers = Containers()
+
+    def ping(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_reap_racing_another_removal_is_not_an_engine_failure() -> None:
+    # A container whose removal is already in progress (409) or done (404) is not ours to
+    # count, and not an error: two reapers (a heartbeat and the orphan pass) may race.
+    client = ReapClient(
+        [
+            ReapedContainer({}, api_error(409, "removal of container c is already in progress")),
+            ReapedContainer({}, docker.errors.NotFound("No such container: c")),
+            ReapedContainer({}, None),
+        ]
+    )
+    sandbox = DockerSandbox(Settings(), client=client)  # type: ignore[arg-type]
+    assert sandbox.reap({}) == 1
+    # and a container removed between the listing and its inspection is skipped by the SDK
+    assert client.listed[0]["ignore_removed"] is True
+
+
+def test_a_reap_still_reports_a_real_engine_error() -> None:
+    client = ReapClient([ReapedContainer({}, api_error(500, "driver failed"))])
+    sandbox = DockerSandbox(Settings(), client=client)  # type: ignore[arg-type]
+    with pytest.raises(SandboxError):
+        sandbox.reap({})
