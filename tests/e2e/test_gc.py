@@ -8,6 +8,7 @@ so nothing another test, helper or CI run keeps on the shared engine is ever loo
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -140,7 +141,14 @@ def test_eviction_removes_the_least_recently_used_and_keeps_those_in_use(
     add_gate(sessions, shas["queued"], status=GateStatus.queued, days_ago=5)  # the oldest
     add_gate(sessions, shas["lru"], status=GateStatus.passed, days_ago=3)
     add_gate(sessions, shas["recent"], status=GateStatus.passed, days_ago=1)
-    tags = {name: ns.test_image(sha) for name, sha in shas.items()}
+    # An image's last use is the later of its gates' times and its build time, which the
+    # engine gives in whole seconds, and every image here is built after its gates: so the
+    # LRU image is built first and the others in a later second, or they would tie.
+    tags = {"lru": ns.test_image(shas["lru"])}
+    tick = int(time.time())
+    while int(time.time()) == tick:
+        time.sleep(0.05)
+    tags.update({name: ns.test_image(shas[name]) for name in ("queued", "recent", "contained")})
     ns.container_of(tags["contained"])
     ns.build(f"{ns.runners}:old", {LABEL: "runner"})
     ns.build(f"{ns.runners}:current", {LABEL: "runner"})
