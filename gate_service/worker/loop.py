@@ -210,10 +210,9 @@ class Worker:
         with session_scope(self.ctx.sessions) as session:
 
             def keep(labels: Mapping[str, str]) -> bool:
-                owner, gate_id = labels.get("gate.owner"), labels.get("gate.gate_id")
-                if not queue.is_our_gate(session, gate_id):
-                    return True
-                return queue.holds_live_lease(session, gate_id, owner)
+                return queue.keeps_container(
+                    session, labels.get("gate.gate_id"), labels.get("gate.owner")
+                )
 
             self._reap({}, keep=keep)
 

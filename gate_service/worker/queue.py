@@ -197,46 +197,28 @@ def heartbeat(session: Session, job: ClaimedJob, *, lease_seconds: int) -> bool:
     return row is not None
 
 
-def active_owners(session: Session) -> set[str]:
-    """Workers that hold a live lease right now."""
-    rows = session.execute(
-        text(
-            "SELECT DISTINCT lease_owner FROM jobs "
-            "WHERE state = 'running' AND lease_owner IS NOT NULL"
-        )
-    ).scalars()
-    return set(rows)
+def keeps_container(session: Session, gate_id: str | None, owner: str | None) -> bool:
+    """Whether a case container labelled with ``gate_id`` and ``owner`` must stay, in one query.
 
-
-def is_our_gate(session: Session, gate_id: str | None) -> bool:
-    """Whether this database holds the gate a container's label names."""
-    try:
-        parsed = uuid.UUID(gate_id or "")
-    except ValueError:
-        return False
-    found = session.execute(text("SELECT 1 FROM gates WHERE id = :g"), {"g": parsed}).first()
-    return found is not None
-
-
-def holds_live_lease(session: Session, gate_id: str | None, owner: str | None) -> bool:
-    """Whether ``owner`` holds an unexpired lease on the job of the gate a container names.
-
-    A case container is some worker's only while that worker is judging its gate: once the
-    gate is finished, or the lease has expired (the job goes back to the queue), it is an
-    orphan, even if its worker is alive and holds other jobs.
+    It stays when its gate is not in this database (several installations, or test runs, may
+    share one Docker engine, and another's containers are never ours to judge), and while
+    ``owner`` holds an unexpired lease on that gate's job. Once the gate is finished, or the
+    lease has expired (the job goes back to the queue), it is an orphan, even if its worker
+    is alive and holds other jobs.
     """
     try:
         parsed = uuid.UUID(gate_id or "")
     except ValueError:
-        return False
-    found = session.execute(
+        return True  # no gate of ours names it
+    row = session.execute(
         text(
-            "SELECT 1 FROM jobs WHERE gate_id = :g AND lease_owner = :owner "
-            "AND state = 'running' AND lease_expires_at > now()"
+            "SELECT NOT EXISTS (SELECT 1 FROM gates WHERE id = :g) "
+            "    OR EXISTS (SELECT 1 FROM jobs WHERE gate_id = :g AND lease_owner = :owner "
+            "               AND state = 'running' AND lease_expires_at > now())"
         ),
         {"g": parsed, "owner": owner},
-    ).first()
-    return found is not None
+    ).scalar()
+    return bool(row)
 
 
 def cancel_requested(session: Session, job: ClaimedJob) -> bool:
