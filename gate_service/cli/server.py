@@ -19,6 +19,8 @@ from ..config import Settings
 from ..logs import configure_logging, uvicorn_log_config
 
 if TYPE_CHECKING:
+    from starlette.types import ASGIApp
+
     from ..metrics import Metrics
 
 log = logging.getLogger("gate")
@@ -116,10 +118,21 @@ def _start_workers(
     return threads
 
 
-def serve() -> None:
-    """API + embedded workers (the embedded default)."""
+def _run_uvicorn(app: ASGIApp, settings: Settings) -> None:
+    """Serve ``app`` until uvicorn's own signal handling ends it (serve and api alike)."""
     import uvicorn
 
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        log_config=uvicorn_log_config(settings),
+    )
+
+
+def serve() -> None:
+    """API + embedded workers (the embedded default)."""
     from ..main import create_app
 
     settings = Settings()
@@ -143,33 +156,18 @@ def serve() -> None:
 
         app = create_app(settings.model_copy(update={"database_url": url}), metrics)
         log.info("serving on http://%s:%s", settings.host, settings.port)
-        uvicorn.run(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_level="info",
-            log_config=uvicorn_log_config(settings),
-        )
+        _run_uvicorn(app, settings)
 
 
 def api() -> None:
     """The REST API alone."""
-    import uvicorn
-
     from ..main import create_app
 
     settings = Settings()
     configure_logging(settings)
     with _lifetime() as cleanup:
         url = _database_url(settings, cleanup)
-        app = create_app(settings.model_copy(update={"database_url": url}))
-        uvicorn.run(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_level="info",
-            log_config=uvicorn_log_config(settings),
-        )
+        _run_uvicorn(create_app(settings.model_copy(update={"database_url": url})), settings)
 
 
 def worker(
