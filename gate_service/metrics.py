@@ -36,7 +36,7 @@ from sqlalchemy import event, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from .auth.deps import principal
+from .auth.deps import bearer_token, principal
 from .db import session_scope
 from .errors import Forbidden, error_responses
 from .models import GateStatus
@@ -210,12 +210,8 @@ def metrics_reader(settings: Settings) -> Callable[[Request], None]:
     expected = settings.metrics_token.get_secret_value() if settings.metrics_token else None
 
     def check(request: Request) -> None:
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if (
-            expected
-            and scheme.lower() == "bearer"
-            and hmac.compare_digest(given.strip().encode(), expected.encode())
-        ):
+        given = bearer_token(request)
+        if expected and given and hmac.compare_digest(given.encode(), expected.encode()):
             return
         who = principal(request)  # 429 after repeated failures, 401 for a bad token
         if not who.service_admin:

@@ -52,18 +52,29 @@ class FailureLimiter:
             self._recent(client, time.monotonic()).append(time.monotonic())
 
 
+def bearer_token(request: Request) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, or None when there is none."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def client_address(request: Request) -> str:
+    """The address the failure brake counts by."""
+    return request.client.host if request.client else "unknown"
+
+
 def principal(request: Request) -> Principal:
     limiter: FailureLimiter = request.app.state.auth_failures
-    client = request.client.host if request.client else "unknown"
+    client = client_address(request)
     wait = limiter.retry_after(client)
     if wait is not None:
         raise TooManyRequests(
             f"too many failed authentications from {client}; try again in {wait} s",
             retry_after_s=wait,
         )
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
+    token = bearer_token(request)
+    if token is None:
         limiter.failed(client)
         raise Unauthorized("this route needs an 'Authorization: Bearer <token>' header")
     with session_scope(get_sessionmaker(request)) as session:

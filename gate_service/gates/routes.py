@@ -18,7 +18,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..admission import long_poll_slots, upload_slots
-from ..auth.deps import FailureLimiter, Reader, Submitter, require
+from ..auth.deps import (
+    FailureLimiter,
+    Reader,
+    Submitter,
+    bearer_token,
+    client_address,
+    require,
+)
 from ..auth.service import Principal, last_use_due, record_by, token_refusal
 from ..auth.tokens import Scope, digests_match, token_digest
 from ..bundles.archive import read_archive
@@ -280,15 +287,14 @@ async def _quick_read(request: Request) -> GateReader | None:
     (401/403/429, audit rows, last_used_at), exactly as for every other route.
     """
     limiter: FailureLimiter = request.app.state.auth_failures
-    if limiter.retry_after(request.client.host if request.client else "unknown") is not None:
+    if limiter.retry_after(client_address(request)) is not None:
         return None
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    token = token.strip()
+    token = bearer_token(request)
     try:
         gate_id = uuid.UUID(request.path_params["gate_id"])
     except (KeyError, ValueError):
         return None
-    if scheme.lower() != "bearer" or not token:
+    if token is None:
         return None
     digest = token_digest(token)
     reads: StatusReads = request.app.state.status_reads
