@@ -45,6 +45,7 @@ ATTACKS = {
             "look-for-the-nonce",
             "takeover-wheel",
             "fork-chain",
+            "reach-the-network",
         )
     },
     "tools/attacks.py": r"""
@@ -110,6 +111,38 @@ ATTACKS = {
                 "cap_eff": status["CapEff"].strip(),
                 "cap_prm": status["CapPrm"].strip(),
                 "impossible": False,
+            }
+
+
+        def reach_the_network(payload: dict) -> dict:
+            # Docker's default bridge gateway (the host), a private and a public address, by
+            # TCP and UDP: with no network each must be unreachable, not refused or timed out.
+            import errno
+            import socket
+
+            targets = [("172.17.0.1", 2375), ("10.0.0.1", 80), ("1.1.1.1", 53)]
+            outcomes = {}
+            for host, port in targets:
+                for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+                    name = f"{'tcp' if kind == socket.SOCK_STREAM else 'udp'} {host}:{port}"
+                    with socket.socket(socket.AF_INET, kind) as sock:
+                        sock.settimeout(3)
+                        try:
+                            if kind == socket.SOCK_STREAM:
+                                sock.connect((host, port))
+                            else:
+                                sock.sendto(b"x", (host, port))
+                            outcomes[name] = "sent"
+                        except OSError as exc:
+                            unreachable = exc.errno == errno.ENETUNREACH
+                            outcomes[name] = "unreachable" if unreachable else str(exc)
+            with open("/proc/net/route") as fh:
+                routes = len(fh.read().splitlines()[1:])
+            return {
+                "interfaces": sorted(name for _, name in socket.if_nameindex()),
+                "routes": routes,
+                "reached": sorted(k for k, v in outcomes.items() if v != "unreachable"),
+                "outcomes": outcomes,
             }
 
 
@@ -281,6 +314,13 @@ ATTACKS = {
             expected_result: >-
               output.in_environ == false and output.in_own_proc_environ == false
     """,
+    "tests/reach-the-network.yaml": """
+        tests:
+          - name: the_network_is_out_of_reach
+            payload: '{}'
+            expected_result: >-
+              output.interfaces == ["lo"] and output.routes == 0 and output.reached == []
+    """,
     "tests/fork-chain.yaml": """
         tests:
           - name: a_fork_chain_does_not_outlive_its_invocation
@@ -351,6 +391,13 @@ def test_a_block_written_to_the_runners_stdout_never_arrives(
 def test_user_code_cannot_reach_the_runner(gate_url: str, attacked: dict[str, Any]) -> None:
     c = case(attacked, "the_runner_is_out_of_reach")
     assert c["passed"], (c["failure_reason"], first_run(gate_url, c)["output"])
+
+
+def test_a_case_has_no_network_but_loopback(gate_url: str, attacked: dict[str, Any]) -> None:
+    c = case(attacked, "the_network_is_out_of_reach")
+    output = first_run(gate_url, c)["output"]
+    assert c["passed"], (c["failure_reason"], output)
+    assert set(output["outcomes"].values()) == {"unreachable"}, output
 
 
 def test_a_setsid_daemon_is_gone_before_the_next_invocation(
