@@ -113,7 +113,11 @@ class Settings(BaseSettings):
     )
     job_lease_seconds: int = Field(default=60, ge=5)
     job_max_attempts: int = Field(default=3, ge=1)
-    worker_poll_seconds: float = Field(default=0.5, gt=0)
+    worker_poll_seconds: float = Field(
+        default=0.5,
+        gt=0,
+        description="Longest idle wait between queue looks; a queued gate wakes workers at once.",
+    )
     retention_interval_seconds: float = Field(
         default=3600,
         ge=0,

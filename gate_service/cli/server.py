@@ -99,9 +99,13 @@ def _start_workers(
     from ..sandbox.docker_engine import DockerSandbox
     from ..worker.handler import WorkerContext
     from ..worker.loop import Worker
+    from ..worker.wakeup import JobWakeup
 
     engine = make_engine(url, pool_size=max(2, settings.case_concurrency + 2))
     sessions = make_sessionmaker(engine)
+    # One LISTEN connection per process wakes its idle workers when a gate is queued.
+    jobs = JobWakeup(url, stop)
+    jobs.start()
     threads = []
     for i in range(count):
         # One engine client per worker: the docker SDK's HTTP session is not shared safely.
@@ -111,6 +115,7 @@ def _start_workers(
             sandbox=DockerSandbox(settings),
             stop=stop,
             metrics=metrics,  # one registry per process, shared by its workers
+            jobs=jobs,
         )
         thread = threading.Thread(target=Worker(ctx).run, name=f"gate-worker-{i}", daemon=True)
         thread.start()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -60,6 +60,9 @@ from ..secrets.service import project_secrets
 from . import queue
 from .queue import ClaimedJob
 from .slots import CaseSlots
+
+if TYPE_CHECKING:
+    from .wakeup import JobWakeup
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -124,6 +127,8 @@ class WorkerContext:
     secret_box: SecretBox | None = None
     # This process's instruments; `gate serve` passes the API's, so /metrics shows them.
     metrics: Metrics = field(default_factory=Metrics)
+    # The process's LISTEN for queued jobs, shared by its workers; None: they only poll.
+    jobs: JobWakeup | None = None
 
     def __post_init__(self) -> None:
         if self.secret_box is None:

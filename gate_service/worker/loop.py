@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import os
@@ -9,7 +10,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 
 from ..db import session_scope
 from ..gates import service
@@ -45,21 +46,39 @@ class Worker:
         self.slots = CaseSlots(ctx.settings.case_concurrency)
         # Shared by every worker of the process: one retention pass per interval per process.
         self.retention_clock = retention_clock
+        self.idle = threading.Event()  # set while it waits for work (for tests)
 
     def run(self) -> None:
         """Work until ctx.stop is set; the job in hand is finished or handed back first."""
         bind_log_context(worker=self.name)  # this thread's records carry the worker's name
         log.info("worker %s started", self.name)
         self.reap_orphans()
-        while not self.ctx.stop.is_set():
-            try:
-                worked = self.run_once()
-            except Exception:
-                log.exception("worker %s: unexpected error; backing off", self.name)
-                worked = False
-            if not worked:
-                self.ctx.stop.wait(self.ctx.settings.worker_poll_seconds)
+        with self._woken_by_jobs() as wake:
+            while not self.ctx.stop.is_set():
+                wake.clear()  # before the claim: a job queued during it wakes the wait below
+                try:
+                    worked = self.run_once()
+                except Exception:
+                    log.exception("worker %s: unexpected error; backing off", self.name)
+                    worked = False
+                if not worked:
+                    # Woken by a queued job (or stop) through the process's LISTEN; the poll
+                    # interval bounds the wait in case a notification was missed.
+                    waiter = wake if self.ctx.jobs is not None else self.ctx.stop
+                    self.idle.set()
+                    waiter.wait(self.ctx.settings.worker_poll_seconds)
+                    self.idle.clear()
         log.info("worker %s stopped", self.name)
+
+    @contextlib.contextmanager
+    def _woken_by_jobs(self) -> Iterator[threading.Event]:
+        """An event set whenever a job may have become claimable (see wakeup.py)."""
+        event = threading.Event()
+        if self.ctx.jobs is None:
+            yield event
+            return
+        with self.ctx.jobs.subscribe(event):
+            yield event
 
     def run_once(self) -> bool:
         """Claim a job and judge it, with the others this worker takes meanwhile (see
@@ -108,7 +127,11 @@ class Worker:
         if limit == 1:
             self._judge_one(first)
             return
-        changed = threading.Event()
+        with self._woken_by_jobs() as changed:
+            self._hold_more(first, limit, changed)
+
+    def _hold_more(self, first: ClaimedJob, limit: int, changed: threading.Event) -> None:
+        """``_judge_held``'s loop; ``changed`` is set when a held job ends or one is queued."""
         held: list[threading.Thread] = []
         taken = {first.gate_id}
 
