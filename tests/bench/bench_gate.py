@@ -7,6 +7,11 @@ as a pipeline sees them. Between them it times 20 sequential bare runs of that s
 image (`docker run --rm --network none --entrypoint python3 IMAGE -c pass`; the image's own
 entrypoint is the runner) and prints the ratio of the medians against the 0.6x target.
 
+Two floors, measured in the same run, say how much of the gate's time any one-container-per-
+case design must spend here: the same 20 bare runs started N at a time (N being the gate's
+case concurrency), and 20 containers that do nothing but the one import every case needs
+(`python -I -c "import connic"`, the format's SDK and pydantic), also N at a time.
+
 GATE_CASE_CONCURRENCY, if set, is passed on, to compare other values with the default. It
 prints figures and asserts nothing about timing: they depend on the machine (its CPU
 count is the default GATE_CASE_CONCURRENCY) and on what else runs on it.
@@ -21,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -38,6 +44,7 @@ CASES = 20
 REPEATS = 3
 TARGET = 0.6
 BARE_RUN = ["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3"]
+RUNNER_PYTHON = "/opt/gate-runner/bin/python"  # the runner's interpreter, with the SDK
 FORMAT = "{{.Repository}}:{{.Tag}}"
 STARTUP_SECONDS = 900  # a first start may bootstrap the base image and build the runner
 
@@ -91,15 +98,18 @@ def judge(client: GateClient, bundle: bytes) -> tuple[float, dict[str, Any]]:
     return elapsed, done
 
 
-def bare_runs(image: str) -> float:
-    """Seconds for CASES sequential bare `docker run` of ``image``."""
+def bare_runs(image: str, code: str = "pass", *, at_once: int = 1) -> float:
+    """Seconds for CASES bare `docker run` of ``image`` running ``code``, ``at_once`` at a time."""
+    argv = [*BARE_RUN[:-1], RUNNER_PYTHON, image, "-I", "-c", code]
+    if code == "pass":
+        argv = [*BARE_RUN, image, "-c", code]
+
+    def one(_: int) -> None:
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+
     started = time.monotonic()
-    for _ in range(CASES):
-        subprocess.run(
-            [*BARE_RUN, image, "-c", "pass"],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+    with ThreadPoolExecutor(at_once) as pool:
+        list(pool.map(one, range(CASES)))
     return time.monotonic() - started
 
 
@@ -129,6 +139,9 @@ def main() -> None:
     client = GateClient(url, token=ADMIN_TOKEN)
     gates: list[float] = []
     bare: list[float] = []
+    parallel: list[float] = []
+    importing: list[float] = []
+    at_once = int(os.environ.get("GATE_CASE_CONCURRENCY") or Settings().case_concurrency)
     last: dict[str, Any] = {}
     try:
         cold, first = judge(client, bundle)  # builds and caches the test image
@@ -137,6 +150,8 @@ def main() -> None:
             elapsed, last = judge(client, bundle)
             gates.append(elapsed)
             bare.append(bare_runs(image))
+            parallel.append(bare_runs(image, at_once=at_once))
+            importing.append(bare_runs(image, "import connic", at_once=at_once))
     except Exception:
         print(f"gate serve's log, last lines:\n{log_path.read_text()[-4000:]}", file=sys.stderr)
         raise
@@ -168,6 +183,15 @@ def main() -> None:
     ratio = gate_s / bare_s
     verdict = "met" if ratio <= TARGET else "NOT met"
     print(f"  ratio {ratio:.2f}x (target <= {TARGET}x: {verdict})")
+    for label, figures in (
+        (f"the same bare runs, {at_once} at a time", parallel),
+        (f"{CASES} containers that only `import connic`, {at_once} at a time", importing),
+    ):
+        floor = statistics.median(figures)
+        print(
+            f"  floor: {label}: median {floor:.2f} s ({floor / bare_s:.2f}x the bare runs; "
+            f"the gate is {gate_s / floor:.2f}x this)"
+        )
     print(
         f"  last warm gate: created to started {seconds_between(last['created_at'], last['started_at']):.2f} s, "
         f"started to finished {seconds_between(last['started_at'], last['finished_at']):.2f} s; "
