@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import time
 import uuid
@@ -33,6 +32,7 @@ from tests.deploy.compose import (
     container_state,
 )
 from tests.deploy.standins import ensure_standins
+from tests.fixtures.ports import free_port
 from tests.fixtures.projects import bundle_of, calculator_project, write
 
 pytestmark = pytest.mark.docker
@@ -67,12 +67,6 @@ SLOW_PROJECT = {
             expected_result: output.slept == 240
     """,
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def unavailable(why: str) -> None:
@@ -133,7 +127,7 @@ def compose(
         )
         files.append(override)
 
-    port = free_port()
+    port = free_port("0.0.0.0")  # docker publishes it on every address
     token = secrets.token_urlsafe(24)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATE_")}
     env.update(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,15 +13,10 @@ import httpx
 import pytest
 
 from tests.fixtures.auth import ADMIN_TOKEN
+from tests.fixtures.ports import free_port
 from tests.fixtures.projects import RUNNER_TAKEOVER_WHEEL, make_wheel
 
 STARTUP_SECONDS = 900  # a first start bootstraps the base image and builds the runner
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start(command: str, data_dir: Path, **settings: str) -> tuple[subprocess.Popen[bytes], Path]:
