@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 from sqlalchemy.engine import make_url
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,19 @@ RECONNECT_MAX_SECONDS = 10.0
 def libpq_conninfo(database_url: str) -> str:
     """A SQLAlchemy or plain postgresql:// URL as a libpq one (psycopg connects with it)."""
     return make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def listen_conninfo(database_url: str, application_name: str) -> str:
+    """A listening connection's: TCP keepalives, so that a peer that vanishes without
+    closing is noticed rather than waited on forever (this listener and the worker's)."""
+    return make_conninfo(
+        libpq_conninfo(database_url),
+        application_name=application_name,
+        keepalives=1,
+        keepalives_idle=30,
+        keepalives_interval=10,
+        keepalives_count=3,
+    )
 
 
 class Waiter:
@@ -78,7 +92,7 @@ class GateChanges:
         recheck_seconds: float = RECHECK_SECONDS,
         health_check_seconds: float = HEALTH_CHECK_SECONDS,
     ) -> None:
-        self.conninfo = libpq_conninfo(database_url)
+        self.conninfo = listen_conninfo(database_url, "gate-api-listener")
         self.recheck_seconds = recheck_seconds
         self.health_check_seconds = health_check_seconds
         self._waiters: dict[uuid.UUID, set[Waiter]] = {}
@@ -179,16 +193,7 @@ class GateChanges:
             await asyncio.sleep(delay)
 
     async def _listen(self) -> None:
-        conn = await psycopg.AsyncConnection.connect(
-            self.conninfo,
-            autocommit=True,
-            application_name="gate-api-listener",
-            # A peer that vanishes without closing is noticed, not waited on forever.
-            keepalives=1,
-            keepalives_idle=30,
-            keepalives_interval=10,
-            keepalives_count=3,
-        )
+        conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
         async with conn:
             await conn.execute(f"LISTEN {CHANNEL}")
             self.backend_pid = conn.info.backend_pid

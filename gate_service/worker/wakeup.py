@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import psycopg
 
-from ..gates.notify import libpq_conninfo
+from ..gates.notify import listen_conninfo
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class JobWakeup:
     """The process's LISTEN gate_jobs connection and the events of the workers waiting."""
 
     def __init__(self, database_url: str, stop: threading.Event) -> None:
-        self.conninfo = libpq_conninfo(database_url)
+        self.conninfo = listen_conninfo(database_url, "gate-worker-wakeup")
         self.stop = stop
         self._events: set[threading.Event] = set()
         self._lock = threading.Lock()
@@ -86,16 +86,7 @@ class JobWakeup:
         self.wake_all()  # whoever waits learns of the stop now, not at its next poll
 
     def _listen(self) -> None:
-        with psycopg.connect(
-            self.conninfo,
-            autocommit=True,
-            application_name="gate-worker-wakeup",
-            # A peer that vanishes without closing is noticed, not waited on forever.
-            keepalives=1,
-            keepalives_idle=30,
-            keepalives_interval=10,
-            keepalives_count=3,
-        ) as conn:
+        with psycopg.connect(self.conninfo, autocommit=True) as conn:
             conn.execute(f"LISTEN {CHANNEL}")
             self.backend_pid = conn.info.backend_pid
             self.connects += 1

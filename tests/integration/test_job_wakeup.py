@@ -7,8 +7,7 @@ within the deadline was taken because a notification woke the worker, not by its
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,18 +23,11 @@ from gate_service.worker.loop import Worker
 from gate_service.worker.wakeup import JobWakeup
 from tests.fixtures.projects import bundle_of, calculator_project
 from tests.fixtures.sandbox import FakeSandbox
+from tests.fixtures.waiting import wait_until
 
 POLL_SECONDS = 600.0
 DEADLINE_SECONDS = 60.0
 QUIET_SECONDS = 1.5  # how long a notification that must not come is waited for
-
-
-def wait_until(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_SECONDS
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {DEADLINE_SECONDS} s: {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -96,14 +88,16 @@ def test_an_idle_worker_takes_a_new_gate_at_once_not_at_its_next_poll(
     wait_until(
         lambda: client.get(f"/v1/gates/{gate_id}").json()["phase"] == "done",
         "the gate is judged",
+        seconds=DEADLINE_SECONDS,
     )
     assert client.get(f"/v1/gates/{gate_id}").json()["status"] == "passed"
     # ...and the worker went back to waiting, then takes the next one just as soon.
-    wait_until(worker.idle.is_set, "the worker is idle again")
+    wait_until(worker.idle.is_set, "the worker is idle again", seconds=DEADLINE_SECONDS)
     second = submit(client, bundle_of(calculator_project(tmp_path / "q", failing=True)))
     wait_until(
         lambda: client.get(f"/v1/gates/{second}").json()["phase"] == "done",
         "the second gate is judged",
+        seconds=DEADLINE_SECONDS,
     )
 
 
@@ -154,6 +148,7 @@ def test_the_wakeup_reconnects_after_its_connection_is_killed(
     wait_until(
         lambda: wakeup.connects > connects and wakeup.listening.is_set(),
         "the listener reconnects",
+        seconds=DEADLINE_SECONDS,
     )
     assert wakeup.backend_pid != killed
     event = threading.Event()

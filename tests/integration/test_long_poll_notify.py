@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,17 +25,10 @@ from gate_service.gates.notify import GateChanges
 from gate_service.models import ApiToken, Gate, utcnow
 from tests.fixtures.auth import as_token, project_token
 from tests.fixtures.projects import bundle_of, calculator_project
+from tests.fixtures.waiting import wait_until
 
 DEADLINE_SECONDS = 30
 WAIT = 60  # longer than any test waits for an answer: a 304 means nobody woke the waiter
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_SECONDS
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {DEADLINE_SECONDS} s: {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture
