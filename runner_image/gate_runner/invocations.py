@@ -173,6 +173,9 @@ class Supervisor:
             os.closerange(REPORT_FD + 1, os.sysconf("SC_OPEN_MAX"))
             if self.isolation.uid is not None:
                 drop_privileges(self.isolation.uid)
+            from . import loopback
+
+            loopback.install()  # `localhost` resolves with no network too (see loopback.py)
             # Rebind the Python-level streams too, whatever they were (a test harness, say).
             sys.stdout = open(1, "w", buffering=1, closefd=False)
             sys.stderr = open(2, "w", buffering=1, closefd=False)

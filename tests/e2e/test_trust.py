@@ -138,7 +138,17 @@ ATTACKS = {
                             outcomes[name] = "unreachable" if unreachable else str(exc)
             with open("/proc/net/route") as fh:
                 routes = len(fh.read().splitlines()[1:])
+            # Loopback works, by address and by the name `localhost` (no /etc/hosts here).
+            with socket.socket() as server:
+                server.bind(("127.0.0.1", 0))
+                server.listen()
+                try:
+                    socket.create_connection(("localhost", server.getsockname()[1]), 3).close()
+                    localhost = "ok"
+                except OSError as exc:
+                    localhost = str(exc)
             return {
+                "localhost": localhost,
                 "interfaces": sorted(name for _, name in socket.if_nameindex()),
                 "routes": routes,
                 "reached": sorted(k for k, v in outcomes.items() if v != "unreachable"),
@@ -320,6 +330,7 @@ ATTACKS = {
             payload: '{}'
             expected_result: >-
               output.interfaces == ["lo"] and output.routes == 0 and output.reached == []
+              and output.localhost == "ok"
     """,
     "tests/fork-chain.yaml": """
         tests:
@@ -393,7 +404,7 @@ def test_user_code_cannot_reach_the_runner(gate_url: str, attacked: dict[str, An
     assert c["passed"], (c["failure_reason"], first_run(gate_url, c)["output"])
 
 
-def test_a_case_has_no_network_but_loopback(gate_url: str, attacked: dict[str, Any]) -> None:
+def test_a_case_has_no_network_but_loopback_and_localhost(gate_url: str, attacked: dict[str, Any]) -> None:
     c = case(attacked, "the_network_is_out_of_reach")
     output = first_run(gate_url, c)["output"]
     assert c["passed"], (c["failure_reason"], output)
