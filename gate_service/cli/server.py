@@ -101,12 +101,14 @@ def _start_workers(
     from ..worker.loop import Worker
     from ..worker.wakeup import JobWakeup
 
+    """The worker threads, and the thread of their shared job wake-up (it ends on stop too)."""
+    if count < 1:
+        return []
     engine = make_engine(url, pool_size=max(2, settings.case_concurrency + 2))
     sessions = make_sessionmaker(engine)
     # One LISTEN connection per process wakes its idle workers when a gate is queued.
     jobs = JobWakeup(url, stop)
-    jobs.start()
-    threads = []
+    threads = [jobs.start()]
     for i in range(count):
         # One engine client per worker: the docker SDK's HTTP session is not shared safely.
         ctx = WorkerContext(

@@ -44,6 +44,7 @@ def listen_conninfo(database_url: str, application_name: str) -> str:
     return make_conninfo(
         libpq_conninfo(database_url),
         application_name=application_name,
+        connect_timeout=10,  # a server that does not answer is retried, not waited on
         keepalives=1,
         keepalives_idle=30,
         keepalives_interval=10,

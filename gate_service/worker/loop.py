@@ -26,6 +26,7 @@ from .slots import CaseSlots
 log = logging.getLogger(__name__)
 REAP_EVERY_SECONDS = 10.0
 CANCEL_CHECK_SECONDS = 2.0
+STOP_CHECK_SECONDS = 1.0  # how often a worker waiting for work looks at stop
 
 
 def worker_name() -> str:
@@ -53,6 +54,7 @@ class Worker:
         bind_log_context(worker=self.name)  # this thread's records carry the worker's name
         log.info("worker %s started", self.name)
         self.reap_orphans()
+        poll = self.ctx.settings.worker_poll_seconds
         with self._woken_by_jobs() as wake:
             while not self.ctx.stop.is_set():
                 wake.clear()  # before the claim: a job queued during it wakes the wait below
@@ -60,15 +62,26 @@ class Worker:
                     worked = self.run_once()
                 except Exception:
                     log.exception("worker %s: unexpected error; backing off", self.name)
-                    worked = False
+                    self.ctx.stop.wait(poll)  # a back-off, whatever the queue does meanwhile
+                    continue
                 if not worked:
-                    # Woken by a queued job (or stop) through the process's LISTEN; the poll
-                    # interval bounds the wait in case a notification was missed.
-                    waiter = wake if self.ctx.jobs is not None else self.ctx.stop
                     self.idle.set()
-                    waiter.wait(self.ctx.settings.worker_poll_seconds)
+                    self._wait_for_work(wake, poll)
                     self.idle.clear()
         log.info("worker %s stopped", self.name)
+
+    def _wait_for_work(self, wake: threading.Event, seconds: float) -> None:
+        """Until a job may be claimable (``wake``, set through the process's LISTEN), stop,
+        or ``seconds`` pass: the poll interval bounds the wait if a notification is missed.
+        Waited in slices that look at stop, so stop is never waited out whatever the poll."""
+        if self.ctx.jobs is None:
+            self.ctx.stop.wait(seconds)
+            return
+        deadline = time.monotonic() + seconds
+        while not self.ctx.stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or wake.wait(min(left, STOP_CHECK_SECONDS)):
+                return
 
     @contextlib.contextmanager
     def _woken_by_jobs(self) -> Iterator[threading.Event]:
@@ -133,6 +146,7 @@ class Worker:
     def _hold_more(self, first: ClaimedJob, limit: int, changed: threading.Event) -> None:
         """``_judge_held``'s loop; ``changed`` is set when a held job ends or one is queued."""
         held: list[threading.Thread] = []
+        ended: set[threading.Thread] = set()  # a thread is still alive when it says it ended
         taken = {first.gate_id}
 
         def hold(job: ClaimedJob) -> None:
@@ -142,6 +156,7 @@ class Worker:
                 except Exception:
                     log.exception("worker %s: judging gate %s failed", self.name, job.gate_id)
                 finally:
+                    ended.add(threading.current_thread())
                     changed.set()
 
             thread = threading.Thread(target=judge, name=f"job-{job.id}", daemon=True)
@@ -151,7 +166,7 @@ class Worker:
         hold(first)
         while True:
             changed.clear()
-            held[:] = [t for t in held if t.is_alive()]
+            held[:] = [t for t in held if t not in ended]
             if not held:
                 return
             self._housekeeping()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterator
 
 import psycopg
@@ -29,6 +30,7 @@ CHANNEL = "gate_jobs"  # as in migrations/versions/0005_job_ready_notify.py
 STOP_CHECK_SECONDS = 1.0  # how often the listening thread looks at the stop event
 RECONNECT_MIN_SECONDS = 0.5
 RECONNECT_MAX_SECONDS = 10.0
+STABLE_SECONDS = 30.0  # a connection that lasted this long was a good one
 
 
 class JobWakeup:
@@ -61,10 +63,12 @@ class JobWakeup:
             for event in self._events:
                 event.set()
 
-    def start(self) -> None:
+    def start(self) -> threading.Thread:
+        """Start listening in a thread of its own (once); it ends when ``stop`` is set."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="gate-job-wakeup", daemon=True)
             self._thread.start()
+        return self._thread
 
     def join(self, timeout: float | None = None) -> None:
         if self._thread is not None:
@@ -73,7 +77,7 @@ class JobWakeup:
     def _run(self) -> None:
         delay = RECONNECT_MIN_SECONDS
         while not self.stop.is_set():
-            connects = self.connects
+            began = time.monotonic()
             try:
                 self._listen()
             except Exception as exc:  # a lost connection, a restart, a refused connect
@@ -81,8 +85,11 @@ class JobWakeup:
                     log.warning("job wake-up listener: %s; reconnecting", exc)
             self.listening.clear()
             self.backend_pid = None
-            delay = RECONNECT_MIN_SECONDS if self.connects > connects else delay * 2
-            self.stop.wait(min(delay, RECONNECT_MAX_SECONDS))
+            # Back off while it fails; start over only after a connection that lasted, so
+            # one that breaks at once is not retried (and everyone woken) twice a second.
+            lasted = time.monotonic() - began >= STABLE_SECONDS
+            delay = RECONNECT_MIN_SECONDS if lasted else min(delay * 2, RECONNECT_MAX_SECONDS)
+            self.stop.wait(delay)
         self.wake_all()  # whoever waits learns of the stop now, not at its next poll
 
     def _listen(self) -> None:

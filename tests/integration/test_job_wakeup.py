@@ -24,6 +24,7 @@ from gate_service.worker.wakeup import JobWakeup
 from tests.fixtures.projects import bundle_of, calculator_project
 from tests.fixtures.sandbox import FakeSandbox
 from tests.fixtures.waiting import wait_until
+from tests.integration.test_fair_scheduling import cases_project, project_b
 
 POLL_SECONDS = 600.0
 DEADLINE_SECONDS = 60.0
@@ -99,6 +100,29 @@ def test_an_idle_worker_takes_a_new_gate_at_once_not_at_its_next_poll(
         "the second gate is judged",
         seconds=DEADLINE_SECONDS,
     )
+
+
+def test_a_worker_holding_a_large_gate_takes_a_new_small_one_at_once(
+    client: TestClient, idle_worker: tuple[Worker, threading.Thread], tmp_path: Path
+) -> None:
+    worker, _ = idle_worker
+    assert worker.ctx.settings.worker_gates == 2
+    large = submit(client, bundle_of(cases_project(tmp_path / "large", 200)))
+    wait_until(
+        lambda: client.get(f"/v1/gates/{large}").json()["status"] == "running",
+        "the large gate runs",
+        seconds=DEADLINE_SECONDS,
+    )
+    # The worker holds the large gate and waits on its poll interval for anything else: only
+    # the notification of the new job can make it take the small one before the large ends.
+    other = project_b(client)
+    small = submit(other, bundle_of(cases_project(tmp_path / "small", 2)))
+    wait_until(
+        lambda: other.get(f"/v1/gates/{small}").json()["phase"] == "done",
+        "the small gate is judged",
+        seconds=DEADLINE_SECONDS * 5,
+    )
+    assert client.get(f"/v1/gates/{large}").json()["phase"] != "done"
 
 
 def test_stop_wakes_an_idle_worker(
