@@ -9,8 +9,9 @@ entrypoint is the runner) and prints the ratio of the medians against the 0.6x t
 
 Two floors, measured in the same run, say how much of the gate's time any one-container-per-
 case design must spend here: the same 20 bare runs started N at a time (N being the gate's
-case concurrency), and 20 containers that do nothing but the one import every case needs
-(`python -I -c "import connic"`, the format's SDK and pydantic), also N at a time.
+case concurrency), and 20 containers created as the gate creates its case containers that do
+nothing but the one import every case needs (`python -I -c "import connic"`, the format's
+SDK and pydantic), also N at a time.
 
 GATE_CASE_CONCURRENCY, if set, is passed on, to compare other values with the default. It
 prints figures and asserts nothing about timing: they depend on the machine (its CPU
@@ -31,13 +32,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import docker
 import httpx
 
 from gate_service.client.api import GateClient
 from gate_service.config import Settings
 from tests.fixtures.auth import ADMIN_TOKEN
 from tests.fixtures.db import create_database, drop_database
-from tests.fixtures.live import free_port
+from tests.fixtures.ports import free_port
 from tests.fixtures.projects import bundle_of, tool_cases_project
 
 CASES = 20
@@ -98,14 +100,36 @@ def judge(client: GateClient, bundle: bytes) -> tuple[float, dict[str, Any]]:
     return elapsed, done
 
 
-def bare_runs(image: str, code: str = "pass", *, at_once: int = 1) -> float:
-    """Seconds for CASES bare `docker run` of ``image`` running ``code``, ``at_once`` at a time."""
-    argv = [*BARE_RUN[:-1], RUNNER_PYTHON, image, "-I", "-c", code]
-    if code == "pass":
-        argv = [*BARE_RUN, image, "-c", code]
+def bare_runs(image: str, *, at_once: int = 1) -> float:
+    """Seconds for CASES bare `docker run` of ``image``, ``at_once`` at a time."""
 
     def one(_: int) -> None:
-        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([*BARE_RUN, image, "-c", "pass"], check=True, stdout=subprocess.DEVNULL)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(at_once) as pool:
+        list(pool.map(one, range(CASES)))
+    return time.monotonic() - started
+
+
+def import_only_runs(client: docker.DockerClient, image: str, *, at_once: int) -> float:
+    """Seconds for CASES containers that only import the SDK, ``at_once`` at a time, created
+    as the gate creates its case containers (through the API, no network, NetworkDisabled)."""
+
+    def one(_: int) -> None:
+        container = client.containers.create(
+            image,
+            ["-I", "-c", "import connic"],
+            entrypoint=RUNNER_PYTHON,
+            network_mode="none",
+            network_disabled=True,
+        )
+        try:
+            container.start()
+            if container.wait()["StatusCode"] != 0:
+                raise RuntimeError(f"`import connic` failed: {container.logs()[-2000:]!r}")
+        finally:
+            container.remove(force=True)
 
     started = time.monotonic()
     with ThreadPoolExecutor(at_once) as pool:
@@ -137,6 +161,7 @@ def main() -> None:
     bundle = bundle_of(tool_cases_project(src, CASES))
     proc, url, log_path = serve(data_dir, database)
     client = GateClient(url, token=ADMIN_TOKEN)
+    engine = docker.from_env()
     gates: list[float] = []
     bare: list[float] = []
     parallel: list[float] = []
@@ -151,12 +176,13 @@ def main() -> None:
             gates.append(elapsed)
             bare.append(bare_runs(image))
             parallel.append(bare_runs(image, at_once=at_once))
-            importing.append(bare_runs(image, "import connic", at_once=at_once))
+            importing.append(import_only_runs(engine, image, at_once=at_once))
     except Exception:
         print(f"gate serve's log, last lines:\n{log_path.read_text()[-4000:]}", file=sys.stderr)
         raise
     finally:
         client.close()
+        engine.close()
         proc.terminate()
         try:
             proc.wait(timeout=60)
@@ -185,7 +211,11 @@ def main() -> None:
     print(f"  ratio {ratio:.2f}x (target <= {TARGET}x: {verdict})")
     for label, figures in (
         (f"the same bare runs, {at_once} at a time", parallel),
-        (f"{CASES} containers that only `import connic`, {at_once} at a time", importing),
+        (
+            f"{CASES} containers as the gate makes them that only `import connic`, "
+            f"{at_once} at a time",
+            importing,
+        ),
     ):
         floor = statistics.median(figures)
         print(

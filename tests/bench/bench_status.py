@@ -36,7 +36,7 @@ from gate_service.db import make_engine, make_sessionmaker, session_scope
 from gate_service.models import Case, CaseStatus, Gate, Run
 from tests.fixtures.auth import ADMIN_TOKEN
 from tests.fixtures.db import create_database, drop_database
-from tests.fixtures.live import free_port
+from tests.fixtures.ports import free_port
 
 CONNECTIONS = 50
 WRK_SECONDS = 10

@@ -22,7 +22,8 @@ import httpx
 
 from tests.fixtures.auth import ADMIN_TOKEN
 from tests.fixtures.db import create_database, drop_database
-from tests.fixtures.live import free_port, stream_upload
+from tests.fixtures.live import stream_upload
+from tests.fixtures.ports import free_port
 
 MIB = 1024 * 1024
 
