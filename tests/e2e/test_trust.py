@@ -404,7 +404,9 @@ def test_user_code_cannot_reach_the_runner(gate_url: str, attacked: dict[str, An
     assert c["passed"], (c["failure_reason"], first_run(gate_url, c)["output"])
 
 
-def test_a_case_has_no_network_but_loopback_and_localhost(gate_url: str, attacked: dict[str, Any]) -> None:
+def test_a_case_has_no_network_but_loopback_and_localhost(
+    gate_url: str, attacked: dict[str, Any]
+) -> None:
     c = case(attacked, "the_network_is_out_of_reach")
     output = first_run(gate_url, c)["output"]
     assert c["passed"], (c["failure_reason"], output)
