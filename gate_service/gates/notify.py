@@ -206,7 +206,9 @@ class GateChanges:
             while True:
                 async for note in conn.notifies(timeout=self.health_check_seconds):
                     self._on_payload(note.payload)
-                # Quiet for a while: make sure the connection still answers.
+                # Quiet for a while: make sure the connection still answers. A notification
+                # arriving meanwhile waits for the next notifies() (psycopg's backlog, kept
+                # only while no notify handler is registered: do not add one).
                 await conn.execute("SELECT 1")
 
 
