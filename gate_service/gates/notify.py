@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -31,6 +32,16 @@ RECHECK_SECONDS = 10.0  # a waiter re-reads at least this often, whatever it hea
 HEALTH_CHECK_SECONDS = 30.0  # an idle listening connection is probed this often
 RECONNECT_MIN_SECONDS = 0.5
 RECONNECT_MAX_SECONDS = 10.0
+STABLE_SECONDS = 30.0  # a listening connection that lasted this long was a good one
+
+
+def reconnect_delay(previous: float, lasted_seconds: float) -> float:
+    """The wait before a listener reconnects: doubling (up to the maximum) while connecting
+    fails or connections break at once, the minimum again after one that lasted, so a
+    connection that breaks right after connecting is not retried twice a second forever."""
+    if lasted_seconds >= STABLE_SECONDS:
+        return RECONNECT_MIN_SECONDS
+    return min(previous * 2, RECONNECT_MAX_SECONDS)
 
 
 def libpq_conninfo(database_url: str) -> str:
@@ -176,9 +187,9 @@ class GateChanges:
         self._wake_all()  # nobody is left waiting for a notification that cannot come
 
     async def _run(self) -> None:
-        delay = RECONNECT_MIN_SECONDS
+        delay = RECONNECT_MIN_SECONDS / 2
         while True:
-            connects = self.connects
+            began = time.monotonic()
             try:
                 await self._listen()
             except asyncio.CancelledError:
@@ -188,9 +199,7 @@ class GateChanges:
             # Waiters are woken once listening again (see _listen), when a re-read can work.
             self._listening.clear()
             self.backend_pid = None
-            # Back off while connecting fails; retry soon after a connection that worked.
-            delay = RECONNECT_MIN_SECONDS if self.connects > connects else delay * 2
-            delay = min(delay, RECONNECT_MAX_SECONDS)
+            delay = reconnect_delay(delay, time.monotonic() - began)
             await asyncio.sleep(delay)
 
     async def _listen(self) -> None:

@@ -22,15 +22,12 @@ from collections.abc import Iterator
 
 import psycopg
 
-from ..gates.notify import listen_conninfo
+from ..gates.notify import RECONNECT_MIN_SECONDS, listen_conninfo, reconnect_delay
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "gate_jobs"  # as in migrations/versions/0005_job_ready_notify.py
 STOP_CHECK_SECONDS = 1.0  # how often the listening thread looks at the stop event
-RECONNECT_MIN_SECONDS = 0.5
-RECONNECT_MAX_SECONDS = 10.0
-STABLE_SECONDS = 30.0  # a connection that lasted this long was a good one
 
 
 class JobWakeup:
@@ -75,7 +72,7 @@ class JobWakeup:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        delay = RECONNECT_MIN_SECONDS
+        delay = RECONNECT_MIN_SECONDS / 2
         while not self.stop.is_set():
             began = time.monotonic()
             try:
@@ -85,10 +82,8 @@ class JobWakeup:
                     log.warning("job wake-up listener: %s; reconnecting", exc)
             self.listening.clear()
             self.backend_pid = None
-            # Back off while it fails; start over only after a connection that lasted, so
-            # one that breaks at once is not retried (and everyone woken) twice a second.
-            lasted = time.monotonic() - began >= STABLE_SECONDS
-            delay = RECONNECT_MIN_SECONDS if lasted else min(delay * 2, RECONNECT_MAX_SECONDS)
+            # Each reconnect wakes everyone: one that breaks at once must not repeat quickly.
+            delay = reconnect_delay(delay, time.monotonic() - began)
             self.stop.wait(delay)
         self.wake_all()  # whoever waits learns of the stop now, not at its next poll
 
