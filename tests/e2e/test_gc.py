@@ -11,7 +11,6 @@ import dataclasses
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 
 import docker
@@ -19,11 +18,11 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate_service.config import Settings
-from gate_service.db import make_engine, make_sessionmaker, session_scope
-from gate_service.models import Bundle, Gate, GateStatus, Project, utcnow
+from gate_service.models import GateStatus
 from gate_service.sandbox import LABEL
 from gate_service.sandbox.docker_engine import DockerSandbox
 from gate_service.worker.gc import GcPolicy, collect_images
+from tests.fixtures.gates import add_gate
 
 pytestmark = pytest.mark.docker
 
@@ -89,48 +88,6 @@ def ns(docker_engine: None, tmp_path: Path) -> Iterator[Namespace]:
         yield space
     finally:
         space.clean()
-
-
-@pytest.fixture
-def sessions(database_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(database_url)
-    try:
-        yield make_sessionmaker(engine)
-    finally:
-        engine.dispose()
-
-
-def add_gate(
-    sessions: sessionmaker[Session], sha: str, *, status: GateStatus, days_ago: float
-) -> None:
-    at = utcnow() - timedelta(days=days_ago)
-    with session_scope(sessions) as s:
-        project = s.query(Project).filter_by(name="gc").one_or_none()
-        if project is None:
-            project = Project(name="gc")
-            s.add(project)
-            s.flush()
-        s.add(
-            Bundle(
-                sha256=sha,
-                data=b"x",
-                archive_format="tar.gz",
-                size_bytes=1,
-                code_bytes=1,
-                fixture_bytes=0,
-            )
-        )
-        s.flush()
-        s.add(
-            Gate(
-                project_id=project.id,
-                bundle_sha256=sha,
-                status=status,
-                created_at=at,
-                started_at=None if status == GateStatus.queued else at,
-                finished_at=at if status == GateStatus.passed else None,
-            )
-        )
 
 
 def test_eviction_removes_the_least_recently_used_and_keeps_those_in_use(

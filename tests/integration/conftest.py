@@ -6,7 +6,6 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate_service.config import Settings
-from gate_service.db import make_engine, make_sessionmaker
 from gate_service.main import create_app
 from gate_service.worker.loop import Worker
 from tests.fixtures.auth import ADMIN_TOKEN, bearer
@@ -31,15 +30,6 @@ def client(settings: Settings) -> Iterator[TestClient]:
     """A client holding the bootstrap admin token of project `default`."""
     with TestClient(create_app(settings), headers=bearer(ADMIN_TOKEN)) as c:
         yield c
-
-
-@pytest.fixture
-def sessions(database_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(database_url)
-    try:
-        yield make_sessionmaker(engine)
-    finally:
-        engine.dispose()
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 import uuid
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -20,14 +19,14 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate_service.config import Settings
-from gate_service.db import session_scope
-from gate_service.models import Bundle, Gate, GateStatus, Project, utcnow
+from gate_service.models import GateStatus
 from gate_service.sandbox import LABEL, ImageInfo
 from gate_service.scratch import clean_scratch, scratch_dir, scratch_root
 from gate_service.worker import gc
 from gate_service.worker.gc import GcClock, GcPolicy, collect_garbage, collect_images
 from gate_service.worker.handler import WorkerContext
 from gate_service.worker.loop import Worker
+from tests.fixtures.gates import add_gate
 from tests.fixtures.sandbox import FakeSandbox
 from tests.integration.test_retention import judge, project_bundle
 
@@ -37,42 +36,6 @@ CURRENT = "gate-runner:fake"  # what FakeSandbox.runner_image() answers
 
 def policy(budget: int, grace: float = 0) -> GcPolicy:
     return GcPolicy(budget_bytes=budget, grace_seconds=grace)
-
-
-def add_gate(
-    sessions: sessionmaker[Session], sha: str, *, status: GateStatus, days_ago: float
-) -> None:
-    """A gate of bundle ``sha`` (made if new) last created, started and finished then."""
-    at = utcnow() - timedelta(days=days_ago)
-    with session_scope(sessions) as s:
-        project = s.query(Project).filter_by(name="gc").one_or_none()
-        if project is None:
-            project = Project(name="gc")
-            s.add(project)
-            s.flush()
-        if s.get(Bundle, sha) is None:
-            s.add(
-                Bundle(
-                    sha256=sha,
-                    data=b"x",
-                    archive_format="tar.gz",
-                    size_bytes=1,
-                    code_bytes=1,
-                    fixture_bytes=0,
-                )
-            )
-            s.flush()
-        terminal = status in (GateStatus.passed, GateStatus.failed)
-        s.add(
-            Gate(
-                project_id=project.id,
-                bundle_sha256=sha,
-                status=status,
-                created_at=at,
-                started_at=at if status != GateStatus.queued else None,
-                finished_at=at if terminal else None,
-            )
-        )
 
 
 def sha(n: int) -> str:
