@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import docker
-import httpx
 
 from gate_service.client.api import GateClient
 from gate_service.config import Settings
+from tests.e2e.conftest import start, stop, wait_ready
 from tests.fixtures.auth import ADMIN_TOKEN
 from tests.fixtures.db import create_database, drop_database
 from tests.fixtures.ports import free_port
@@ -48,45 +48,24 @@ TARGET = 0.6
 BARE_RUN = ["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3"]
 RUNNER_PYTHON = "/opt/gate-runner/bin/python"  # the runner's interpreter, with the SDK
 FORMAT = "{{.Repository}}:{{.Tag}}"
-STARTUP_SECONDS = 900  # a first start may bootstrap the base image and build the runner
 
 
 def serve(data_dir: Path, database: str | None) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """`gate serve` on its defaults (its embedded Postgres unless ``database`` is given)."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATE_")}
-    env.update(
-        {
-            "GATE_DATA_DIR": str(data_dir),
-            "GATE_PORT": str(port),
-            "GATE_BOOTSTRAP_TOKEN": ADMIN_TOKEN,
-        }
-    )
+    settings = {"GATE_PORT": str(port)}
     if database:
-        env["GATE_DATABASE_URL"] = database
+        settings["GATE_DATABASE_URL"] = database
     if "GATE_CASE_CONCURRENCY" in os.environ:  # to compare with the default
-        env["GATE_CASE_CONCURRENCY"] = os.environ["GATE_CASE_CONCURRENCY"]
-    log_path = data_dir / "serve.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gate_service.cli", "serve"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        settings["GATE_CASE_CONCURRENCY"] = os.environ["GATE_CASE_CONCURRENCY"]
+    proc, log_path = start("serve", data_dir, **settings)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gate serve exited:\n{log_path.read_text()[-4000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return proc, url, log_path
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.terminate()
-            raise RuntimeError(f"gate serve not ready:\n{log_path.read_text()[-4000:]}")
-        time.sleep(0.2)
+    try:
+        wait_ready(url, proc, log_path)  # a first start may bootstrap the base image
+    except BaseException:
+        stop(proc)
+        raise
+    return proc, url, log_path
 
 
 def judge(client: GateClient, bundle: bytes) -> tuple[float, dict[str, Any]]:
@@ -183,11 +162,7 @@ def main() -> None:
     finally:
         client.close()
         engine.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
         if server_url and database:
             drop_database(server_url, database)
         shutil.rmtree(src, ignore_errors=True)

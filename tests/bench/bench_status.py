@@ -34,6 +34,7 @@ from sqlalchemy import text
 
 from gate_service.db import make_engine, make_sessionmaker, session_scope
 from gate_service.models import Case, CaseStatus, Gate, Run
+from tests.e2e.conftest import start, stop, wait_ready
 from tests.fixtures.auth import ADMIN_TOKEN
 from tests.fixtures.db import create_database, drop_database
 from tests.fixtures.ports import free_port
@@ -204,33 +205,13 @@ def main() -> None:
         server_url = embedded.url
     database = create_database(server_url)
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATE_")}
-    env.update(
-        {
-            "GATE_DATABASE_URL": database,
-            "GATE_PORT": str(port),
-            "GATE_DATA_DIR": str(data_dir / "data"),
-            "GATE_BOOTSTRAP_TOKEN": ADMIN_TOKEN,
-        }
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gate_service.cli", "api"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    (data_dir / "data").mkdir()
+    proc, log_path = start(
+        "api", data_dir / "data", GATE_DATABASE_URL=database, GATE_PORT=str(port)
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                sys.exit("gate api did not start")
-            time.sleep(0.2)
+        wait_ready(url, proc, log_path)
         created = httpx.post(
             f"{url}/v1/gates", files={"bundle": ("b.tgz", bundle())}, headers=HEADERS, timeout=60
         )
@@ -255,8 +236,7 @@ def main() -> None:
             long_polls(url, gate, first.headers["etag"], proc.pid, database, uuid.UUID(gate))
         )
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        stop(proc)
         drop_database(server_url, database)
         if embedded is not None:
             embedded.stop()

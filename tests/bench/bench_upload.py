@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import io
 import os
-import subprocess
-import sys
+import shutil
 import tarfile
 import tempfile
 import threading
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.e2e.conftest import start, stop, wait_ready
 from tests.fixtures.auth import ADMIN_TOKEN
 from tests.fixtures.db import create_database, drop_database
 from tests.fixtures.live import stream_upload
@@ -82,24 +82,11 @@ def main() -> None:
         server_url = embedded.url
     database = create_database(server_url)
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATE_")}
-    env.update(
-        {"GATE_DATABASE_URL": database, "GATE_PORT": str(port), "GATE_BOOTSTRAP_TOKEN": ADMIN_TOKEN}
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gate_service.cli", "api"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    data_dir = Path(tempfile.mkdtemp(prefix="gate-bench-upload-"))
+    proc, log_path = start("api", data_dir, GATE_DATABASE_URL=database, GATE_PORT=str(port))
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(200):
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        wait_ready(url, proc, log_path)
         rows = []
         for label, size in (("baseline: accepted 1 MiB", 1 * MIB), ("accepted 24 MiB", 24 * MIB)):
             data = bundle(size)
@@ -115,11 +102,11 @@ def main() -> None:
             sent, status, _ = stream_upload("127.0.0.1", port, total_bytes=200 * MIB)
         rows.append(("refused 200 MiB chunked stream", sent, status, sampler.growth))
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop(proc)
         drop_database(server_url, database)
         if embedded is not None:
             embedded.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
     base = max(rows[0][3], 1)
     print(
         f"{'upload':34} {'bytes sent':>12} {'status':>6} {'peak RSS growth':>16} {'vs baseline':>12}"
