@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import socket
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from gate_service.connic_api.routes import bounds_its_own_body
 from gate_service.main import create_app
 from gate_service.worker.loop import Worker
 from tests.fixtures.auth import ADMIN_TOKEN, as_token, bearer, project_token
+from tests.fixtures.live import stream_upload
 from tests.fixtures.projects import bundle_of, calculator_project, unknown_agent_project
 
 PID = "default"  # the bootstrap admin token's project
@@ -352,46 +352,18 @@ def test_a_chunked_body_over_the_bound_is_refused_while_streaming(
     host, port = live_server
     mib = 1024 * 1024
     bound = 4 * (25 * mib // 3 + 1) + 128 * 1024
-    sock = socket.create_connection((host, port))
-    sock.settimeout(10)
-    sock.sendall(
-        (
-            f"POST /v1/projects/{PID}/test-runs HTTP/1.1\r\nHost: {host}:{port}\r\n"
-            f"Transfer-Encoding: chunked\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n"
-            "Content-Type: application/json\r\n\r\n"
-        ).encode()
+    sent, status, body = stream_upload(
+        host,
+        port,
+        total_bytes=200 * mib,
+        path=f"/v1/projects/{PID}/test-runs",
+        content_type="application/json",
+        first=b'{"files_data": "',
+        fill=b"A",
     )
-    sent, response = 0, b""
-    block = b"A" * (256 * 1024)
-    try:
-        first = b'{"files_data": "'
-        sock.sendall(f"{len(first):x}\r\n".encode() + first + b"\r\n")
-        while sent < 200 * mib:
-            try:
-                sock.sendall(f"{len(block):x}\r\n".encode() + block + b"\r\n")
-            except (BrokenPipeError, ConnectionResetError):
-                break
-            sent += len(block)
-            sock.setblocking(False)
-            try:
-                response = sock.recv(65536)
-            except BlockingIOError:
-                response = b""
-            finally:
-                sock.setblocking(True)
-            if response:
-                break
-        while b"PayloadTooLarge" not in response:
-            more = sock.recv(65536)
-            if not more:
-                break
-            response += more
-    finally:
-        sock.close()
-    head, _, rest = response.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 413"), response[:300]
+    assert status == 413, body[:300]
     assert bound <= sent < bound + 8 * mib, sent
-    assert b"refused after" in rest and b"PayloadTooLarge" in rest
+    assert b"refused after" in body and b"PayloadTooLarge" in body
 
 
 def test_only_the_submission_route_is_spared_the_multipart_size_check() -> None:
