@@ -95,13 +95,13 @@ def _prepare_images(settings: Settings) -> None:
 def _start_workers(
     settings: Settings, url: str, count: int, stop: threading.Event, metrics: Metrics
 ) -> list[threading.Thread]:
+    """The worker threads, and the thread of their shared job wake-up (it ends on stop too)."""
     from ..db import make_engine, make_sessionmaker
     from ..sandbox.docker_engine import DockerSandbox
     from ..worker.handler import WorkerContext
     from ..worker.loop import Worker
     from ..worker.wakeup import JobWakeup
 
-    """The worker threads, and the thread of their shared job wake-up (it ends on stop too)."""
     if count < 1:
         return []
     engine = make_engine(url, pool_size=max(2, settings.case_concurrency + 2))
