@@ -30,29 +30,38 @@ def is_localhost(host: object) -> bool:
     return name == "localhost" or name.endswith(".localhost")
 
 
+def _or_loopback(real: Callable[..., Any], answer: Callable[..., Any]) -> Callable[..., Any]:
+    """``real``, or ``answer`` for a localhost name that ``real`` cannot resolve (its error
+    stands when ``answer`` has none either)."""
+
+    def resolve(host: Any, *args: Any) -> Any:
+        try:
+            return real(host, *args)
+        except socket.gaierror:
+            answered = answer(host, *args) if is_localhost(host) else None
+            if answered is None:
+                raise
+            return answered
+
+    return resolve
+
+
 def with_localhost(real: GetAddrInfo) -> GetAddrInfo:
     """``real`` (socket.getaddrinfo), answering localhost names with loopback when it fails."""
 
-    def getaddrinfo(
+    def loopback(
         host: Any, port: Any, family: int = 0, type: int = 0, proto: int = 0, flags: int = 0
-    ) -> list[Any]:
-        try:
-            return real(host, port, family, type, proto, flags)
-        except socket.gaierror:
-            if not is_localhost(host):
-                raise
-            found: list[Any] = []
-            for fam, address in LOOPBACK.items():  # IPv4 first: IPv6 may be off in the netns
-                if family in (0, socket.AF_UNSPEC, fam):
-                    try:
-                        found += real(address, port, fam, type, proto, flags)
-                    except socket.gaierror:
-                        pass
-            if not found:
-                raise
-            return found
+    ) -> list[Any] | None:
+        found: list[Any] = []
+        for fam, address in LOOPBACK.items():  # IPv4 first: IPv6 may be off in the netns
+            if family in (0, socket.AF_UNSPEC, fam):
+                try:
+                    found += real(address, port, fam, type, proto, flags)
+                except socket.gaierror:
+                    pass
+        return found or None
 
-    return getaddrinfo
+    return _or_loopback(real, loopback)
 
 
 def install() -> None:
@@ -61,24 +70,7 @@ def install() -> None:
         return
     resolve = with_localhost(socket.getaddrinfo)
     resolve._gate_localhost = True  # type: ignore[attr-defined]
-    real_byname, real_byname_ex = socket.gethostbyname, socket.gethostbyname_ex
-
-    def gethostbyname(host: str) -> str:
-        try:
-            return real_byname(host)
-        except socket.gaierror:
-            if not is_localhost(host):
-                raise
-            return LOOPBACK[socket.AF_INET]
-
-    def gethostbyname_ex(host: str) -> tuple[str, list[str], list[str]]:
-        try:
-            return real_byname_ex(host)
-        except socket.gaierror:
-            if not is_localhost(host):
-                raise
-            return host, [], [LOOPBACK[socket.AF_INET]]
-
+    ipv4 = LOOPBACK[socket.AF_INET]
     socket.getaddrinfo = resolve
-    socket.gethostbyname = gethostbyname
-    socket.gethostbyname_ex = gethostbyname_ex
+    socket.gethostbyname = _or_loopback(socket.gethostbyname, lambda host: ipv4)
+    socket.gethostbyname_ex = _or_loopback(socket.gethostbyname_ex, lambda host: (host, [], [ipv4]))
