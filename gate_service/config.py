@@ -6,9 +6,10 @@ import os
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gate_runner.case_env import refusal
 from gate_service.resources import runner_image_dir
 
 MIB = 1024 * 1024
@@ -165,8 +166,9 @@ class Settings(BaseSettings):
     )
     case_env: str = Field(
         default="",
-        description="Comma-separated variables passed from the worker to case containers "
-        "(model keys such as OPENAI_API_KEY); GATE_ variables never pass.",
+        description="Comma-separated variables passed from the worker to the invocations of "
+        "case containers (model keys such as OPENAI_API_KEY); names the loader, libc, Python "
+        "or the gate act on (LD_*, PYTHON*, GATE_*, ...) are refused at start-up.",
     )
     case_network: str = Field(
         default="none", description="Docker network for case containers; 'none' cuts them off."
@@ -251,6 +253,21 @@ class Settings(BaseSettings):
         default="0.0.0.0",
         description="Address GATE_WORKER_METRICS_PORT listens on.",
     )
+
+    @field_validator("case_env")
+    @classmethod
+    def _case_env_names(cls, value: str) -> str:
+        # The same rule as a project secret's name (gate_runner/case_env.py), at start-up.
+        for name in (n.strip() for n in value.split(",")):
+            why = refusal(name) if name else None
+            if why:
+                raise ValueError(f"GATE_CASE_ENV names {name!r}: {why}")
+        return value
+
+    def case_env_names(self) -> list[str]:
+        """GATE_CASE_ENV's names; a refused one is left out even where validation was skipped."""
+        names = (n.strip() for n in self.case_env.split(","))
+        return [name for name in names if name and refusal(name) is None]
 
     def runtime_dir(self) -> Path:
         path = self.data_dir.expanduser()

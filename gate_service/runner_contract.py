@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict
 from gate_runner.verdict import case_passes
 
 SCHEMA_VERSION = 2
-NONCE_ENV = "GATE_RESULT_NONCE"  # how the worker hands the runner its nonce
 BEGIN_MARKER = b"===GATE-RUNNER-RESULT-BEGIN==="
 END_MARKER = b"===GATE-RUNNER-RESULT-END==="
 

@@ -116,9 +116,17 @@ class Sandbox(Protocol):
         *,
         limits: RunLimits,
         labels: Mapping[str, str],
-        env: Mapping[str, str] | None = None,
+        stdin: bytes = b"",
         halt: threading.Event | None = None,
-    ) -> RunResult: ...
+    ) -> RunResult:
+        """One case container, to its end or ``limits.wall_seconds``.
+
+        ``stdin``: what the runner reads on its standard input, then end of file (the case's
+        environment and nonce, gate_runner/case_env.py). The container itself gets no
+        environment from the worker: only its image's, so nothing a project controls
+        reaches the runner's own process.
+        """
+        ...
 
     def reap(
         self,

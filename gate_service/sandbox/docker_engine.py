@@ -590,10 +590,10 @@ class DockerSandbox:
         *,
         limits: RunLimits,
         labels: Mapping[str, str],
-        env: Mapping[str, str] | None = None,
+        stdin: bytes = b"",
         halt: threading.Event | None = None,
     ) -> RunResult:
-        """One case container, to its end or its wall deadline.
+        """One case container, to its end or its wall deadline (see Sandbox.run).
 
         ``halt`` (the job's: set when it is cancelled or its lease is lost, before the
         heartbeat removes the gate's containers) is read before the container is created and
@@ -630,7 +630,11 @@ class DockerSandbox:
             # container, which was half the CPU of a case container's start (Docker 20.10).
             "network_disabled": limits.network == "none",
             "labels": {LABEL: "case", **labels},
-            "environment": dict(env or {}),
+            # No environment of ours: the image's alone reaches the runner's process. What a
+            # case needs (its environment, the nonce) goes to the runner's stdin, read once.
+            # With stdin_open the SDK also sets StdinOnce (it creates attached containers):
+            # the engine closes the container's stdin when our attach ends, an end of file.
+            "stdin_open": True,
             "working_dir": "/bundle",
             # Rotation keeps the tail, which is where the runner's result is.
             "log_config": LogConfig(
@@ -646,8 +650,14 @@ class DockerSandbox:
             if halt is not None and halt.is_set():
                 raise Halted("the job was halted; the case container was removed unstarted")
             with _docker_errors("starting a case container"):
-                container.start()
-            start_ms = int((time.monotonic() - started) * 1000)
+                # Attached before the start, so nothing the runner reads can be missed.
+                handoff = container.attach_socket(params={"stdin": 1, "stream": 1})
+                try:
+                    container.start()
+                    start_ms = int((time.monotonic() - started) * 1000)
+                    _send_and_close(handoff, stdin, limits.wall_seconds)
+                finally:
+                    handoff.close()
             timed_out, exit_code = self._wait(container, limits.wall_seconds, halt)
             duration_ms = int((time.monotonic() - started) * 1000)
             with _docker_errors("reading a case container's output"):
@@ -797,6 +807,22 @@ class DockerSandbox:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _send_and_close(attached: Any, data: bytes, timeout_s: float) -> None:
+    """Write ``data`` to a container's stdin through its attach socket, then end the stream.
+
+    The attach is a hijacked HTTP connection; closing its write half tells the engine the
+    input has ended, and with ``stdin_once`` it closes the container's stdin. The runner
+    reads the environment at once, and the rest (the nonce) waits in the engine's pipe.
+    """
+    raw: socket.socket = getattr(attached, "_sock", attached)
+    raw.settimeout(timeout_s)
+    try:
+        raw.sendall(data)
+        raw.shutdown(socket.SHUT_WR)
+    except OSError as exc:
+        raise SandboxError(f"handing the case its input failed: {exc}") from None
 
 
 class WheelDownloadError(Exception):

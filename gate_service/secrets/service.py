@@ -2,36 +2,36 @@
 
 from __future__ import annotations
 
-import re
 import uuid
 
 from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from gate_runner.case_env import ENV_NAME, RESERVED_PREFIX, refusal
+
 from ..errors import BadRequest, Conflict, NotFound
 from ..models import Project, ProjectSecret, utcnow
 from .crypto import SecretBox
 
-# What a case container receives is an environment variable of the same name.
-SECRET_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
-RESERVED_PREFIX = "GATE_"
-# Every secret of a project enters every case container's environment, which Linux caps
-# (about 2 MiB with argv); this keeps a project's secrets well inside it.
+# Every secret of a project is handed to every case (gate_runner/case_env.py reads at most
+# 4 MiB) and becomes part of each invocation's environment, which Linux caps for the
+# programs it starts (about 2 MiB with argv); this keeps a project's secrets well inside it.
 MAX_PROJECT_CIPHERTEXT_BYTES = 1024 * 1024
 
 
-def check_name(name: str) -> None:
-    if not SECRET_NAME.fullmatch(name):
-        raise BadRequest(
-            f"secret name {name!r} must be an environment-variable name: 1 to 128 characters "
-            "of A-Z, 0-9 and '_', not starting with a digit"
-        )
-    if name.startswith(RESERVED_PREFIX):
-        raise BadRequest(
-            f"secret name {name!r} starts with {RESERVED_PREFIX}, which is the gate's own "
-            "prefix; such variables never reach a case container"
-        )
+def check_name(name: str, *, storing: bool = True) -> None:
+    """400 for a name no case environment may hold (gate_runner.case_env.refusal).
+
+    Deleting (``storing`` False) checks only the shape and the gate's own prefix: a row
+    stored under a name refused since (LD_PRELOAD, say) must still be removable.
+    """
+    why = refusal(name)
+    if why is None:
+        return
+    if not storing and ENV_NAME.fullmatch(name) and not name.startswith(RESERVED_PREFIX):
+        return
+    raise BadRequest(f"secret name {name!r} is refused: {why}")
 
 
 def put_secret(
@@ -88,7 +88,7 @@ def list_secrets(session: Session, project: Project) -> list[ProjectSecret]:
 
 
 def delete_secret(session: Session, project: Project, name: str) -> None:
-    check_name(name)
+    check_name(name, storing=False)
     row = session.scalar(
         select(ProjectSecret)
         .where(ProjectSecret.project_id == project.id)

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from gate_runner import case_env as handoff
+
 from .. import incidents
 from ..bundles.archive import read_archive
 from ..bundles.requirements import FILE as REQUIREMENTS_FILE
@@ -37,7 +39,6 @@ from ..logs import bind_log_context
 from ..metrics import Metrics
 from ..models import Bundle, Case, CaseStatus, Gate, Phase, utcnow
 from ..runner_contract import (
-    NONCE_ENV,
     RunnerOutputError,
     UntrustedResult,
     parse_runner_output,
@@ -147,28 +148,24 @@ def _write(ctx: WorkerContext, job: ClaimedJob, fn: Callable[[Session, Gate], T]
         return fn(session, gate)
 
 
-def case_environment(settings: Settings, model_mode: str | None) -> dict[str, str]:
-    """What a case container sees: the variables named in GATE_CASE_ENV, and the model mode.
+def case_environment(settings: Settings) -> dict[str, str]:
+    """The operator's part of a case's environment: the variables named in GATE_CASE_ENV.
 
-    Only named variables pass, so the service's own settings and secrets never do.
+    Only named variables pass, so the service's own settings and secrets never do (and the
+    names are checked at start-up, see Settings). They reach invocation processes only.
     """
-    env = {
-        name: os.environ[name]
-        for name in (n.strip() for n in settings.case_env.split(","))
-        if name and name in os.environ and not name.startswith("GATE_")
-    }
-    if model_mode:
-        env["GATE_MODEL_MODE"] = model_mode
-    return env
+    return {name: os.environ[name] for name in settings.case_env_names() if name in os.environ}
 
 
-def runner_argv(settings: Settings, suite: str, test_name: str) -> list[str]:
+def runner_argv(
+    settings: Settings, suite: str, test_name: str, model_mode: str | None = None
+) -> list[str]:
     """The runner's command line for one case (runner contract v2).
 
     `--case=NAME`: a case name is the bundle's text, and one that starts with '-' must stay
-    the option's value.
+    the option's value. `--handoff`: the case's environment and nonce arrive on stdin.
     """
-    return [
+    argv = [
         "run-case",
         "--project", "/bundle",
         f"--suite={suite}",
@@ -176,7 +173,11 @@ def runner_argv(settings: Settings, suite: str, test_name: str) -> list[str]:
         "--invocation-uid", str(INVOCATION_UID),
         "--output-limit-bytes", str(settings.case_invocation_output_limit_bytes),
         "--scratch-dir", SCRATCH_DIR,
+        "--handoff",
     ]  # fmt: skip
+    if model_mode:
+        argv.append(f"--model-mode={model_mode}")
+    return argv
 
 
 def test_image_tag(sha256: str, runner_tag: str) -> str:
@@ -418,12 +419,11 @@ def _run_case(
     if not go_on:
         return False
     s = ctx.settings
-    passed_env = case_environment(s, model_mode)
-    # Every value that reaches the case as a secret (the project's, and GATE_CASE_ENV's) is
-    # redacted from all that is stored for it; GATE_MODEL_MODE is the gate's own, not secret.
-    redactor = Redactor(
-        {**{k: v for k, v in passed_env.items() if not k.startswith("GATE_")}, **project_env}
-    )
+    # The project's secrets and the GATE_CASE_ENV values: handed to the runner on its stdin
+    # and given only to invocation processes (gate_runner/case_env.py). Every one of them is
+    # redacted from all that is stored for the case.
+    env = {**case_environment(s), **project_env}
+    redactor = Redactor(env)
     # Each invocation: the agent's timeout_s, then a builder cleanup's own budget (the runner
     # gives it timeout_s, at most 120 s), then forking and judging.
     per_invocation = timeout_s + min(timeout_s, 120) + PER_INVOCATION_SLACK_SECONDS
@@ -440,13 +440,13 @@ def _run_case(
         output_limit_bytes=s.case_output_limit_bytes,
         network=s.case_network,
     )
-    # Only the runner can read this (see gate_runner.__main__); a result without it is forged.
+    # Only the runner can read this (see gate_runner/case_env.py); a result without it is forged.
     nonce = secrets.token_hex(32)
     try:
         result = ctx.sandbox.run(
             image,
-            runner_argv(s, suite, test_name),
-            env={**passed_env, **project_env, NONCE_ENV: nonce},
+            runner_argv(s, suite, test_name, model_mode),
+            stdin=handoff.encode(env, nonce),
             limits=limits,
             labels={
                 "gate.gate_id": str(job.gate_id),

@@ -5,11 +5,12 @@ the command line was wrong; 70 means the runner itself broke. The JSON document 
 stdout between the marker lines, and nothing else writes to the runner's stdout: invocations
 print into pipes the runner reads.
 
-The worker hands in a nonce (``GATE_RESULT_NONCE``) that the result must carry. Forked
-invocations inherit the runner's memory, so the nonce must never be in it while they run:
-the runner moves it into a pipe, re-executes itself without it, and reads it back only after
-the last invocation has ended. That happens first, before anything is imported: whatever the
-first process imports is thrown away by the exec and paid again after it.
+The worker hands the runner the case's environment and a nonce that the result must carry on
+its standard input (``--handoff``; see case_env.py), never in the container's environment: the
+runner's own process starts with the image's fixed environment, so nothing a project
+controls reaches the dynamic loader, libc or the interpreter of this root process. The
+environment goes only to invocation processes, after they drop their uid; the nonce stays in
+the pipe until the last invocation has ended, so it is never in the memory they inherit.
 """
 
 from __future__ import annotations
@@ -23,34 +24,10 @@ if TYPE_CHECKING:
 
 BEGIN_MARKER = "===GATE-RUNNER-RESULT-BEGIN==="
 END_MARKER = "===GATE-RUNNER-RESULT-END==="
-NONCE_ENV = "GATE_RESULT_NONCE"
-
-
-def _stash_nonce_and_reexec(argv: list[str]) -> None:
-    """Move the nonce out of this process's memory (environment included) into a pipe."""
-    nonce = os.environ.pop(NONCE_ENV)
-    read_end, write_end = os.pipe()
-    os.write(write_end, nonce.encode())
-    os.close(write_end)
-    os.set_inheritable(read_end, True)
-    args = [sys.executable, "-I", "-m", "gate_runner", *argv, "--nonce-fd", str(read_end)]
-    os.execve(sys.executable, args, dict(os.environ))
-
-
-def _read_nonce(fd: int | None) -> str | None:
-    if fd is None:
-        return None
-    try:
-        return os.read(fd, 4096).decode()
-    finally:
-        os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
-    if NONCE_ENV in os.environ and args_in[:1] == ["run-case"]:
-        _stash_nonce_and_reexec(args_in)
-    # Imported after the re-exec, so only once per case.
     import argparse
     import json
     import traceback
@@ -76,7 +53,16 @@ def main(argv: list[str] | None = None) -> int:
         help="stdout and stderr one invocation may print; the rest is dropped",
     )
     run.add_argument("--scratch-dir", type=Path, help="the case's scratch space, e.g. /tmp")
-    run.add_argument("--nonce-fd", type=int, help=argparse.SUPPRESS)
+    run.add_argument(
+        "--model-mode",
+        choices=("scripted", "replay", "live"),
+        help="force this model mode on every LLM agent (the gate's model_mode)",
+    )
+    run.add_argument(
+        "--handoff",
+        action="store_true",
+        help="read the case's environment and the result nonce from stdin (see case_env.py)",
+    )
     record = sub.add_parser(
         "record", help="run suites with live models and write tests/recordings/ for replay"
     )
@@ -87,17 +73,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "record":
         return _record(args.project.resolve(), args.suite, args.case)
     try:
+        from . import case_env
         from .case import run_case
 
         if args.invocation_uid is not None:
-            make_undumpable()
+            make_undumpable()  # before the handoff is read: no /proc/<pid>/fd/0 for anyone
+        env = case_env.read_environment() if args.handoff else {}
         isolation = Isolation(
             uid=args.invocation_uid,
             output_limit_bytes=args.output_limit_bytes,
             scratch_dir=args.scratch_dir,
+            env=env,
         )
-        result = run_case(args.project, args.suite, args.case, isolation)
-        result["nonce"] = _read_nonce(args.nonce_fd)
+        result = run_case(args.project, args.suite, args.case, isolation, args.model_mode)
+        result["nonce"] = case_env.read_nonce() if args.handoff else None
         text = json.dumps(result, default=repr)
     except Exception:
         traceback.print_exc()

@@ -188,7 +188,9 @@ def _setup_failure(stage: str, exc: BaseException) -> dict[str, Any]:
     }
 
 
-def _invocation_body(project: Path, prepared: PreparedCase, channel: Channel) -> None:
+def _invocation_body(
+    project: Path, prepared: PreparedCase, model_mode: str | None, channel: Channel
+) -> None:
     """What a forked invocation runs: the agent, then a builder's cleanup; reports over pipe."""
     data: dict[str, Any] | None = None
     try:
@@ -204,7 +206,7 @@ def _invocation_body(project: Path, prepared: PreparedCase, channel: Channel) ->
         if BUNDLE_DEPS_DIR not in sys.path:
             sys.path.append(BUNDLE_DEPS_DIR)
         trace = Trace()
-        runtime = Runtime({}, project=project, model_mode=os.environ.get("GATE_MODEL_MODE") or None)
+        runtime = Runtime({}, project=project, model_mode=model_mode)
         install_predefined(runtime)  # before user modules import connic.tools names
         resolved = prepared.resolved
         payload, builder = prepared.payload, None
@@ -339,7 +341,12 @@ class _Invocation:
 
 
 def _run_invocations(
-    project: Path, prepared: PreparedCase, runs: int, parallel: int, isolation: Isolation
+    project: Path,
+    prepared: PreparedCase,
+    runs: int,
+    parallel: int,
+    isolation: Isolation,
+    model_mode: str | None,
 ) -> list[dict[str, Any]]:
     """All invocations, at most ``parallel`` at once, each in its own process group.
 
@@ -371,7 +378,7 @@ def _run_invocations(
                 index = pending.pop(0)
                 try:
                     proc = supervisor.spawn(
-                        functools.partial(_invocation_body, project, prepared),
+                        functools.partial(_invocation_body, project, prepared, model_mode),
                         timeout_s=timeout_s,
                         after_agent_seconds=cleanup_budget(prepared) if builder else None,
                     )
@@ -537,9 +544,17 @@ def _judged(prepared: PreparedCase, index: int, data: Mapping[str, Any]) -> dict
 
 
 def run_case(
-    project: Path, suite: str, case_name: str, isolation: Isolation | None = None
+    project: Path,
+    suite: str,
+    case_name: str,
+    isolation: Isolation | None = None,
+    model_mode: str | None = None,
 ) -> dict[str, Any]:
-    """Run a case and return the result document of the runner contract."""
+    """Run a case and return the result document of the runner contract.
+
+    ``model_mode`` forces one mode on every LLM agent (the gate's); unset, GATE_MODEL_MODE of
+    this process decides (`gate record`, in-process tests), else each agent's own.
+    """
     started = time.monotonic()
     base: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -566,7 +581,12 @@ def run_case(
     invocations: list[dict[str, Any]] = []
     reasons: list[str | None] = []
     all_data = _run_invocations(
-        project, prepared, runs, parallelism(prepared, runs), isolation or Isolation()
+        project,
+        prepared,
+        runs,
+        parallelism(prepared, runs),
+        isolation or Isolation(),
+        model_mode or os.environ.get("GATE_MODEL_MODE") or None,
     )
     for index, data in enumerate(all_data):
         try:

@@ -22,7 +22,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,9 @@ class Isolation:
     uid: int | None = None  # user code runs under this uid (the runner must be root)
     output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT_BYTES  # stdout + stderr per invocation
     scratch_dir: Path | None = None  # the case's /tmp, reported by name when it fills up
+    # The case's environment (project secrets, GATE_CASE_ENV values): added to each
+    # invocation's own environment after it drops its uid, never to the runner's.
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 class Channel:
@@ -164,15 +167,16 @@ class Supervisor:
             self.selector.close()
             os.setsid()  # its own process group, killed whole at the deadline
             null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
+            os.dup2(null, 0)  # the runner's stdin, where the nonce waits (see case_env.py)
             os.dup2(ends["stdout"], 1)
             os.dup2(ends["stderr"], 2)
             os.dup2(ends["report"], REPORT_FD, inheritable=False)
-            # Everything else the runner holds (its own stdout, the result nonce, other
-            # invocations' pipes) stays out of reach of user code.
+            # Everything else the runner holds (its own stdout, other invocations' pipes)
+            # stays out of reach of user code.
             os.closerange(REPORT_FD + 1, os.sysconf("SC_OPEN_MAX"))
             if self.isolation.uid is not None:
                 drop_privileges(self.isolation.uid)
+            os.environ.update(self.isolation.env)
             from . import loopback
 
             loopback.install()  # `localhost` resolves with no network too (see loopback.py)
@@ -316,6 +320,8 @@ def _kill_all_of(uid: int) -> None:
     if pid == 0:  # pragma: no cover - the child leaves through os._exit
         code = 0
         try:
+            # The runner's stdin still holds the nonce: gone before this becomes ``uid``.
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
             drop_privileges(uid)
             for _ in range(1000):
                 os.kill(-1, signal.SIGKILL)  # everything of the uid but this helper

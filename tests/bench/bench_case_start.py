@@ -17,9 +17,10 @@ from pathlib import Path
 
 import docker
 
+from gate_runner import case_env
 from gate_service.bundles.archive import read_archive
 from gate_service.config import Settings
-from gate_service.runner_contract import NONCE_ENV, parse_runner_output
+from gate_service.runner_contract import parse_runner_output
 from gate_service.sandbox import INVOCATION_UID, RunLimits, TestImageSpec
 from gate_service.sandbox.docker_engine import DockerSandbox
 from gate_service.worker.handler import runner_argv
@@ -63,7 +64,7 @@ def time_case(sandbox: DockerSandbox, image: str, suite: str, case: str) -> list
             runner_argv(sandbox.settings, suite, case),
             limits=LIMITS,
             labels={"gate.bench": "1"},
-            env={NONCE_ENV: nonce},
+            stdin=case_env.encode({}, nonce),
         )
         assert parse_runner_output(result.stdout, nonce=nonce).passed
         times.append(time.monotonic() - started)

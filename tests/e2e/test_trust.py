@@ -218,10 +218,14 @@ ATTACKS = {
                     fds.append(fd)
                 except OSError:
                     pass
+            # Where the nonce waits now: the runner's stdin (and so init's), never ours.
             return {
                 "in_environ": "GATE_RESULT_NONCE" in os.environ,
                 "in_own_proc_environ": b"GATE_RESULT_NONCE" in own,
                 "open_fds": fds,
+                "own_stdin": os.read(0, 4096).decode(errors="replace"),
+                "runner_stdin": _attempt(lambda: open(f"/proc/{os.getppid()}/fd/0", "rb").read()),
+                "init_stdin": _attempt(lambda: open("/proc/1/fd/0", "rb").read()),
             }
 
 
@@ -323,6 +327,8 @@ ATTACKS = {
             payload: '{}'
             expected_result: >-
               output.in_environ == false and output.in_own_proc_environ == false
+              and output.own_stdin == "" and output.runner_stdin != "allowed"
+              and output.init_stdin != "allowed"
     """,
     "tests/reach-the-network.yaml": """
         tests:

@@ -95,6 +95,48 @@ def test_a_name_that_is_not_an_environment_variable_or_is_the_gates_is_refused(
 
 
 @pytest.mark.parametrize(
+    ("name", "rule"),
+    [
+        ("LD_PRELOAD", "names starting with LD_ are refused: the dynamic loader's variables"),
+        ("LD_LIBRARY_PATH", "names starting with LD_ are refused"),
+        ("MALLOC_CHECK_", "names starting with MALLOC_ are refused: glibc's allocator"),
+        ("PYTHONPATH", "names starting with PYTHON are refused: the Python interpreter's"),
+        ("GCONV_PATH", "GCONV_PATH is refused: glibc acts on it"),
+        ("GLIBC_TUNABLES", "GLIBC_TUNABLES is refused: glibc acts on it"),
+        ("HOSTALIASES", "secure-execution list"),
+        ("LOCPATH", "secure-execution list"),
+        ("NLSPATH", "secure-execution list"),
+        ("TZDIR", "secure-execution list"),
+        ("RES_OPTIONS", "secure-execution list"),
+    ],
+)
+def test_a_name_the_loader_libc_or_python_act_on_is_refused_naming_the_rule(
+    client: TestClient, name: str, rule: str
+) -> None:
+    r = client.put(f"{BASE}/{name}", json={"value": "/bundle/tests/files/preload.so"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == "BadRequest"
+    assert f"secret name {name!r} is refused: " in r.json()["detail"]
+    assert rule in r.json()["detail"]
+    assert client.get(BASE).json()["items"] == []
+
+
+def test_a_row_stored_under_a_name_refused_since_can_still_be_deleted(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    with session_scope(sessions) as session:
+        project = session.scalars(select(Project).where(Project.name == DEFAULT_PROJECT)).one()
+        session.add(
+            ProjectSecret(
+                id=uuid.uuid4(), project_id=project.id, name="LD_PRELOAD", ciphertext=b"old"
+            )
+        )
+    assert [s["name"] for s in client.get(BASE).json()["items"]] == ["LD_PRELOAD"]
+    assert client.delete(f"{BASE}/LD_PRELOAD").status_code == 204
+    assert client.get(BASE).json()["items"] == []
+
+
+@pytest.mark.parametrize(
     "body",
     [
         '{"value": "abc\\u0000def"}',

@@ -254,13 +254,14 @@ def test_model_mode_and_named_variables_reach_the_case_container(
     )
     assert response.json()["model_mode"] == "replay"
     worker.run_once()
+    # Handed to the runner on its stdin (never the container's environment): the named
+    # variable only, and the model mode on its command line.
     assert sandbox.envs
-    nonces = [env.pop("GATE_RESULT_NONCE") for env in sandbox.envs]
-    assert all(
-        env == {"OPENAI_API_KEY": "sk-from-the-worker", "GATE_MODEL_MODE": "replay"}
-        for env in sandbox.envs
-    )
+    assert all(env == {"OPENAI_API_KEY": "sk-from-the-worker"} for env in sandbox.envs)
+    assert all("--model-mode=replay" in argv for argv in sandbox.runs)
     # A fresh, unguessable nonce per case container.
+    nonces = sandbox.nonces
+    assert len(nonces) == len(sandbox.runs)
     assert len(set(nonces)) == len(nonces) and all(len(n) == 64 for n in nonces)
 
 

@@ -9,6 +9,7 @@ tests/e2e/test_engine_restart.py for the same against a real, private dockerd).
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from typing import Any
@@ -44,6 +45,11 @@ class StubContainer:
 
     def start(self) -> None:
         self.started = True
+
+    def attach_socket(self, params: dict[str, Any]) -> socket.socket:
+        """The container's stdin, as the engine's hijacked attach connection is a socket."""
+        ours, self.stdin_peer = socket.socketpair()
+        return ours
 
     def wait(self, timeout: float) -> dict[str, Any]:
         if isinstance(self._wait, BaseException):
