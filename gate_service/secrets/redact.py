@@ -2,7 +2,9 @@
 
 One function does it for everything stored or returned for a case (the runner's result,
 stored failure reasons). It matches values exactly; a bundle that encodes or splits a value
-gets it past this, which the README says plainly.
+gets it past this, which the README says plainly. Where two values overlap in a text (one
+ends with what the other starts with), the leftmost is replaced whole and the other from
+where it ends.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
+
+from ahocorasick_rs import AhoCorasick, MatchKind
 
 from ..runner_contract import CaseResult, InvocationResult, SpanResult, UntrustedResult
 
@@ -19,38 +23,65 @@ from ..runner_contract import CaseResult, InvocationResult, SpanResult, Untruste
 MIN_REDACTED_LENGTH = 4
 
 
+# In a Python string every code point in this range is a lone surrogate (a valid pair is one
+# code point); stored results show it as U+FFFD.
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def marker(name: str) -> str:
     return f"[REDACTED:{name}]"
+
+
+def _without_surrogates(value: str) -> str:
+    return SURROGATE.sub("\ufffd", value)
 
 
 class Redactor:
     """Replaces the values of ``secrets`` (name -> value) in strings, lists and dicts.
 
-    One pass of one regular expression, longest value first, so a value that contains another
-    is replaced whole, and a marker just written is never searched again.
+    One Aho-Corasick automaton over every value (BurntSushi's aho-corasick, through
+    ahocorasick-rs), matching leftmost-longest: linear in the text whatever the number and
+    size of the values, so a result cannot make redaction slow, and a value that contains
+    another is replaced whole. Replacing from the matches' positions means a marker just
+    written is never searched again.
     """
 
     def __init__(self, secrets: Mapping[str, str]) -> None:
         by_value: dict[str, str] = {}
         for name in sorted(secrets):  # a value held by two names gets the first name
-            value = secrets[name]
+            value = _without_surrogates(secrets[name])
             if len(value) >= MIN_REDACTED_LENGTH:
                 by_value.setdefault(value, name)
-        self._names = by_value
-        values = sorted(by_value, key=lambda v: (-len(v), v))
-        self._pattern = re.compile("|".join(re.escape(v) for v in values)) if values else None
+        self._values = list(by_value)
+        self._markers = [marker(by_value[v]) for v in self._values]
+        self._matcher = (
+            AhoCorasick(self._values, matchkind=MatchKind.LeftmostLongest) if self._values else None
+        )
 
     def __bool__(self) -> bool:
-        return self._pattern is not None
+        return self._matcher is not None
 
     def text(self, value: str) -> str:
-        if self._pattern is None:
+        if self._matcher is None:
             return value
-        return self._pattern.sub(lambda m: marker(self._names[m.group(0)]), value)
+        try:
+            matches = self._matcher.find_matches_as_indexes(value)
+        except UnicodeEncodeError:  # a lone surrogate, which the matcher's strings cannot hold
+            value = _without_surrogates(value)
+            matches = self._matcher.find_matches_as_indexes(value)
+        if not matches:
+            return value
+        parts: list[str] = []
+        last = 0
+        for index, start, end in matches:  # in order, never overlapping
+            parts += (value[last:start], self._markers[index])
+            last = end
+        parts.append(value[last:])
+        return "".join(parts)
 
     def __call__(self, value: Any) -> Any:
         """``value`` with every secret replaced, in dict keys and values, lists and strings."""
-        if self._pattern is None:
+        if self._matcher is None:
             return value
         if isinstance(value, str):
             return self.text(value)

@@ -21,7 +21,7 @@ ERRORS = error_responses(
         401: "No token, or an unknown, expired or revoked one",
         403: "The token lacks the admin scope",
         404: "Not found (or another project's)",
-        409: "The project's secrets would be too large together",
+        409: "The project's secrets would be too many or too large together",
         422: 'The body is not {"value": text} (UTF-8, no NUL, at most 64 KiB)',
         429: "Too many failed authentications",
     }

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from gate_runner.case_env import ENV_NAME, RESERVED_PREFIX, refusal
 
+from ..admission import lock_project
 from ..errors import BadRequest, Conflict, NotFound
 from ..models import Project, ProjectSecret, utcnow
 from .crypto import SecretBox
@@ -18,6 +19,8 @@ from .crypto import SecretBox
 # 4 MiB) and becomes part of each invocation's environment, which Linux caps for the
 # programs it starts (about 2 MiB with argv); this keeps a project's secrets well inside it.
 MAX_PROJECT_CIPHERTEXT_BYTES = 1024 * 1024
+# Names per project: every one is matched in everything stored for each of its cases.
+MAX_SECRETS_PER_PROJECT = 100
 
 
 def check_name(name: str, *, storing: bool = True) -> None:
@@ -39,6 +42,8 @@ def put_secret(
 ) -> tuple[ProjectSecret, bool]:
     """Store or replace ``name``; (the row, whether it was new)."""
     check_name(name)
+    # The caps below count the project's other rows: two PUTs at once count in turn.
+    lock_project(session, project.id)
     ciphertext = box.encrypt(project.id, name, value)
     others = session.scalar(
         select(func.coalesce(func.sum(func.length(ProjectSecret.ciphertext)), 0))
@@ -56,6 +61,14 @@ def put_secret(
         .where(ProjectSecret.project_id == project.id)
         .where(ProjectSecret.name == name)
     )
+    if existed is None:
+        count = session.scalar(select(func.count()).where(ProjectSecret.project_id == project.id))
+        if int(count or 0) >= MAX_SECRETS_PER_PROJECT:
+            raise Conflict(
+                f"project {project.name} already has {count} secrets; the limit is "
+                f"{MAX_SECRETS_PER_PROJECT} per project (each is redacted from everything "
+                "stored for its cases): delete one first"
+            )
     now = utcnow()
     # An upsert: two PUTs of a new name at once both succeed (the later one wins).
     session.execute(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import stat
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,11 @@ from gate_service.db import session_scope
 from gate_service.errors import SecretUnreadable
 from gate_service.models import DEFAULT_PROJECT, Project, ProjectSecret
 from gate_service.secrets.crypto import KEY_FILE, SecretBox, SecretsKeyInvalid
-from gate_service.secrets.service import MAX_PROJECT_CIPHERTEXT_BYTES, project_secrets
+from gate_service.secrets.service import (
+    MAX_PROJECT_CIPHERTEXT_BYTES,
+    MAX_SECRETS_PER_PROJECT,
+    project_secrets,
+)
 from gate_service.worker.handler import WorkerContext
 from gate_service.worker.loop import Worker
 from tests.fixtures.auth import as_token, project_token
@@ -172,6 +177,28 @@ def test_a_project_may_not_hold_more_than_its_environment_can_take(client: TestC
     assert 10 <= stored < 20
     # Replacing one within the limit still works.
     assert client.put(f"{BASE}/K_0", json={"value": "short"}).status_code == 200
+
+
+def test_a_project_holds_at_most_the_cap_of_secrets_at_once(client: TestClient) -> None:
+    def put_many(names: list[str]) -> list[int]:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            return list(
+                pool.map(
+                    lambda n: client.put(f"{BASE}/{n}", json={"value": "v"}).status_code, names
+                )
+            )
+
+    # Two rounds racing for the last places: the cap is exact (the project row is locked).
+    codes = put_many([f"K_{i}" for i in range(MAX_SECRETS_PER_PROJECT + 10)])
+    assert codes.count(201) == MAX_SECRETS_PER_PROJECT and codes.count(409) == 10
+    refused = client.put(f"{BASE}/ONE_MORE", json={"value": "v"})
+    assert refused.status_code == 409
+    assert f"the limit is {MAX_SECRETS_PER_PROJECT} per project" in refused.json()["detail"]
+    assert len(client.get(BASE).json()["items"]) == MAX_SECRETS_PER_PROJECT
+    # Replacing one is not a new one; after a delete there is room again.
+    assert client.put(f"{BASE}/K_0", json={"value": "w"}).status_code == 200
+    assert client.delete(f"{BASE}/K_1").status_code == 204
+    assert client.put(f"{BASE}/ONE_MORE", json={"value": "v"}).status_code == 201
 
 
 def test_changes_are_audited_by_name_never_by_value(client: TestClient) -> None:

@@ -122,3 +122,28 @@ def test_a_result_too_deep_to_walk_is_not_trusted() -> None:
     result.invocations[0].output = deep
     with pytest.raises(UntrustedResult, match="nests too deeply"):
         redact_result(result, Redactor(SECRETS))
+
+
+def test_many_long_values_that_share_the_text_are_each_found() -> None:
+    # The shape that froze the service: hundreds of ~1 KB values, each a near miss of the
+    # text until its last characters; the automaton finds the one that is there, whole.
+    secrets = {f"S{i:03d}": "a" * 1020 + f"{i:04d}" for i in range(100)}
+    text = "a" * 16_000 + secrets["S042"] + "a" * 16_000
+    redacted = Redactor(secrets)({"out": [text, {text: text}]})
+    expected = "a" * 16_000 + "[REDACTED:S042]" + "a" * 16_000
+    assert redacted == {"out": [expected, {expected: expected}]}
+
+
+def test_overlapping_values_the_leftmost_is_replaced_whole() -> None:
+    # "abcd-1234" then "1234-wxyz" overlap on "1234": the leftmost goes whole, the other from
+    # where the first ends (what is left of it is shorter than itself).
+    secrets = {"FIRST": "abcd-1234", "SECOND": "1234-wxyz"}
+    assert redact("abcd-1234-wxyz", secrets) == "[REDACTED:FIRST]-wxyz"
+    assert redact("1234-wxyz abcd-1234", secrets) == "[REDACTED:SECOND] [REDACTED:FIRST]"
+
+
+def test_a_lone_surrogate_beside_a_secret_does_not_stop_redaction() -> None:
+    # JSON can carry "\ud800"; the matcher's strings cannot, so it becomes U+FFFD first.
+    assert redact("\ud800sk-live-0123456789", SECRETS) == "\ufffd[REDACTED:API_KEY]"
+    # (Postgres cannot store one either: stored results show it as U+FFFD anyway.)
+    assert redact("no secret \udfff here", SECRETS) == "no secret \ufffd here"
