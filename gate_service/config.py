@@ -98,7 +98,12 @@ class Settings(BaseSettings):
     )
 
     # Worker
-    embedded_workers: int = Field(default=1, ge=0, description="Worker threads in `gate serve`.")
+    embedded_workers: int = Field(
+        default=1,
+        ge=0,
+        description="Worker threads of `gate serve`'s worker process (a process of its own, "
+        "so no worker step can stall the API); 0: no worker.",
+    )
     case_concurrency: int = Field(
         default_factory=default_case_concurrency,
         ge=1,

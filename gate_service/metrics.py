@@ -7,17 +7,20 @@ Two kinds, exposed together on `/metrics`:
   without sharing anything but the database.
 - **Events**, observed where they happen by ``Metrics`` (case and gate durations, container
   start latency, image cache hits and misses, reaped containers). Workers observe them in
-  their own process: `gate serve` runs its workers in the API's process and hands them the
-  API's ``Metrics``; a standalone `gate worker` serves its own registry on
-  GATE_WORKER_METRICS_PORT. They are not derived from the database at scrape time: a
-  histogram needs each observation, and counters that retention could shrink are not
-  counters.
+  their own process: `gate serve` runs its workers in a process of their own that relays
+  every observation to the API's ``Metrics`` (``RelayedMetrics``); a standalone
+  `gate worker` serves its own registry on GATE_WORKER_METRICS_PORT. They are not derived
+  from the database at scrape time: a histogram needs each observation, and counters that
+  retention could shrink are not counters.
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 import logging
+import os
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -97,9 +100,7 @@ class Metrics:
 
     def case_judged(self, session: Session, status: str, duration_ms: int) -> None:
         """A case's outcome, counted once its transaction commits (a retry would recount)."""
-        _after_commit(
-            session, lambda: self.case_seconds.labels(str(status)).observe(duration_ms / 1000)
-        )
+        _after_commit(session, lambda: self.record("case", str(status), duration_ms / 1000))
 
     def gate_finished(self, session: Session, gate: Gate) -> None:
         """A gate's verdict, counted once its transaction commits; unstarted gates are not."""
@@ -107,21 +108,72 @@ class Metrics:
         if started is None or finished is None:
             return
         seconds = max(0.0, (finished - started).total_seconds())
-        _after_commit(session, lambda: self.gate_seconds.labels(status).observe(seconds))
+        _after_commit(session, lambda: self.record("gate", status, seconds))
 
     def image_lookup(self, *, hit: bool) -> None:
-        self.image_cache.labels("hit" if hit else "miss").inc()
+        self.record("image", "hit" if hit else "miss")
 
     def container_started(self, start_ms: int | None) -> None:
         if start_ms is not None:
-            self.container_start_seconds.observe(start_ms / 1000)
+            self.record("start", start_ms / 1000)
 
     def containers_reaped(self, count: int) -> None:
         if count > 0:
-            self.reaped.inc(count)
+            self.record("reaped", count)
+
+    def record(self, kind: str, *values: Any) -> None:
+        """One observation into this registry (``RelayedMetrics`` sends it to another's)."""
+        if kind == "case":
+            self.case_seconds.labels(str(values[0])).observe(float(values[1]))
+        elif kind == "gate":
+            self.gate_seconds.labels(str(values[0])).observe(float(values[1]))
+        elif kind == "image":
+            self.image_cache.labels(str(values[0])).inc()
+        elif kind == "start":
+            self.container_start_seconds.observe(float(values[0]))
+        elif kind == "reaped":
+            self.reaped.inc(float(values[0]))
+        else:
+            log.warning("metrics: an observation of unknown kind %r was dropped", kind)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class RelayedMetrics(Metrics):
+    """A worker process's instruments when `gate serve` started it: every observation goes
+    to the API process over a pipe, one JSON line each, so the API's /metrics shows them
+    (``relay_into`` applies them there)."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__(process=False)
+        self._out = os.fdopen(fd, "w", buffering=1)
+        self._lock = threading.Lock()
+
+    def record(self, kind: str, *values: Any) -> None:
+        line = json.dumps([kind, *values]) + "\n"
+        with self._lock:  # one line per write, whichever thread observes
+            try:
+                self._out.write(line)
+            except (OSError, ValueError):  # the API process is gone: nothing to show it to
+                pass
+
+
+def relay_into(metrics: Metrics, fd: int) -> threading.Thread:
+    """Apply a worker process's relayed observations (RelayedMetrics) until it closes ``fd``."""
+
+    def read() -> None:
+        with os.fdopen(fd, "r") as lines:
+            for line in lines:
+                try:
+                    kind, *values = json.loads(line)
+                    metrics.record(str(kind), *values)
+                except (ValueError, TypeError, IndexError):
+                    log.warning("metrics: a malformed relayed observation was dropped")
+
+    thread = threading.Thread(target=read, name="gate-metrics-relay", daemon=True)
+    thread.start()
+    return thread
 
 
 def serve_worker_metrics(settings: Settings, metrics: Metrics) -> WSGIServer:

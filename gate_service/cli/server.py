@@ -148,19 +148,16 @@ def serve() -> None:
     with _lifetime() as cleanup:
         url = _database_url(settings, cleanup)
         _prepare_images(settings)
-        stop = threading.Event()
-        # In-process workers observe into the API's registry, so its /metrics shows them.
         from ..metrics import Metrics
+        from .embedded import EmbeddedWorkers
 
+        # The workers' process relays its observations into the API's registry, so its
+        # /metrics shows them.
         metrics = Metrics()
-        workers = _start_workers(settings, url, settings.embedded_workers, stop, metrics)
-
-        @cleanup.callback
-        def _stop_workers() -> None:
-            stop.set()
-            for thread in workers:
-                thread.join(timeout=30)
-
+        if settings.embedded_workers:
+            workers = EmbeddedWorkers(url, settings.embedded_workers, metrics)
+            workers.start()
+            cleanup.callback(workers.stop)
         app = create_app(settings.model_copy(update={"database_url": url}), metrics)
         log.info("serving on http://%s:%s", settings.host, settings.port)
         _run_uvicorn(app, settings)
@@ -179,10 +176,20 @@ def api() -> None:
 
 def worker(
     threads: Annotated[int, typer.Option(min=1, help="worker threads in this process")] = 1,
+    metrics_fd: Annotated[int | None, typer.Option(hidden=True)] = None,
+    parent_pid: Annotated[int | None, typer.Option(hidden=True)] = None,
 ) -> None:
-    """A worker alone (scale-out); needs GATE_DATABASE_URL."""
+    """A worker alone (scale-out); needs GATE_DATABASE_URL.
+
+    `gate serve` starts one with ``--metrics-fd`` (observations go to its /metrics) and
+    ``--parent-pid`` (it ends with serve), see embedded.py.
+    """
     settings = Settings()
     configure_logging(settings)
+    if parent_pid is not None:
+        from .embedded import die_with_parent
+
+        die_with_parent(parent_pid)
     if not settings.database_url:
         typer.echo(
             "gate worker needs GATE_DATABASE_URL (workers share the API's database)", err=True
@@ -198,11 +205,15 @@ def worker(
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    from ..metrics import Metrics, serve_worker_metrics
+    from ..metrics import Metrics, RelayedMetrics, serve_worker_metrics
 
-    metrics = Metrics()
-    if settings.worker_metrics_port:  # this process's own registry: nothing else shows it
-        serve_worker_metrics(settings, metrics)
+    metrics: Metrics
+    if metrics_fd is not None:
+        metrics = RelayedMetrics(metrics_fd)
+    else:
+        metrics = Metrics()
+        if settings.worker_metrics_port:  # this process's own registry: nothing else shows it
+            serve_worker_metrics(settings, metrics)
     workers = _start_workers(settings, url, threads, stop, metrics)
     while any(t.is_alive() for t in workers):
         for thread in workers:

@@ -5,6 +5,7 @@ it. Real Postgres, the app through TestClient, gates judged by the fake-sandbox 
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 import uuid
 from pathlib import Path
@@ -19,7 +20,13 @@ from pydantic import SecretStr
 from gate_service.config import Settings
 from gate_service.db import make_engine, make_sessionmaker
 from gate_service.main import create_app
-from gate_service.metrics import DatabaseCollector, Metrics, serve_worker_metrics
+from gate_service.metrics import (
+    DatabaseCollector,
+    Metrics,
+    RelayedMetrics,
+    relay_into,
+    serve_worker_metrics,
+)
 from gate_service.worker.loop import Worker
 from tests.fixtures.auth import ADMIN_TOKEN, as_token, bearer, project_token
 from tests.fixtures.projects import bundle_of, calculator_project
@@ -217,3 +224,25 @@ def test_a_standalone_worker_serves_its_own_registry(settings: Settings) -> None
         server.server_close()
     assert answer.status_code == 200
     assert value(samples(answer.text), "gate_containers_reaped_total") == 3
+
+
+def test_a_relayed_worker_process_observes_into_the_apis_registry() -> None:
+    # gate serve's worker process: each observation crosses a pipe into the API's Metrics.
+    read_end, write_end = os.pipe()
+    api = Metrics(process=False)
+    reader = relay_into(api, read_end)
+    worker = RelayedMetrics(write_end)
+    worker.image_lookup(hit=False)
+    worker.container_started(250)
+    worker.containers_reaped(2)
+    worker.record("case", "failed", 1.5)
+    worker.record("no-such-kind", 1)  # dropped, with a warning, not a crash
+    worker._out.close()  # the worker process ends: the relay ends with it
+    reader.join(timeout=10)
+    assert not reader.is_alive()
+    found = samples(api.exposition().decode())
+    assert value(found, "gate_image_cache_lookups_total", result="miss") == 1
+    assert value(found, "gate_container_start_seconds_count") == 1
+    assert value(found, "gate_container_start_seconds_sum") == 0.25
+    assert value(found, "gate_containers_reaped_total") == 2
+    assert value(found, "gate_case_duration_seconds_count", status="failed") == 1
