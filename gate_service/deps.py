@@ -28,6 +28,10 @@ def get_session(request: Request) -> Iterator[Session]:
         yield session
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+# scope="function": the commit runs when the handler returns, before the answer is sent, so
+# a client that acts on a 2xx finds the write there, and a commit that fails answers 500.
+# (The default, "request", commits after the response: a revoked token still worked for a
+# moment and a new one could be unknown on its first use.)
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_sessionmaker)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]

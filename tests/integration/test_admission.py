@@ -301,11 +301,11 @@ class RecordingSandbox(FakeSandbox):
         *,
         limits: RunLimits,
         labels: Any,
-        env: Any = None,
+        stdin: bytes = b"",
         halt: threading.Event | None = None,
     ) -> RunResult:
         self.limits.append(limits)
-        result = super().run(image, argv, limits=limits, labels=labels, env=env, halt=halt)
+        result = super().run(image, argv, limits=limits, labels=labels, stdin=stdin, halt=halt)
         if self.after_run is not None:
             self.after_run()
         if self.time_out:  # as a container killed at its wall limit

@@ -36,7 +36,7 @@ class CrashingRunner(FakeSandbox):
         *,
         limits: RunLimits,
         labels: Mapping[str, str],
-        env: Mapping[str, str] | None = None,
+        stdin: bytes = b"",
         halt: threading.Event | None = None,
     ) -> RunResult:
         self.runs.append(list(argv))

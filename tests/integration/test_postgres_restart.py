@@ -101,10 +101,10 @@ class RestartingSandbox(FakeSandbox):
         *,
         limits: RunLimits,
         labels: Mapping[str, str],
-        env: Mapping[str, str] | None = None,
+        stdin: bytes = b"",
         **kwargs: object,
     ) -> RunResult:
-        result = super().run(image, argv, limits=limits, labels=labels, env=env, **kwargs)  # type: ignore[arg-type]
+        result = super().run(image, argv, limits=limits, labels=labels, stdin=stdin, **kwargs)  # type: ignore[arg-type]
         self.calls += 1
         if self.calls == self.at:
             self.fault()  # type: ignore[operator]
