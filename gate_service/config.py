@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from enum import StrEnum
 from pathlib import Path
@@ -190,6 +191,19 @@ class Settings(BaseSettings):
         default=20, ge=1, description="Failed authentications per client per window before 429."
     )
     auth_failure_window_seconds: int = Field(default=60, ge=1)
+    auth_failure_audit_limit: int = Field(
+        default=100,
+        ge=1,
+        description="Audit rows for refused tokens one API process writes per "
+        "GATE_AUTH_FAILURE_WINDOW_SECONDS; past it refusals are counted, and the next row "
+        "says how many were left out.",
+    )
+    trusted_proxies: str = Field(
+        default="",
+        description="Comma-separated addresses or networks (10.0.0.0/8) of reverse proxies "
+        "whose X-Forwarded-For and X-Forwarded-Proto are believed; empty: none, and the "
+        "failure brake counts the connecting peer's address.",
+    )
 
     # Secrets
     secrets_key: SecretStr | None = Field(
@@ -268,6 +282,22 @@ class Settings(BaseSettings):
             if why:
                 raise ValueError(f"GATE_CASE_ENV names {name!r}: {why}")
         return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxy_addresses(cls, value: str) -> str:
+        for item in (i.strip() for i in value.split(",")):
+            if item:
+                try:
+                    ipaddress.ip_network(item, strict=False)
+                except ValueError:
+                    raise ValueError(
+                        f"GATE_TRUSTED_PROXIES: {item!r} is not an IP address or network"
+                    ) from None
+        return value
+
+    def trusted_proxy_list(self) -> list[str]:
+        return [item.strip() for item in self.trusted_proxies.split(",") if item.strip()]
 
     def case_env_names(self) -> list[str]:
         """GATE_CASE_ENV's names; a refused one is left out even where validation was skipped."""

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from . import __version__
 from .admission import install_slots
-from .auth.deps import FailureLimiter
+from .auth.deps import AuditBudget, FailureLimiter
 from .auth.routes import router as auth_router
 from .auth.service import ensure_bootstrap
 from .config import Settings
@@ -160,6 +160,9 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:
     )
     app.state.auth_failures = FailureLimiter(
         settings.auth_failure_limit, settings.auth_failure_window_seconds
+    )
+    app.state.auth_failure_audits = AuditBudget(
+        settings.auth_failure_audit_limit, settings.auth_failure_window_seconds
     )
     install_slots(app, settings)  # concurrent uploads and long-polls of this process
     install_handlers(app)

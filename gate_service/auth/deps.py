@@ -14,7 +14,7 @@ from fastapi import Depends, Request
 from ..db import session_scope
 from ..deps import get_sessionmaker
 from ..errors import Forbidden, TooManyRequests, Unauthorized
-from .service import Principal, authenticate, record
+from .service import Principal, Refused, authenticate, record
 from .tokens import Scope
 
 
@@ -52,6 +52,36 @@ class FailureLimiter:
             self._recent(client, time.monotonic()).append(time.monotonic())
 
 
+class AuditBudget:
+    """Audit rows for refused tokens, at most ``limit`` per window in this process.
+
+    The failure brake bounds each client address, not how many addresses there are (a
+    botnet, or a proxy's forwarded addresses): past the budget a refusal is counted, not
+    written, and the next row written says how many were left out (``suppressed``).
+    """
+
+    def __init__(
+        self, limit: int, window_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.limit, self.window_s, self.clock = limit, window_s, clock
+        self._written: deque[float] = deque()
+        self._suppressed = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> int | None:
+        """None: write no row; else write one, saying this many before it were left out."""
+        now = self.clock()
+        with self._lock:
+            while self._written and self._written[0] <= now - self.window_s:
+                self._written.popleft()
+            if len(self._written) >= self.limit:
+                self._suppressed += 1
+                return None
+            self._written.append(now)
+            suppressed, self._suppressed = self._suppressed, 0
+            return suppressed
+
+
 def bearer_token(request: Request) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header, or None when there is none."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
@@ -78,12 +108,24 @@ def principal(request: Request) -> Principal:
         limiter.failed(client)
         raise Unauthorized("this route needs an 'Authorization: Bearer <token>' header")
     with session_scope(get_sessionmaker(request)) as session:
-        who, why = authenticate(session, token)
-        if who is None and why == "the token is not known":
-            record(session, "token.rejected", project_id=None, detail={"why": "unknown"})
-    if who is None:
+        who = authenticate(session, token)
+        if isinstance(who, Refused):
+            audits: AuditBudget = request.app.state.auth_failure_audits
+            suppressed = audits.take()
+            if suppressed is not None:
+                detail: dict[str, object] = {"why": who.why}
+                if suppressed:
+                    detail["suppressed"] = suppressed
+                record(
+                    session,
+                    "token.rejected",
+                    project_id=who.project_id,
+                    token_id=who.token_id,
+                    detail=detail,
+                )
+    if isinstance(who, Refused):
         limiter.failed(client)
-        raise Unauthorized(why)
+        raise Unauthorized(who.text)
     return who
 
 

@@ -57,11 +57,28 @@ def last_use_due(last_used_at: datetime | None, now: datetime) -> bool:
     return last_used_at is None or now - last_used_at > LAST_USED_RESOLUTION
 
 
-REFUSAL_TEXT = {"revoked": "the token was revoked", "expired": "the token has expired"}
+REFUSAL_TEXT = {
+    "unknown": "the token is not known",
+    "revoked": "the token was revoked",
+    "expired": "the token has expired",
+}
 
 
-def authenticate(session: Session, token: str) -> tuple[Principal | None, str]:
-    """The token's principal, or None and why not (for the 401 and the audit trail)."""
+@dataclass(frozen=True)
+class Refused:
+    """Why a token was refused: ``why`` is unknown, revoked or expired (the audit's word)."""
+
+    why: str
+    project_id: uuid.UUID | None = None  # a known token's project and id
+    token_id: uuid.UUID | None = None
+
+    @property
+    def text(self) -> str:
+        return REFUSAL_TEXT[self.why]
+
+
+def authenticate(session: Session, token: str) -> Principal | Refused:
+    """The token's principal, or why it is refused (the caller answers 401 and audits)."""
     digest = token_digest(token)
     row = session.execute(
         select(ApiToken, Project.name)
@@ -69,17 +86,15 @@ def authenticate(session: Session, token: str) -> tuple[Principal | None, str]:
         .where(ApiToken.token_sha256 == digest)
     ).first()
     if row is None or not digests_match(row[0].token_sha256, digest):
-        return None, "the token is not known"
+        return Refused("unknown")
     stored, project_name = row
     now = utcnow()
     why = token_refusal(stored.revoked_at, stored.expires_at, now)
     if why is not None:
-        record(session, "token.rejected", project_id=stored.project_id, token_id=stored.id,
-               detail={"why": why})  # fmt: skip
-        return None, REFUSAL_TEXT[why]
+        return Refused(why, stored.project_id, stored.id)
     if last_use_due(stored.last_used_at, now):
         stored.last_used_at = now
-    return Principal(stored.id, stored.project_id, project_name, frozenset(stored.scopes)), ""
+    return Principal(stored.id, stored.project_id, project_name, frozenset(stored.scopes))
 
 
 def record(

@@ -129,12 +129,17 @@ def _run_uvicorn(app: ASGIApp, settings: Settings) -> None:
     """Serve ``app`` until uvicorn's own signal handling ends it (serve and api alike)."""
     import uvicorn
 
+    # uvicorn believes X-Forwarded-For from 127.0.0.1 unless told otherwise, so a client on
+    # loopback could rotate its address past the failure brake: only named proxies count.
+    proxies = settings.trusted_proxy_list()
     uvicorn.run(
         app,
         host=settings.host,
         port=settings.port,
         log_level="info",
         log_config=uvicorn_log_config(settings),
+        proxy_headers=bool(proxies),
+        forwarded_allow_ips=proxies or None,
     )
 
 
