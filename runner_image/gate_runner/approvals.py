@@ -57,26 +57,53 @@ class Approvals:
     def unused(self) -> list[Decision]:
         return [d for d in self.decisions if not d.used]
 
-    def answer(self, ref: str, name: str, params: Mapping[str, Any]) -> Decision | None:
+    def answer(
+        self, ref: str, name: str, params: Mapping[str, Any], skipped: list[str] | None = None
+    ) -> Decision | None:
+        """The first unused decision for the canonical ``ref`` whose `params` holds.
+
+        Decided (issue 19, item 11): `tool` is the canonical ref only (SDK
+        TestApprovalDecision.tool: "Canonical tool ref of the approval to match"); a decision
+        naming the bare ``name`` instead is said to be wrong when nothing answered. A `params`
+        expression that the approval's params cannot answer (a key they lack) does not match
+        and the next decision is tried (item 9; seed: "a missing key fails the predicate
+        rather than raising"), with why in ``skipped``; any other error is the test's own
+        mistake and fails the invocation, as a tool-call filter's does.
+        """
         for decision in self.decisions:
-            if decision.used or decision.tool not in (ref, name):
+            if decision.used or decision.tool != ref:
                 continue
             if decision.params:
                 try:
                     expr = compile_expression(decision.params, ("params", "context"))
                     if not expr.holds({"params": params, "context": self.builder_context}):
                         continue
-                except (ExpressionError, EvaluationError) as exc:
-                    problem = (
-                        f"approval_decisions: the params expression `{decision.params}` of the "
-                        f"decision for {decision.tool} could not be evaluated: {exc}"
-                    )
-                    if problem not in self.problems:
-                        self.problems.append(problem)
+                except EvaluationError as exc:
+                    why = f"`{decision.params}` could not be evaluated: {exc}"
+                    if "params" in exc.names:
+                        if skipped is not None:
+                            skipped.append(f"the decision for {decision.tool} did not match: {why}")
+                    else:
+                        self._problem(
+                            f"approval_decisions: the params expression `{decision.params}` "
+                            f"of the decision for {decision.tool} could not be evaluated: {exc}"
+                        )
+                    continue
+                except ExpressionError as exc:
+                    self._problem(f"approval_decisions: the decision for {decision.tool}: {exc}")
                     continue
             decision.used = True
             return decision
+        if name != ref and any(not d.used and d.tool == name for d in self.decisions):
+            self._problem(
+                f"approval_decisions: the decision for {name} names the bare name of {ref}, "
+                f"which was waiting for approval; a decision's tool is the canonical ref ({ref})"
+            )
         return None
+
+    def _problem(self, problem: str) -> None:
+        if problem not in self.problems:
+            self.problems.append(problem)
 
 
 def requires_approval(

@@ -487,6 +487,14 @@ def judge_invocation(prepared: PreparedCase, data: Mapping[str, Any]) -> list[st
                 f"; the approval of {meta.get('tool_ref')} with params "
                 f"{json.dumps(meta.get('params'), default=repr)} was never answered"
             )
+            skipped = [
+                why
+                for s in spans
+                if s.get("type") == "approval" and s.get("parent_span_id") == pending[-1]["span_id"]
+                for why in s.get("metadata", {}).get("skipped") or []
+            ]
+            if skipped:
+                result_failure += f" ({'; '.join(skipped)})"
     skipped = [
         f"{s.get('name')} ({s.get('metadata', {}).get('direction')})"
         for s in spans

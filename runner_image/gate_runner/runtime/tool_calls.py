@@ -192,7 +192,8 @@ def approval(
     """None to go on with the call; else what the model is told instead (a rejection)."""
     if not requires_approval(agent, ref, name, params, context):
         return None
-    decision = rt.approvals.answer(ref, name, params)
+    skipped: list[str] = []
+    decision = rt.approvals.answer(ref, name, params, skipped)
     span = trace.open(
         "approval",
         ref,
@@ -200,6 +201,8 @@ def approval(
         params=jsonable(params),
         decision=decision.decision if decision else None,
     )
+    if skipped:
+        span.metadata["skipped"] = skipped  # why decisions for this tool did not answer it
     if decision is None:
         span.status = "error"
         if rt.approvals.strict:
