@@ -62,6 +62,7 @@ def run_tool_call(
     started = time.monotonic()
     hooks = hooks_of(rt, agent.config.name)
     params = dict(arguments)
+    original = jsonable(arguments)  # what `after` receives, whatever `before` does to params
     reached_tool = False
     try:
         if tool is None:
@@ -75,54 +76,21 @@ def run_tool_call(
                 executed=False, not_executed="refused by approval", result=jsonable(refused)
             )
             return refused
-        before = resolve_phase(rt, "hook", hooks.before if hooks else None, ref, "before")
-        if before is not None:
-            try:
-                changed = call_hook(
-                    before,
-                    name,
-                    params,
-                    context,
-                    trace=trace,
-                    parent=span,
-                    phase="before",
-                )
-            except (StopProcessing, StrictViolation, AwaitingApproval, ApprovalRejected):
-                raise
-            except Exception as exc:
-                # AbortTool or any other exception: the hook stopped the call before the tool
-                # received it, so both are an aborted call (issue 10, rule 4).
-                span.status = "error"
-                if isinstance(exc, AbortTool):
-                    result = getattr(exc, "result", str(exc))
-                else:
-                    result = {"error": f"the before hook raised {error_text(exc)}"}
-                span.metadata.update(
-                    aborted=True,
-                    executed=False,
-                    not_executed="aborted by hook",
-                    result=jsonable(result),
-                )
-                return result
-            if isinstance(changed, dict):
-                params = {**params, **changed}
-            span.metadata["params"] = jsonable(params)
+        try:
+            params = before_hook(rt, hooks, ref, name, params, context, trace, span)
+        except (StopProcessing, StrictViolation, AwaitingApproval, ApprovalRejected):
+            raise
+        except Exception as exc:
+            # AbortTool or any other exception: the hook stopped the call before the tool
+            # received it, so both are an aborted call (issue 10, rule 4).
+            if isinstance(exc, AbortTool):
+                result = getattr(exc, "result", str(exc))
+            else:
+                result = {"error": f"the before hook raised {error_text(exc)}"}
+            return aborted(span, result)
         reached_tool = True
         result = execute_tool(rt, tool, params, context, span)
-        after = resolve_phase(rt, "hook", hooks.after if hooks else None, ref, "after")
-        if after is not None:
-            replaced = call_hook(
-                after,
-                name,
-                params,
-                context,
-                result=result,
-                trace=trace,
-                parent=span,
-                phase="after",
-            )
-            if replaced is not None:
-                result = replaced
+        result = after_hook(rt, hooks, ref, name, original, result, context, trace, span)
         span.metadata["result"] = jsonable(result)
         return result
     except (StopProcessing, StrictViolation, AwaitingApproval, ApprovalRejected) as stop:
@@ -144,6 +112,64 @@ def run_tool_call(
         return {"error": message}
     finally:
         span.duration_ms = int((time.monotonic() - started) * 1000)
+
+
+def before_hook(
+    rt: Runtime,
+    hooks: Any,
+    ref: str,
+    name: str,
+    params: dict[str, Any],
+    context: dict[str, Any],
+    trace: Trace,
+    span: Span,
+) -> dict[str, Any]:
+    """The params after the agent's `before` hook (or its mock): a returned dict is merged
+    in, None keeps them. Whatever the hook raises, AbortTool included, is the caller's."""
+    before = resolve_phase(rt, "hook", hooks.before if hooks else None, ref, "before")
+    if before is None:
+        return params
+    changed = call_hook(before, name, params, context, trace=trace, parent=span, phase="before")
+    if isinstance(changed, dict):
+        params = {**params, **changed}
+    span.metadata["params"] = jsonable(params)
+    return params
+
+
+def after_hook(
+    rt: Runtime,
+    hooks: Any,
+    ref: str,
+    name: str,
+    original: dict[str, Any],
+    result: Any,
+    context: dict[str, Any],
+    trace: Trace,
+    span: Span,
+) -> Any:
+    """The result after the agent's `after` hook (or its mock): non-None replaces it.
+
+    Decided (issue 19, item 11): `after` receives the original params, the ones the call
+    was made with before `before` changed them (SDK ToolHook: "The 'after' hook receives the
+    tool name, the original params, the tool's result").
+    """
+    after = resolve_phase(rt, "hook", hooks.after if hooks else None, ref, "after")
+    if after is None:
+        return result
+    replaced = call_hook(
+        after, name, original, context, result=result, trace=trace, parent=span, phase="after"
+    )
+    return result if replaced is None else replaced
+
+
+def aborted(span: Span, result: Any) -> Any:
+    """Record that a before hook stopped the call before the tool received it; ``result``
+    is what the caller gets instead."""
+    span.status = "error"
+    span.metadata.update(
+        aborted=True, executed=False, not_executed="aborted by hook", result=jsonable(result)
+    )
+    return result
 
 
 def call_hook(
