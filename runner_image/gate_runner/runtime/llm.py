@@ -102,6 +102,7 @@ def llm_loop(
     ]
     span.metadata.update(model=config.model, model_mode=model.mode)
     for iteration in range(config.max_iterations):
+        rt.check_deadline()
         reply = call_model(model, config, messages, schemas, context, trace, span, iteration)
         rt.count_tokens(context, reply.usage)
         if not reply.tool_calls:

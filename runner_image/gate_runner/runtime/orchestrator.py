@@ -5,6 +5,8 @@ dispatch to each agent kind. What an agent kind or a call phase does lives in it
 from __future__ import annotations
 
 import contextvars
+import math
+import threading
 import time
 import traceback
 import uuid
@@ -21,7 +23,7 @@ from ..guardrails import GuardrailBlocked
 from ..mocks import Mocks, StrictFlags, StrictViolation
 from ..models import Model
 from ..predefined import Predefined
-from ..runtime_errors import AgentNotFound
+from ..runtime_errors import AgentNotFound, AgentRunError
 from . import triggers
 from .llm import run_llm_agent
 from .middleware import middleware_of
@@ -33,6 +35,10 @@ from .trace import Span, Trace, error_text, timed
 from .usercode import call_user_function
 
 Frame = tuple["Trace", "Span | None", dict[str, Any]]
+
+
+class RunTimedOut(AgentRunError):
+    """A child's or a stage's own `timeout` passed: its run fails (spec 13.19)."""
 
 
 @dataclass
@@ -99,6 +105,12 @@ class Runtime:
         )
         # The runs in progress, by their context dict (a chain's stages share their run's).
         self._runs: dict[int, RunState] = {}
+        # When the innermost timed agent of this context must be done (monotonic): the
+        # code of an agent past its timeout, which a thread cannot stop, may no longer
+        # call a model, a tool, another agent or a stage.
+        self._deadline: contextvars.ContextVar[float] = contextvars.ContextVar(
+            "gate_runner_deadline", default=math.inf
+        )
 
     def current_frame(self) -> Frame:
         """The innermost run in progress in this context: where a trigger opens its span."""
@@ -251,18 +263,62 @@ class Runtime:
         agent = self.agents.get(name)
         if agent is None:
             raise AgentNotFound(f"agent {name!r} does not exist")
+        self.check_deadline()
         kind = str(getattr(agent.config.type, "value", agent.config.type))
         span = trace.open("agent", name, parent, agent_type=kind)
         state = self._runs.get(id(context))
         if state is not None:
             state.agents.setdefault(name, span)  # its cleanup runs when the run ends
         token = self._frames.set((*self._frames.get(), (trace, span, context)))
+
+        def dispatch() -> Any:
+            if kind == "tool":
+                return run_tool_agent(self, agent, payload, context, trace, span)
+            if kind == "sequential":
+                return run_sequential(self, agent, payload, context, trace, span)
+            return run_llm_agent(self, agent, as_payload(payload), context, trace, span)
+
+        limit = getattr(agent.config, "timeout", None)
         try:
             with timed(span):
-                if kind == "tool":
-                    return run_tool_agent(self, agent, payload, context, trace, span)
-                if kind == "sequential":
-                    return run_sequential(self, agent, payload, context, trace, span)
-                return run_llm_agent(self, agent, as_payload(payload), context, trace, span)
+                # The agent under test's own timeout is its invocation's (case.py kills the
+                # process); a triggered child's and a chain stage's are kept here (issue 19,
+                # item 5).
+                if parent is not None and isinstance(limit, int) and limit > 0:
+                    return self._within(limit, name, dispatch)
+                return dispatch()
         finally:
             self._frames.reset(token)
+
+    def check_deadline(self) -> None:
+        """Refuse to go on with an agent whose own timeout has passed (see _within)."""
+        if time.monotonic() > self._deadline.get():
+            raise RunTimedOut("this agent's timeout has passed; its run has already failed")
+
+    def _within(self, limit: int, name: str, work: Any) -> Any:
+        """``work()`` bounded by the agent's own `timeout`, in a thread of its own.
+
+        Past the limit the run fails with a reason naming the agent and its timeout. The
+        thread cannot be killed: it is left to end with the invocation, and the deadline it
+        carries stops it at its next model call, tool call, trigger or stage.
+        """
+        deadline = time.monotonic() + limit
+        done: list[Any] = []
+        failed: list[BaseException] = []
+
+        def bounded() -> None:
+            self._deadline.set(min(self._deadline.get(), deadline))
+            try:
+                done.append(work())
+            except BaseException as exc:  # re-raised in the caller's thread
+                failed.append(exc)
+
+        worker = threading.Thread(target=contextvars.copy_context().run, args=(bounded,))
+        worker.daemon = True
+        worker.start()
+        worker.join(timeout=limit)
+        if worker.is_alive():
+            raise RunTimedOut(f"agent {name!r} timed out after {limit} s (its timeout: {limit})")
+        if failed:
+            raise failed[0]
+        return done[0]

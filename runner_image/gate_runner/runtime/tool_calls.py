@@ -48,6 +48,7 @@ def run_tool_call(
     parent: Span,
 ) -> Any:
     """One tool call with hooks around it; errors go back to the model as text."""
+    rt.check_deadline()
     tool = tools.get(name)
     ref = (tool.ref or tool.name) if tool is not None else name
     span = trace.open(
