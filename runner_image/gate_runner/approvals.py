@@ -26,6 +26,7 @@ class Decision:
     decision: str  # approve | reject | timeout
     params: str | None = None
     reason: str | None = None
+    response: str | None = None  # an approval input's answer (SDK TestApprovalDecision)
     used: bool = False
 
 
@@ -47,6 +48,7 @@ class Approvals:
                     decision=d["decision"],
                     params=d.get("params"),
                     reason=d.get("reason"),
+                    response=d.get("response"),
                 )
                 for d in case.get("approval_decisions") or []
             ],
@@ -84,24 +86,25 @@ class Approvals:
                         if skipped is not None:
                             skipped.append(f"the decision for {decision.tool} did not match: {why}")
                     else:
-                        self._problem(
+                        self.problem(
                             f"approval_decisions: the params expression `{decision.params}` "
                             f"of the decision for {decision.tool} could not be evaluated: {exc}"
                         )
                     continue
                 except ExpressionError as exc:
-                    self._problem(f"approval_decisions: the decision for {decision.tool}: {exc}")
+                    self.problem(f"approval_decisions: the decision for {decision.tool}: {exc}")
                     continue
             decision.used = True
             return decision
         if name != ref and any(not d.used and d.tool == name for d in self.decisions):
-            self._problem(
+            self.problem(
                 f"approval_decisions: the decision for {name} names the bare name of {ref}, "
                 f"which was waiting for approval; a decision's tool is the canonical ref ({ref})"
             )
         return None
 
-    def _problem(self, problem: str) -> None:
+    def problem(self, problem: str) -> None:
+        """A mistake in the scripted decisions: it fails the invocation, said once."""
         if problem not in self.problems:
             self.problems.append(problem)
 
@@ -126,7 +129,9 @@ def requires_approval(
     return False
 
 
-def rejection_error(decision: Decision, ref: str) -> AgentRunError:
-    verb = "timed out waiting for approval" if decision.decision == "timeout" else "was rejected"
+def rejection_error(decision: Decision, ref: str, what: str = "tool") -> AgentRunError:
+    """``what`` is "tool" for a gated tool call, "input" for an approval input."""
+    waited = "approval" if what == "tool" else "input"
+    verb = f"timed out waiting for {waited}" if decision.decision == "timeout" else "was rejected"
     reason = f": {decision.reason}" if decision.reason else ""
-    return AgentRunError(f"tool {ref} {verb}{reason}")
+    return AgentRunError(f"{what} {ref} {verb}{reason}")

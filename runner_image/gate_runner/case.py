@@ -483,10 +483,12 @@ def judge_invocation(prepared: PreparedCase, data: Mapping[str, Any]) -> list[st
         ]
         if pending:
             meta = pending[-1]["metadata"]
-            result_failure += (
-                f"; the approval of {meta.get('tool_ref')} with params "
-                f"{json.dumps(meta.get('params'), default=repr)} was never answered"
-            )
+            params = json.dumps(meta.get("params"), default=repr)
+            if meta.get("approval_input"):
+                asked = f'the input request {meta.get("tool_ref")} ("{meta.get("label")}")'
+            else:
+                asked = f"the approval of {meta.get('tool_ref')}"
+            result_failure += f"; {asked} with params {params} was never answered"
             skipped = [
                 why
                 for s in spans

@@ -18,7 +18,7 @@ from .mocking import resolve_phase
 from .output_schema import final_output
 from .payloads import content_to_message, jsonable, user_content
 from .tool_calls import run_tool_call
-from .toolset import tool_schemas, visible_tools
+from .toolset import approval_inputs, input_schema, tool_schemas, visible_tools
 from .trace import Span, Trace, timed
 
 if TYPE_CHECKING:
@@ -96,6 +96,7 @@ def llm_loop(
     model = model_for(rt, config.name)
     tools = {t.name: t for t in visible_tools(agent, context)}
     schemas = tool_schemas(rt, tools)
+    schemas += [input_schema(name, spec) for name, spec in approval_inputs(agent).items()]
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": render_prompt(config.system_prompt or "", context)},
         content_to_message(content),

@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any
 from connic import AbortTool, StopProcessing
 
 from ..approvals import AwaitingApproval, rejection_error, requires_approval
+from ..expr import describe
 from ..mocks import StrictViolation, check_arguments, normalise
 from ..runtime_errors import AgentRunError
 from .mocking import guard, resolve_phase, violate
 from .payloads import jsonable
+from .toolset import approval_inputs
 from .trace import Span, Trace, error_text, timed
 from .usercode import accepts, call_user_function
 
@@ -66,6 +68,8 @@ def run_tool_call(
     original = jsonable(arguments)  # what `after` receives, whatever `before` does to params
     reached_tool = False
     try:
+        if tool is None and name in approval_inputs(agent):
+            return ask_for_input(rt, agent, name, arguments, trace, span)
         if tool is None:
             # Hidden by its condition or never declared: the model asked, nothing ran.
             span.metadata.update(executed=False, not_executed="unknown or hidden tool")
@@ -246,6 +250,56 @@ def approval(
     if on_rejection == "continue":
         return {"error": str(rejection_error(decision, ref))}
     raise ApprovalRejected(str(rejection_error(decision, ref)))
+
+
+SENSITIVE = "[sensitive]"
+
+
+def ask_for_input(
+    rt: Runtime, agent: Any, name: str, params: dict[str, Any], trace: Trace, span: Span
+) -> Any:
+    """An approval input (SDK ApprovalInput, spec 8.5): a generated tool whose result is
+    the text a person types. The run pauses until it is answered: an `approve` decision's
+    `response` is the answer; `reject` and `timeout` follow `approval.on_rejection` as for
+    a gated tool. Unanswered, the run ends awaiting approval. It has no implementation, so
+    no hook or mock applies; a `sensitive` answer reaches the model and stays out of the
+    trace (SDK: "Protect the response in storage and logs").
+    """
+    spec = approval_inputs(agent)[name]
+    label = f'the input request {name} ("{spec.label}") with params {describe(jsonable(params))}'
+    span.metadata.update(approval_input=True, label=spec.label)
+    skipped: list[str] = []
+    decision = rt.approvals.answer(name, name, params, skipped)
+    request = trace.open(
+        "approval",
+        name,
+        span,
+        params=jsonable(params),
+        input=True,
+        decision=decision.decision if decision else None,
+    )
+    if skipped:
+        request.metadata["skipped"] = skipped
+    if decision is not None and decision.decision == "approve" and decision.response is None:
+        rt.approvals.problem(
+            f"approval_decisions: the approve decision for the input {name} has no response; "
+            "an input is answered with the text in `response`"
+        )
+        decision = None
+    if decision is None:
+        request.status = "error"
+        if rt.approvals.strict:
+            violate(rt, f"strict_approval_decisions: no approval_decisions entry answered {label}")
+        raise AwaitingApproval(f"waiting for {label}")
+    if decision.decision == "approve":
+        span.metadata["result"] = SENSITIVE if spec.sensitive else decision.response
+        return decision.response
+    request.status = "error"
+    rejected = rejection_error(decision, name, "input")
+    if getattr(agent.config.approval, "on_rejection", "fail") == "continue":
+        span.metadata.update(executed=False, not_executed="refused by approval")
+        return {"error": str(rejected)}
+    raise ApprovalRejected(str(rejected))
 
 
 def call_custom_tool(

@@ -61,6 +61,25 @@ def predefined_schema(rt: Runtime, name: str) -> dict[str, Any]:
     return PREDEFINED_SCHEMAS.get(name, {"type": "object", "properties": {}})
 
 
+def approval_inputs(agent: Any) -> dict[str, Any]:
+    """The agent's `approval.inputs`: generated tools by name (SDK ApprovalInput)."""
+    config = getattr(agent.config, "approval", None)
+    entries = getattr(config, "inputs", None) or []
+    return {name: spec for entry in entries for name, spec in entry.items()}
+
+
+def input_schema(name: str, spec: Any) -> dict[str, Any]:
+    """An approval input as the model is offered it: its prompt and its parameters."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": spec.prompt,
+            "parameters": spec.parameters_schema(),
+        },
+    }
+
+
 def visible_tools(agent: Any, context: dict[str, Any]) -> list[Any]:
     from ..expr import EvaluationError, ExpressionError, compile_expression
 
