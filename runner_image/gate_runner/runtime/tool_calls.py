@@ -74,6 +74,8 @@ def run_tool_call(
             # Hidden by its condition or never declared: the model asked, nothing ran.
             span.metadata.update(executed=False, not_executed="unknown or hidden tool")
             raise AgentRunError(f"unknown tool {name!r}")
+        if tool.is_predefined and tool.name == "use_tool":
+            return use_discoverable(agent, arguments, span)
         refused = approval(rt, agent, tool, ref, name, params, context, trace, span)
         if refused is not None:
             span.status = "error"
@@ -250,6 +252,38 @@ def approval(
     if on_rejection == "continue":
         return {"error": str(rejection_error(decision, ref))}
     raise ApprovalRejected(str(rejection_error(decision, ref)))
+
+
+def use_discoverable(agent: Any, arguments: Mapping[str, Any], span: Span) -> Any:
+    """`use_tool(tool_name, arguments)`: a call of the discoverable tool it names.
+
+    The span records that tool's call as ``discovered`` (name, canonical ref, params), which
+    every tool assertion reads as the tool's own call (SDK test_schema.py: "Discoverable
+    calls use the actual tool name or canonical ref in every tool assertion"). Running it
+    belongs to the runtime-features issue: until then it is a call the model made that the
+    tool never received, and the model is told so.
+    """
+    wanted = arguments.get("tool_name")
+    found = next(
+        (t for t in agent.discoverable_tools if wanted in (t.name, t.ref)),
+        None,
+    )
+    span.status = "error"
+    if found is None:
+        span.metadata.update(executed=False, not_executed="use_tool named no discoverable tool")
+        return {"error": f"use_tool: {wanted!r} is not one of this agent's discoverable tools"}
+    inner = arguments.get("arguments")
+    ref = found.ref or found.name
+    span.metadata.update(
+        discovered={
+            "tool_name": found.name,
+            "tool_ref": ref,
+            "params": jsonable(inner if isinstance(inner, Mapping) else {}),
+        },
+        executed=False,
+        not_executed="discoverable tools do not run in a gate yet",
+    )
+    return {"error": f"the discoverable tool {ref} cannot run in a gate yet"}
 
 
 SENSITIVE = "[sensitive]"

@@ -37,6 +37,20 @@ def _sdk_stubs() -> dict[str, Callable[..., Any]]:
 PREDEFINED_STUBS = _sdk_stubs()
 
 PREDEFINED_SCHEMAS: dict[str, dict[str, Any]] = {
+    # The discovery tools have no SDK stub: these are the gate's (see use_discoverable).
+    "search_tools": {
+        "type": "object",
+        "properties": {"query": {"type": "string"}},
+        "required": ["query"],
+    },
+    "use_tool": {
+        "type": "object",
+        "properties": {
+            "tool_name": {"type": "string", "description": "the tool's name or canonical ref"},
+            "arguments": {"type": "object"},
+        },
+        "required": ["tool_name"],
+    },
     "trigger_agent": {
         "type": "object",
         "properties": {
