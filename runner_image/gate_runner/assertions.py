@@ -206,6 +206,8 @@ def _status_failure(status: str, error: str | None, output: Any = None) -> str:
     why = f"the run ended with status {status!r}, expected 'completed'"
     if status == "blocked" and output:
         why += f" (a guardrail blocked it: {output})"
+    elif status == "cancelled" and error:
+        why += f" ({error})"  # what cancelled it: the agent's concurrency rule, say
     return why
 
 

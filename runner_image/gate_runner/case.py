@@ -139,7 +139,61 @@ def cleanup_budget(prepared: PreparedCase) -> int:
 
 def parallelism(prepared: PreparedCase, runs: int) -> int:
     allowed = int(getattr(prepared.agent_config, "max_concurrent_runs", 1) or 1)
+    if concurrency_rule(prepared) is not None and prepared.resolved.get("builder"):
+        # A builder's payload, and so its key, is only known inside its invocation, once
+        # build() has run: one at a time, no two runs can share a key's turn.
+        allowed = 1
     return max(1, min(runs, allowed, MAX_PARALLEL_INVOCATIONS))
+
+
+@dataclass(frozen=True)
+class ConcurrencyRule:
+    """The agent's `concurrency: {key, on_conflict}` (SDK ConcurrencyConfig)."""
+
+    key: str  # a dot-path into the trigger payload
+    on_conflict: str  # queue | drop | coalesce
+
+
+def concurrency_rule(prepared: PreparedCase) -> ConcurrencyRule | None:
+    rule = getattr(prepared.agent_config, "concurrency", None)
+    key = getattr(rule, "key", None)
+    if not isinstance(key, str) or not key:
+        return None
+    return ConcurrencyRule(key=key, on_conflict=str(getattr(rule, "on_conflict", "queue")))
+
+
+def key_value(payload: Any, path: str) -> str | None:
+    """The concurrency key's value in a payload, as JSON, or None when the path is not there.
+
+    The SDK's key is a dot-path into the trigger payload (`process_id`, `data.customer_id`);
+    the vendor's examples also write `input.process_id`, so a leading `input.` is the
+    payload itself when the payload has no `input` key.
+    """
+    parts = path.split(".")
+    if (
+        parts[0] == "input"
+        and len(parts) > 1
+        and not (isinstance(payload, Mapping) and "input" in payload)
+    ):
+        parts = parts[1:]
+    value = payload
+    for part in parts:
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return json.dumps(value, sort_keys=True, default=repr)
+
+
+def _not_run(error: str) -> dict[str, Any]:
+    """An invocation the agent's concurrency rule cancelled before it started."""
+    return {
+        "status": "cancelled",
+        "output": None,
+        "error": error,
+        "run_context": {},
+        "traces": [],
+        "duration_ms": 0,
+    }
 
 
 def prepare(project: Path, suite: str, case_name: str) -> PreparedCase:
@@ -353,6 +407,61 @@ def _run_invocations(
         builder = bool(prepared.resolved.get("builder"))
         timeout_s = effective_timeout(prepared)[0]
         unswept: list[int] = []  # invocations that ended since the last sweep
+        rule = concurrency_rule(prepared)
+        # Each invocation's key value: a static payload's is known now (a builder's case
+        # runs one at a time, see parallelism()); None is no key, bounded only by
+        # max_concurrent_runs.
+        value = None if rule is None or builder else key_value(prepared.payload, rule.key)
+        keys = dict.fromkeys(range(runs), value)
+        waiting: dict[str, int] = {}  # coalesce: the one run waiting for each key
+
+        def holder(index: int) -> int | None:
+            """The invocation in flight that holds ``index``'s key, if one does."""
+            key = keys[index]
+            if key is None:
+                return None
+            return next((i.index for i in in_flight.values() if keys[i.index] == key), None)
+
+        def conflict(rule: ConcurrencyRule, held_by: int, key: str) -> str:
+            return (
+                f"the agent's concurrency rule: key {rule.key} = {key} was held by "
+                f"invocation {held_by + 1}; on_conflict: {rule.on_conflict}"
+            )
+
+        def next_to_start() -> int | None:
+            """The next invocation to start, applying on_conflict to one that arrives on a
+            held key (SDK ConcurrencyConfig: 'queue' waits for the active run, 'drop'
+            cancels the new run, 'coalesce' keeps at most one waiting run per key, replaced
+            by newer ones). An invocation arrives when a slot under max_concurrent_runs is
+            free for it, in order; one that waited for its key goes first once it is free."""
+            for key, index in list(waiting.items()):
+                if holder(index) is None:
+                    del waiting[key]
+                    return index
+            while pending:
+                index, held_by = pending[0], holder(pending[0])
+                if held_by is None or rule is None:
+                    return pending.pop(0)
+                key = str(keys[index])
+                if rule.on_conflict == "drop":
+                    pending.pop(0)
+                    results[index] = _not_run(f"dropped by {conflict(rule, held_by, key)}")
+                elif rule.on_conflict == "coalesce":
+                    pending.pop(0)
+                    older = waiting.get(key)
+                    if older is not None:
+                        results[older] = _not_run(
+                            f"replaced while it waited by invocation {index + 1} ("
+                            f"{conflict(rule, held_by, key)} keeps one waiting run per key, "
+                            "the newest)"
+                        )
+                    waiting[key] = index
+                else:  # queue: it waits; a later one whose key is free may go first
+                    free = next((i for i in pending if holder(i) is None), None)
+                    if free is not None:
+                        pending.remove(free)
+                    return free
+            return None
 
         def sweep() -> None:
             # Nothing of the last invocation(s) survives into the next; if something did, the
@@ -364,11 +473,14 @@ def _run_invocations(
                     )
             unswept.clear()
 
-        while pending or in_flight:
+        while pending or in_flight or waiting:
             if not supervisor.active:
                 sweep()
-            while pending and len({inv.index for inv in in_flight.values()}) < parallel:
-                index = pending.pop(0)
+            while len({inv.index for inv in in_flight.values()}) < parallel:
+                started = next_to_start()
+                if started is None:
+                    break
+                index = started
                 try:
                     proc = supervisor.spawn(
                         functools.partial(_invocation_body, project, prepared),
