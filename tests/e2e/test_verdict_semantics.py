@@ -15,6 +15,9 @@ import pytest
 from gate_service.client.api import GateClient
 from tests.fixtures.auth import ADMIN_TOKEN
 from tests.fixtures.projects import GUARDED_PROJECT, bundle_of, write
+from tests.unit.test_approval_inputs import LOGIN, login_agent
+from tests.unit.test_discoverable_calls import FINDER
+from tests.unit.test_mocks import NOTES
 from tests.unit.test_respond_contract import readme_example
 
 pytestmark = pytest.mark.docker
@@ -52,15 +55,6 @@ WIPE_MODEL = """
         return {"tool_calls": [{"name": "delete_all", "arguments": {"table": "charges"}}]}
 """
 
-# Issue 19, item 2: a model that asks for an MFA code, then answers with it.
-MFA_MODEL = """
-    def respond(messages, tools, context):
-        done = [m for m in messages if m["role"] == "tool"]
-        if not done:
-            return {"tool_calls": [{"name": "get_mfa", "arguments": {"reason": "login"}}]}
-        return {"content": "code " + done[0]["content"]}
-"""
-
 ITEMS_19: dict[str, str] = {
     # Item 1: a configured cleanup is a phase strict_middleware_mocks covers.
     "agents/tidy.yaml": tool_agent("tidy", "rules.add"),
@@ -80,19 +74,9 @@ ITEMS_19: dict[str, str] = {
             strict_middleware_mocks: true
             expected_result: output.sum == 3
     """,
-    # Item 2: an approval input nobody answers pauses the run.
-    "agents/mfa.yaml": llm_agent(
-        "mfa",
-        extra="""
-        approval:
-          inputs:
-            - get_mfa:
-                prompt: Ask for the MFA code.
-                label: MFA code
-                params:
-                  - reason: str""",
-    ),
-    "tests/models/mfa.py": MFA_MODEL,
+    # Item 2: an approval input nobody answers pauses the run (the unit tests' agent).
+    "agents/mfa.yaml": login_agent("mfa"),
+    "tests/models/mfa.py": LOGIN["tests/models/login.py"],
     "tests/mfa.yaml": """
         tests:
           - name: item2_an_unanswered_input_pauses_the_run
@@ -100,7 +84,8 @@ ITEMS_19: dict[str, str] = {
           - name: item2_the_response_answers_it
             payload: log in
             approval_decisions: [{tool: get_mfa, decision: approve, response: "123456"}]
-            expected_result: output == "code 123456"
+            # agents/_defaults.yaml also gives it the helpers tools: the answer says which.
+            expected_result: '"code 123456 (offered" in output'
     """,
     # Item 3: runs with equal concurrency keys never overlap; drop cancels the second.
     "agents/keyed.yaml": tool_agent(
@@ -155,26 +140,8 @@ ITEMS_19: dict[str, str] = {
             payload: two plus three
             expected_tool_calls: [{add: params.a == 2 and result == 5}]
     """,
-    # Item 8: notes.list_ is mock_notes_list_'s, never mock_notes_list's.
-    "agents/notes-bot.yaml": llm_agent("notes-bot", "[notes.list_, notes.list]"),
-    "tools/notes.py": """
-        def list_(folder: str) -> dict:
-            return {"real": "list_"}
-
-
-        def list(folder: str) -> dict:
-            return {"real": "list"}
-    """,
-    "tests/models/notes-bot.py": """
-        def respond(messages, tools, context):
-            if any(m["role"] == "tool" for m in messages):
-                return {"content": "listed"}
-            return {"tool_calls": [{"name": "list_", "arguments": {"folder": "inbox"}}]}
-    """,
-    "tests/mocks/notes_mocks.py": """
-        def mock_notes_list(tool_name, params, context):
-            return {"mocked_by": "mock_notes_list"}
-    """,
+    # Item 8: notes.list_ is mock_notes_list_'s, never mock_notes_list's (the unit tests').
+    **{k: v for k, v in NOTES.items() if not k.startswith("tests/notes-bot")},
     "tests/notes-bot.yaml": """
         tests:
           - name: item8_a_siblings_mock_does_not_serve_it
@@ -182,15 +149,9 @@ ITEMS_19: dict[str, str] = {
             mocks: notes_mocks
             strict_mocks: true
     """,
-    # Item 10: a call through use_tool is the discoverable tool's call.
-    "agents/finder.yaml": llm_agent("finder", extra="\n        discoverable_tools: [calc.add]"),
-    "tests/models/finder.py": """
-        def respond(messages, tools, context):
-            if any(m["role"] == "tool" for m in messages):
-                return {"content": "done"}
-            return {"tool_calls": [{"name": "use_tool",
-                                    "arguments": {"tool_name": "add", "arguments": {"a": 2, "b": 3}}}]}
-    """,
+    # Item 10: a call through use_tool is the discoverable tool's call (the unit tests').
+    "agents/finder.yaml": FINDER["agents/finder.yaml"],
+    "tests/models/finder.py": FINDER["tests/models/finder.py"],
     "tests/finder.yaml": """
         tests:
           - name: item10_add_through_use_tool_is_add

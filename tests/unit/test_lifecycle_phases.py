@@ -5,7 +5,6 @@ receives, hooks and guardrails around tool and sequential agents."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -349,19 +348,28 @@ GUARDED_TOOLS = {
 }
 
 
+@pytest.fixture(scope="module")
+def guarded_tools(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write(tmp_path_factory.mktemp("guarded-tools") / "p", GUARDED_TOOLS)
+
+
 @pytest.mark.parametrize(
-    ("suite", "case"),
+    ("suite", "case", "verdicts"),
     [
-        ("tests/echo.yaml", "input_block"),
-        ("tests/echo.yaml", "input_redaction_reaches_the_tool"),
-        ("tests/chain.yaml", "output_block_on_the_chain"),
+        ("tests/echo.yaml", "input_block", ["blocked"]),
+        ("tests/echo.yaml", "input_redaction_reaches_the_tool", ["passed", "redacted", "redacted"]),
+        # echo's own rules run as a stage of the chain, then the chain's output rule.
+        (
+            "tests/chain.yaml",
+            "output_block_on_the_chain",
+            ["passed", "passed", "redacted", "blocked"],
+        ),
     ],
 )
 def test_guardrails_run_for_tool_and_sequential_agents(
-    tmp_path_factory: pytest.TempPathFactory, suite: str, case: str
+    guarded_tools: Path, suite: str, case: str, verdicts: list[str]
 ) -> None:
-    project = write(tmp_path_factory.mktemp("guarded-tools") / "p", GUARDED_TOOLS)
-    result = judged(project, suite, case)
+    result = judged(guarded_tools, suite, case)
     assert result.passed, result.failure_reason
-    verdicts: list[Any] = [s.status for s in result.invocations[0].traces if s.type == "guardrail"]
-    assert verdicts, "no guardrail ran"
+    ran = [s.status for s in result.invocations[0].traces if s.type == "guardrail"]
+    assert ran == verdicts
