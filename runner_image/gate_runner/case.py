@@ -184,6 +184,76 @@ def key_value(payload: Any, path: str) -> str | None:
     return json.dumps(value, sort_keys=True, default=repr)
 
 
+class Admission:
+    """Which of a case's invocations starts next, under the agent's concurrency rule.
+
+    An invocation arrives when a slot under max_concurrent_runs is free for it, in order.
+    One that arrives on a key an invocation in flight holds meets `on_conflict` (SDK
+    ConcurrencyConfig): 'queue' waits for the active run (a later one whose key is free may
+    go first), 'drop' cancels the new run, 'coalesce' keeps at most one waiting run per key,
+    replaced by newer ones; one that waited for its key goes first once it is free.
+    """
+
+    def __init__(self, runs: int, rule: ConcurrencyRule | None, value: str | None) -> None:
+        self.rule = rule
+        self.pending = list(range(runs))
+        self.keys = dict.fromkeys(range(runs), value)  # each invocation's key value
+        self.parked: dict[str, int] = {}  # coalesce: the one run waiting for each key
+        self.cancelled: list[tuple[int, str]] = []
+
+    def waiting(self) -> bool:
+        return bool(self.pending or self.parked)
+
+    def take_cancelled(self) -> list[tuple[int, str]]:
+        """The invocations cancelled since the last call, with why."""
+        taken, self.cancelled = self.cancelled, []
+        return taken
+
+    def _holder(self, index: int, running: set[int]) -> int | None:
+        key = self.keys[index]
+        if key is None:
+            return None
+        return next((i for i in sorted(running) if self.keys[i] == key), None)
+
+    def next(self, running: set[int]) -> int | None:
+        """The invocation to start now, given those ``running``; None when none may."""
+        for key, index in list(self.parked.items()):
+            if self._holder(index, running) is None:
+                del self.parked[key]
+                return index
+        while self.pending:
+            index = self.pending[0]
+            held_by = self._holder(index, running)
+            if held_by is None or self.rule is None:
+                return self.pending.pop(0)
+            rule, key = self.rule, str(self.keys[index])
+            conflict = (
+                f"the agent's concurrency rule: key {rule.key} = {key} was held by "
+                f"invocation {held_by + 1}; on_conflict: {rule.on_conflict}"
+            )
+            if rule.on_conflict == "drop":
+                self.pending.pop(0)
+                self.cancelled.append((index, f"dropped by {conflict}"))
+            elif rule.on_conflict == "coalesce":
+                self.pending.pop(0)
+                older = self.parked.get(key)
+                if older is not None:
+                    self.cancelled.append(
+                        (
+                            older,
+                            f"replaced while it waited by invocation {index + 1} ({conflict} "
+                            "keeps one waiting run per key, the newest)",
+                        )
+                    )
+                self.parked[key] = index
+            else:  # queue
+                free = next((i for i in self.pending if self._holder(i, running) is None), None)
+                if free is not None:
+                    self.pending.remove(free)
+                return free
+        return None
+
+
 def _not_run(error: str) -> dict[str, Any]:
     """An invocation the agent's concurrency rule cancelled before it started."""
     return {
@@ -402,66 +472,15 @@ def _run_invocations(
     """
     with contextlib.closing(Supervisor(isolation)) as supervisor:
         results: dict[int, dict[str, Any]] = {}
-        pending = list(range(runs))
         in_flight: dict[Proc, _Invocation] = {}
         builder = bool(prepared.resolved.get("builder"))
         timeout_s = effective_timeout(prepared)[0]
         unswept: list[int] = []  # invocations that ended since the last sweep
         rule = concurrency_rule(prepared)
-        # Each invocation's key value: a static payload's is known now (a builder's case
-        # runs one at a time, see parallelism()); None is no key, bounded only by
-        # max_concurrent_runs.
+        # A static payload's key value is known now (a builder's case runs one at a time,
+        # see parallelism()); None is no key, bounded only by max_concurrent_runs.
         value = None if rule is None or builder else key_value(prepared.payload, rule.key)
-        keys = dict.fromkeys(range(runs), value)
-        waiting: dict[str, int] = {}  # coalesce: the one run waiting for each key
-
-        def holder(index: int) -> int | None:
-            """The invocation in flight that holds ``index``'s key, if one does."""
-            key = keys[index]
-            if key is None:
-                return None
-            return next((i.index for i in in_flight.values() if keys[i.index] == key), None)
-
-        def conflict(rule: ConcurrencyRule, held_by: int, key: str) -> str:
-            return (
-                f"the agent's concurrency rule: key {rule.key} = {key} was held by "
-                f"invocation {held_by + 1}; on_conflict: {rule.on_conflict}"
-            )
-
-        def next_to_start() -> int | None:
-            """The next invocation to start, applying on_conflict to one that arrives on a
-            held key (SDK ConcurrencyConfig: 'queue' waits for the active run, 'drop'
-            cancels the new run, 'coalesce' keeps at most one waiting run per key, replaced
-            by newer ones). An invocation arrives when a slot under max_concurrent_runs is
-            free for it, in order; one that waited for its key goes first once it is free."""
-            for key, index in list(waiting.items()):
-                if holder(index) is None:
-                    del waiting[key]
-                    return index
-            while pending:
-                index, held_by = pending[0], holder(pending[0])
-                if held_by is None or rule is None:
-                    return pending.pop(0)
-                key = str(keys[index])
-                if rule.on_conflict == "drop":
-                    pending.pop(0)
-                    results[index] = _not_run(f"dropped by {conflict(rule, held_by, key)}")
-                elif rule.on_conflict == "coalesce":
-                    pending.pop(0)
-                    older = waiting.get(key)
-                    if older is not None:
-                        results[older] = _not_run(
-                            f"replaced while it waited by invocation {index + 1} ("
-                            f"{conflict(rule, held_by, key)} keeps one waiting run per key, "
-                            "the newest)"
-                        )
-                    waiting[key] = index
-                else:  # queue: it waits; a later one whose key is free may go first
-                    free = next((i for i in pending if holder(i) is None), None)
-                    if free is not None:
-                        pending.remove(free)
-                    return free
-            return None
+        admission = Admission(runs, rule, value)
 
         def sweep() -> None:
             # Nothing of the last invocation(s) survives into the next; if something did, the
@@ -473,11 +492,12 @@ def _run_invocations(
                     )
             unswept.clear()
 
-        while pending or in_flight or waiting:
+        while admission.waiting() or in_flight:
             if not supervisor.active:
                 sweep()
-            while len({inv.index for inv in in_flight.values()}) < parallel:
-                started = next_to_start()
+            while len(running := {inv.index for inv in in_flight.values()}) < parallel:
+                started = admission.next(running)
+                results.update((i, _not_run(why)) for i, why in admission.take_cancelled())
                 if started is None:
                     break
                 index = started
