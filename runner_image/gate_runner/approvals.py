@@ -26,6 +26,7 @@ class Decision:
     decision: str  # approve | reject | timeout
     params: str | None = None
     reason: str | None = None
+    response: str | None = None  # an approval input's answer (SDK TestApprovalDecision)
     used: bool = False
 
 
@@ -47,6 +48,7 @@ class Approvals:
                     decision=d["decision"],
                     params=d.get("params"),
                     reason=d.get("reason"),
+                    response=d.get("response"),
                 )
                 for d in case.get("approval_decisions") or []
             ],
@@ -57,26 +59,54 @@ class Approvals:
     def unused(self) -> list[Decision]:
         return [d for d in self.decisions if not d.used]
 
-    def answer(self, ref: str, name: str, params: Mapping[str, Any]) -> Decision | None:
+    def answer(
+        self, ref: str, name: str, params: Mapping[str, Any], skipped: list[str] | None = None
+    ) -> Decision | None:
+        """The first unused decision for the canonical ``ref`` whose `params` holds.
+
+        Decided (issue 19, item 11): `tool` is the canonical ref only (SDK
+        TestApprovalDecision.tool: "Canonical tool ref of the approval to match"); a decision
+        naming the bare ``name`` instead is said to be wrong when nothing answered. A `params`
+        expression that the approval's params cannot answer (a key they lack) does not match
+        and the next decision is tried (item 9; seed: "a missing key fails the predicate
+        rather than raising"), with why in ``skipped``; any other error is the test's own
+        mistake and fails the invocation, as a tool-call filter's does.
+        """
         for decision in self.decisions:
-            if decision.used or decision.tool not in (ref, name):
+            if decision.used or decision.tool != ref:
                 continue
             if decision.params:
                 try:
                     expr = compile_expression(decision.params, ("params", "context"))
                     if not expr.holds({"params": params, "context": self.builder_context}):
                         continue
-                except (ExpressionError, EvaluationError) as exc:
-                    problem = (
-                        f"approval_decisions: the params expression `{decision.params}` of the "
-                        f"decision for {decision.tool} could not be evaluated: {exc}"
-                    )
-                    if problem not in self.problems:
-                        self.problems.append(problem)
+                except EvaluationError as exc:
+                    why = f"`{decision.params}` could not be evaluated: {exc}"
+                    if "params" in exc.names:
+                        if skipped is not None:
+                            skipped.append(f"the decision for {decision.tool} did not match: {why}")
+                    else:
+                        self.problem(
+                            f"approval_decisions: the params expression `{decision.params}` "
+                            f"of the decision for {decision.tool} could not be evaluated: {exc}"
+                        )
+                    continue
+                except ExpressionError as exc:
+                    self.problem(f"approval_decisions: the decision for {decision.tool}: {exc}")
                     continue
             decision.used = True
             return decision
+        if name != ref and any(not d.used and d.tool == name for d in self.decisions):
+            self.problem(
+                f"approval_decisions: the decision for {name} names the bare name of {ref}, "
+                f"which was waiting for approval; a decision's tool is the canonical ref ({ref})"
+            )
         return None
+
+    def problem(self, problem: str) -> None:
+        """A mistake in the scripted decisions: it fails the invocation, said once."""
+        if problem not in self.problems:
+            self.problems.append(problem)
 
 
 def requires_approval(
@@ -99,7 +129,9 @@ def requires_approval(
     return False
 
 
-def rejection_error(decision: Decision, ref: str) -> AgentRunError:
-    verb = "timed out waiting for approval" if decision.decision == "timeout" else "was rejected"
+def rejection_error(decision: Decision, ref: str, what: str = "tool") -> AgentRunError:
+    """``what`` is "tool" for a gated tool call, "input" for an approval input."""
+    waited = "approval" if what == "tool" else "input"
+    verb = f"timed out waiting for {waited}" if decision.decision == "timeout" else "was rejected"
     reason = f": {decision.reason}" if decision.reason else ""
-    return AgentRunError(f"tool {ref} {verb}{reason}")
+    return AgentRunError(f"{what} {ref} {verb}{reason}")

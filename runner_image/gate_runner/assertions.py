@@ -22,7 +22,10 @@ from .expr import (
 )
 
 RESULT_NAMES = ("output", "error", "status", "context")
-TOOL_CALL_NAMES = ("params", "invocations", "context")
+# `result` is the tool's return after its after hook (SDK test_schema.py module docstring).
+TOOL_CALL_NAMES = ("params", "result", "invocations", "context")
+# The bindings that are one call's own values: an error reading them is that call's.
+PER_CALL_NAMES = frozenset({"params", "result"})
 CHILD_PAYLOAD_NAMES = ("payload", "payload_raw", "context")
 
 
@@ -35,6 +38,10 @@ class ToolCall:
     # refused by an approval, hidden or unknown), with why in ``not_executed``.
     executed: bool = True
     not_executed: str | None = None
+    # The tool's return after its after hook; ``returned`` is False for a call without a
+    # recorded return (never executed, or it raised), which no `result` predicate matches.
+    result: Any = None
+    returned: bool = False
 
 
 def _attempts(name: str, calls: Sequence[ToolCall]) -> str:
@@ -99,9 +106,11 @@ def compile_tool_expectation(entry: str | Mapping[str, str]) -> ToolExpectation:
     for part in _split_and(whole.tree):
         text = ast.unparse(part)
         sub = compile_expression(text, TOOL_CALL_NAMES)
-        if "invocations" in sub.names and "params" in sub.names:
+        if "invocations" in sub.names and sub.names & PER_CALL_NAMES:
             raise ExpressionError(
-                "a conjunct may use `params` or `invocations`, not both", expression=source
+                "a conjunct may use `params` and `result` (one call) or `invocations` (the "
+                "count), not both",
+                expression=source,
             )
         (counts if "invocations" in sub.names else filters).append(sub)
     return ToolExpectation(tool=tool, filters=tuple(filters), counts=tuple(counts), source=source)
@@ -197,6 +206,8 @@ def _status_failure(status: str, error: str | None, output: Any = None) -> str:
     why = f"the run ended with status {status!r}, expected 'completed'"
     if status == "blocked" and output:
         why += f" (a guardrail blocked it: {output})"
+    elif status == "cancelled" and error:
+        why += f" ({error})"  # what cancelled it: the agent's concurrency rule, say
     return why
 
 
@@ -207,34 +218,39 @@ class FilterError(Exception):
         super().__init__(f"`{source}` could not be evaluated: {error}")
 
 
-def _within(value: Any, target: Any) -> bool:
-    """Whether ``target`` is ``value`` or lies inside it (by identity)."""
-    if value is target:
-        return True
-    if isinstance(value, Mapping):
-        return any(_within(v, target) for v in value.values())
-    if isinstance(value, list | tuple):
-        return any(_within(v, target) for v in value)
-    return False
+def _call_bindings(call: ToolCall, context: Mapping[str, Any]) -> dict[str, Any]:
+    return {"params": call.params, "result": call.result, "context": context}
 
 
 def _filter_passes(exp: ToolExpectation, call: ToolCall, context: Mapping[str, Any]) -> bool:
     """Whether ``call`` passes every filter of ``exp``.
 
-    A lookup that fails inside the call's `params` (a key this call lacks) means this call
-    does not match (seed: "a missing key fails the predicate"); any other error (a key
-    missing from `context`, a type error) would fail every call alike and is raised, so that
-    `invocations == 0` cannot pass on an expression that never worked.
+    A call without a recorded return matches no `result` predicate (SDK test_schema.py:
+    "calls without a recorded return do not match result predicates"). An error in the part
+    of a filter that reads the call's own `params` or `result` (a key this call lacks, a null
+    nested value, a value of another type) means this call does not match (seed: "a missing
+    key fails the predicate"), while another call may; any other error (a key missing from
+    `context`) would fail every call alike and is raised, so that `invocations == 0` cannot
+    pass on an expression that never worked (decided, issue 19 item 11).
     """
     for f in exp.filters:
+        if "result" in f.names and not call.returned:
+            return False
         try:
-            if not f.holds({"params": call.params, "context": context}):
+            if not f.holds(_call_bindings(call, context)):
                 return False
         except EvaluationError as exc:
-            if exc.container is not None and _within(call.params, exc.container):
+            if exc.names & PER_CALL_NAMES:
                 return False
             raise FilterError(f.source, exc) from None
     return True
+
+
+def _seen_call(call: ToolCall, with_result: bool) -> str:
+    seen = f"{call.name}({describe(dict(call.params))})"
+    if not with_result:
+        return seen
+    return seen + (f" -> {describe(call.result)}" if call.returned else " -> no recorded return")
 
 
 def _unmatched_reason(
@@ -244,13 +260,16 @@ def _unmatched_reason(
     what = f"expected a call to {exp.tool}" + (f" with `{exp.source}`" if exp.source else "")
     if not same_tool:
         return f"{what}; it was never called"
-    seen = ", ".join(f"{c.name}({describe(dict(c.params))})" for c in same_tool[:3])
+    with_result = any("result" in f.names for f in exp.filters)
+    seen = ", ".join(_seen_call(c, with_result) for c in same_tool[:3])
     more = f" and {len(same_tool) - 3} more" if len(same_tool) > 3 else ""
     errors = []
     for f in exp.filters:
         for call in same_tool:
+            if "result" in f.names and not call.returned:
+                continue
             try:
-                f.evaluate({"params": call.params, "context": context})
+                f.evaluate(_call_bindings(call, context))
             except EvaluationError as exc:
                 errors.append(f"`{f.source}` could not be evaluated: {exc}")
                 break
@@ -271,12 +290,13 @@ def check_tool_calls(
 ) -> list[str]:
     """expected_tool_calls, expected_tool_call_order and expected_no_tool_calls.
 
-    Decided (issue 10, rule 4): a call the tool never received still occurred for
-    expected_no_tool_calls (the model tried, spec 6.3); expected_tool_calls and the order
-    speak of calls the tool received, and say so when a call was only attempted.
+    Every call the model made is in the list, executed or not (issue 19, item 6; SDK
+    test_schema.py: "calls without a recorded return do not match result predicates", so
+    such calls are in the list): an aborted, refused or hidden call counts for
+    `invocations`, bare entries and the order as it does for expected_no_tool_calls, and
+    filters see the params the model sent. Reasons say when a call was not executed.
     """
-    attempted = list(calls)
-    calls = [c for c in attempted if c.executed]
+    attempted = calls = list(calls)
     failures: list[str] = []
     # Which calls each entry may claim; an entry with only count predicates claims none,
     # because it speaks of how many calls there were, not of one of them.
@@ -303,9 +323,12 @@ def check_tool_calls(
                     failures.append(f"expected_tool_calls {exp.tool}: `{pred.source}`: {exc}")
                     continue
                 if not ok:
+                    missed = _attempts(exp.tool, [calls[i] for i in eligible])
                     failures.append(
                         f"expected_tool_calls {exp.tool}: `{exp.source}` was false "
-                        f"(invocations = {len(eligible)})"
+                        f"(invocations = {len(eligible)}"
+                        + (f"; counted calls include ones {missed}" if missed else "")
+                        + ")"
                     )
             candidates.append([])
         else:
@@ -328,7 +351,10 @@ def check_tool_calls(
             if pos < len(order) and _matches(order[pos], call):
                 pos += 1
         if pos < len(order):
-            seen = ", ".join(c.ref for c in calls) or "no calls"
+            seen = (
+                ", ".join(c.ref + ("" if c.executed else " (not executed)") for c in calls)
+                or "no calls"
+            )
             missed = _attempts(order[pos], attempted)
             failures.append(
                 f"expected_tool_call_order {order} not met: {order[pos]} missing after "
@@ -383,17 +409,51 @@ def trigger_scope(span: Mapping[str, Any], by_id: Mapping[str, Mapping[str, Any]
     return None
 
 
+def mcp_result(raw: Any) -> dict[str, Any]:
+    """An MCP tool's result as assertions see it: `is_error` and `parts` (SDK test_schema.py:
+    "MCP results expose is_error and parts"), from either spelling of a CallToolResult."""
+    if not isinstance(raw, Mapping):
+        return {"is_error": False, "parts": [raw]}
+    parts = raw.get("parts", raw.get("content", []))
+    return {
+        "is_error": bool(raw.get("is_error", raw.get("isError", False))),
+        "parts": list(parts) if isinstance(parts, list | tuple) else [parts],
+    }
+
+
+def tool_call_of(span: Mapping[str, Any]) -> ToolCall:
+    """The call a tool_call span records, as every tool assertion sees it.
+
+    A call through `use_tool` that resolved to a discoverable tool (``discovered`` in the
+    span) is that tool's call, under its own name and ref, with its parameters (SDK
+    test_schema.py: "Discoverable calls use the actual tool name or canonical ref in every
+    tool assertion, with that tool's parameters and result").
+    """
+    meta = span["metadata"]
+    found = meta.get("discovered")
+    source = found if isinstance(found, Mapping) else meta
+    name = str(source.get("tool_name", span["name"]))
+    executed = bool(meta.get("executed", True))
+    returned = executed and "result" in meta
+    result = meta.get("result")
+    if returned and meta.get("mcp_server"):
+        result = mcp_result(result)
+    return ToolCall(
+        name=name,
+        ref=str(source.get("tool_ref", name)),
+        params=source.get("params") or {},
+        executed=executed,
+        not_executed=meta.get("not_executed"),
+        result=result,
+        returned=returned,
+    )
+
+
 def calls_in_scope(spans: Sequence[Mapping[str, Any]], scope: str | None) -> list[ToolCall]:
     """The tool calls a run made itself (attempted ones too), not its children's."""
     by_id = {str(s["span_id"]): s for s in spans}
     return [
-        ToolCall(
-            name=str(s["metadata"].get("tool_name", s["name"])),
-            ref=str(s["metadata"].get("tool_ref", s["name"])),
-            params=s["metadata"].get("params") or {},
-            executed=bool(s["metadata"].get("executed", True)),
-            not_executed=s["metadata"].get("not_executed"),
-        )
+        tool_call_of(s)
         for s in spans
         if s.get("type") == "tool_call" and trigger_scope(s, by_id) == scope
     ]

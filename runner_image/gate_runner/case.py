@@ -139,7 +139,131 @@ def cleanup_budget(prepared: PreparedCase) -> int:
 
 def parallelism(prepared: PreparedCase, runs: int) -> int:
     allowed = int(getattr(prepared.agent_config, "max_concurrent_runs", 1) or 1)
+    if concurrency_rule(prepared) is not None and prepared.resolved.get("builder"):
+        # A builder's payload, and so its key, is only known inside its invocation, once
+        # build() has run: one at a time, no two runs can share a key's turn.
+        allowed = 1
     return max(1, min(runs, allowed, MAX_PARALLEL_INVOCATIONS))
+
+
+@dataclass(frozen=True)
+class ConcurrencyRule:
+    """The agent's `concurrency: {key, on_conflict}` (SDK ConcurrencyConfig)."""
+
+    key: str  # a dot-path into the trigger payload
+    on_conflict: str  # queue | drop | coalesce
+
+
+def concurrency_rule(prepared: PreparedCase) -> ConcurrencyRule | None:
+    rule = getattr(prepared.agent_config, "concurrency", None)
+    key = getattr(rule, "key", None)
+    if not isinstance(key, str) or not key:
+        return None
+    return ConcurrencyRule(key=key, on_conflict=str(getattr(rule, "on_conflict", "queue")))
+
+
+def key_value(payload: Any, path: str) -> str | None:
+    """The concurrency key's value in a payload, as JSON, or None when the path is not there.
+
+    The SDK's key is a dot-path into the trigger payload (`process_id`, `data.customer_id`);
+    the vendor's examples also write `input.process_id`, so a leading `input.` is the
+    payload itself when the payload has no `input` key.
+    """
+    parts = path.split(".")
+    if (
+        parts[0] == "input"
+        and len(parts) > 1
+        and not (isinstance(payload, Mapping) and "input" in payload)
+    ):
+        parts = parts[1:]
+    value = payload
+    for part in parts:
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return json.dumps(value, sort_keys=True, default=repr)
+
+
+class Admission:
+    """Which of a case's invocations starts next, under the agent's concurrency rule.
+
+    An invocation arrives when a slot under max_concurrent_runs is free for it, in order.
+    One that arrives on a key an invocation in flight holds meets `on_conflict` (SDK
+    ConcurrencyConfig): 'queue' waits for the active run (a later one whose key is free may
+    go first), 'drop' cancels the new run, 'coalesce' keeps at most one waiting run per key,
+    replaced by newer ones; one that waited for its key goes first once it is free.
+    """
+
+    def __init__(self, runs: int, rule: ConcurrencyRule | None, value: str | None) -> None:
+        self.rule = rule
+        self.pending = list(range(runs))
+        self.keys = dict.fromkeys(range(runs), value)  # each invocation's key value
+        self.parked: dict[str, int] = {}  # coalesce: the one run waiting for each key
+        self.cancelled: list[tuple[int, str]] = []
+
+    def waiting(self) -> bool:
+        return bool(self.pending or self.parked)
+
+    def take_cancelled(self) -> list[tuple[int, str]]:
+        """The invocations cancelled since the last call, with why."""
+        taken, self.cancelled = self.cancelled, []
+        return taken
+
+    def _holder(self, index: int, running: set[int]) -> int | None:
+        key = self.keys[index]
+        if key is None:
+            return None
+        return next((i for i in sorted(running) if self.keys[i] == key), None)
+
+    def next(self, running: set[int]) -> int | None:
+        """The invocation to start now, given those ``running``; None when none may."""
+        for key, index in list(self.parked.items()):
+            if self._holder(index, running) is None:
+                del self.parked[key]
+                return index
+        while self.pending:
+            index = self.pending[0]
+            held_by = self._holder(index, running)
+            if held_by is None or self.rule is None:
+                return self.pending.pop(0)
+            rule, key = self.rule, str(self.keys[index])
+            conflict = (
+                f"the agent's concurrency rule: key {rule.key} = {key} was held by "
+                f"invocation {held_by + 1}; on_conflict: {rule.on_conflict}"
+            )
+            if rule.on_conflict == "drop":
+                self.pending.pop(0)
+                self.cancelled.append((index, f"dropped by {conflict}"))
+            elif rule.on_conflict == "coalesce":
+                self.pending.pop(0)
+                older = self.parked.get(key)
+                if older is not None:
+                    self.cancelled.append(
+                        (
+                            older,
+                            f"replaced while it waited by invocation {index + 1} ({conflict} "
+                            "keeps one waiting run per key, the newest)",
+                        )
+                    )
+                self.parked[key] = index
+            else:  # queue
+                free = next((i for i in self.pending if self._holder(i, running) is None), None)
+                if free is not None:
+                    self.pending.remove(free)
+                return free
+        return None
+
+
+def _not_run(error: str) -> dict[str, Any]:
+    """An invocation the agent's concurrency rule cancelled before it started."""
+    return {
+        "status": "cancelled",
+        "output": None,
+        "error": error,
+        "run_context": {},
+        "traces": [],
+        "duration_ms": 0,
+    }
 
 
 def prepare(project: Path, suite: str, case_name: str) -> PreparedCase:
@@ -355,11 +479,15 @@ def _run_invocations(
     """
     with contextlib.closing(Supervisor(isolation)) as supervisor:
         results: dict[int, dict[str, Any]] = {}
-        pending = list(range(runs))
         in_flight: dict[Proc, _Invocation] = {}
         builder = bool(prepared.resolved.get("builder"))
         timeout_s = effective_timeout(prepared)[0]
         unswept: list[int] = []  # invocations that ended since the last sweep
+        rule = concurrency_rule(prepared)
+        # A static payload's key value is known now (a builder's case runs one at a time,
+        # see parallelism()); None is no key, bounded only by max_concurrent_runs.
+        value = None if rule is None or builder else key_value(prepared.payload, rule.key)
+        admission = Admission(runs, rule, value)
 
         def sweep() -> None:
             # Nothing of the last invocation(s) survives into the next; if something did, the
@@ -371,11 +499,15 @@ def _run_invocations(
                     )
             unswept.clear()
 
-        while pending or in_flight:
+        while admission.waiting() or in_flight:
             if not supervisor.active:
                 sweep()
-            while pending and len({inv.index for inv in in_flight.values()}) < parallel:
-                index = pending.pop(0)
+            while len(running := {inv.index for inv in in_flight.values()}) < parallel:
+                started = admission.next(running)
+                results.update((i, _not_run(why)) for i, why in admission.take_cancelled())
+                if started is None:
+                    break
+                index = started
                 try:
                     proc = supervisor.spawn(
                         functools.partial(_invocation_body, project, prepared, model_mode),
@@ -490,10 +622,20 @@ def judge_invocation(prepared: PreparedCase, data: Mapping[str, Any]) -> list[st
         ]
         if pending:
             meta = pending[-1]["metadata"]
-            result_failure += (
-                f"; the approval of {meta.get('tool_ref')} with params "
-                f"{json.dumps(meta.get('params'), default=repr)} was never answered"
-            )
+            params = json.dumps(meta.get("params"), default=repr)
+            if meta.get("approval_input"):
+                asked = f'the input request {meta.get("tool_ref")} ("{meta.get("label")}")'
+            else:
+                asked = f"the approval of {meta.get('tool_ref')}"
+            result_failure += f"; {asked} with params {params} was never answered"
+            skipped = [
+                why
+                for s in spans
+                if s.get("type") == "approval" and s.get("parent_span_id") == pending[-1]["span_id"]
+                for why in s.get("metadata", {}).get("skipped") or []
+            ]
+            if skipped:
+                result_failure += f" ({'; '.join(skipped)})"
     skipped = [
         f"{s.get('name')} ({s.get('metadata', {}).get('direction')})"
         for s in spans

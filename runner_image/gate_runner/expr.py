@@ -56,14 +56,15 @@ class ExpressionError(Exception):
 class EvaluationError(Exception):
     """A valid expression failed at run time (missing key, type mismatch, ...).
 
-    ``container`` is the mapping or sequence a failed lookup was made on, so that a caller
-    can tell whether the failure came from one of its bindings (a key missing from one tool
-    call's `params`) or from another (a typo against `context`).
+    ``names`` are the bindings the failing part of the expression reads (`params` for
+    `params.to.email` on a null `to`, both sides' for a comparison of mismatched types), so
+    that a caller can tell whether the failure came from one tool call's own values or from
+    elsewhere (a typo against `context`); empty when that is not known.
     """
 
-    def __init__(self, message: str, *, container: Any = None) -> None:
+    def __init__(self, message: str, *, names: frozenset[str] = frozenset()) -> None:
         super().__init__(message)
-        self.container = container
+        self.names = names
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
             if name in CONSTANT_NAMES:
                 return CONSTANT_NAMES[name]
             if name not in env:
-                raise EvaluationError(f"{name!r} is not bound here")
+                raise EvaluationError(f"{name!r} is not bound here", names=frozenset({name}))
             return env[name]
         case ast.UnaryOp(op=ast.Not(), operand=operand):
             return not _eval(operand, env)
@@ -215,38 +216,64 @@ def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
                     return result
             return result
         case ast.Compare(left=left, ops=ops, comparators=comparators):
-            current = _eval(left, env)
+            current, left_node = _eval(left, env), left
             for op, right_node in zip(ops, comparators, strict=True):
                 right = _eval(right_node, env)
-                if not _compare(op, current, right):
-                    return False
-                current = right
+                try:
+                    if not _compare(op, current, right):
+                        return False
+                except EvaluationError as exc:
+                    raise _from(exc, left_node, right_node) from None
+                current, left_node = right, right_node
             return True
         case ast.Attribute(value=value, attr=attr):
-            return _lookup(_eval(value, env), attr, f".{attr}")
+            base = _eval(value, env)
+            try:
+                return _lookup(base, attr, f".{attr}")
+            except EvaluationError as exc:
+                raise _from(exc, value) from None
         case ast.Subscript(value=value, slice=index):
             key = _eval(index, env)
-            return _lookup(_eval(value, env), key, f"[{describe(key)}]")
+            base = _eval(value, env)
+            try:
+                return _lookup(base, key, f"[{describe(key)}]")
+            except EvaluationError as exc:
+                raise _from(exc, value, index) from None
         case ast.List(elts=elts):
             return [_eval(e, env) for e in elts]
         case ast.Tuple(elts=elts):
             return tuple(_eval(e, env) for e in elts)
         case ast.Set(elts=elts):
-            return {_hashable(_eval(e, env)) for e in elts}
+            return {_hashable(_eval(e, env), e) for e in elts}
         case ast.Dict(keys=keys, values=values):
             return {
-                _hashable(_eval(k, env)): _eval(v, env)
+                _hashable(_eval(k, env), k): _eval(v, env)
                 for k, v in zip(keys, values, strict=True)
                 if k is not None
             }
     raise EvaluationError(f"cannot evaluate {type(node).__name__}")  # pragma: no cover
 
 
-def _hashable(value: Any) -> Any:
+def _roots(node: ast.AST) -> frozenset[str]:
+    """The bindings a part of an expression reads: `params` for `params.to.email`."""
+    return frozenset(
+        n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id not in CONSTANT_NAMES
+    )
+
+
+def _from(exc: EvaluationError, *nodes: ast.AST) -> EvaluationError:
+    """``exc``, saying which bindings the operands it failed on were read from."""
+    exc.names = exc.names.union(*(_roots(n) for n in nodes))
+    return exc
+
+
+def _hashable(value: Any, node: ast.AST) -> Any:
     try:
         hash(value)
     except TypeError:
-        raise EvaluationError(f"{describe(value)} cannot be a set member or dict key") from None
+        raise EvaluationError(
+            f"{describe(value)} cannot be a set member or dict key", names=_roots(node)
+        ) from None
     return value
 
 
@@ -254,17 +281,14 @@ def _lookup(container: Any, key: Any, label: str) -> Any:
     if isinstance(container, Mapping):
         if key in container:
             return container[key]
-        raise EvaluationError(
-            f"no key {label.lstrip('.[').rstrip(']')} in {describe(container)}",
-            container=container,
-        )
+        raise EvaluationError(f"no key {label.lstrip('.[').rstrip(']')} in {describe(container)}")
     if isinstance(container, list | tuple | str):
         if isinstance(key, int) and not isinstance(key, bool):
             try:
                 return container[key]
             except IndexError:
                 raise EvaluationError(
-                    f"index {key} out of range for length {len(container)}", container=container
+                    f"index {key} out of range for length {len(container)}"
                 ) from None
         raise EvaluationError(f"cannot look up {label} on a {type(container).__name__}")
     raise EvaluationError(f"cannot look up {label} on {describe(container)}")

@@ -30,13 +30,10 @@ class StrictViolation(AgentRunError):
 
 def normalise(ref: str) -> list[str]:
     """`api:weather-v2.lookup` → ["api", "weather_v2", "lookup"]: each segment's runs of
-    non-alphanumeric characters become `_`."""
-    parts = []
-    for segment in re.split(r"[.:]", ref):
-        cleaned = _NON_ALNUM.sub("_", segment).strip("_")
-        if cleaned:
-            parts.append(cleaned)
-    return parts
+    non-alphanumeric characters become `_`, and nothing is stripped (issue 19, item 8): the
+    ref `notes.list_` is looked up as `mock_notes_list_` first, never as the mock of a
+    sibling `notes.list`."""
+    return [_NON_ALNUM.sub("_", segment) for segment in re.split(r"[.:]", ref)]
 
 
 @dataclass(frozen=True)

@@ -70,19 +70,75 @@ def test_an_unanswered_approval_names_the_tool_and_its_params(project: Path) -> 
     ), reason
 
 
-def test_a_decision_whose_params_expression_errors_says_so(project: Path) -> None:
+def test_a_decision_whose_context_is_mistyped_says_so(project: Path) -> None:
+    # A key missing from the builder context is the test's own mistake, as in a tool-call
+    # filter: it fails the invocation, naming the expression and the error.
     suite = project / "tests" / "typo.yaml"
     suite.write_text(
         "agent: payments\ntests:\n  - name: typo\n    payload: refund 100\n"
         "    approval_decisions:\n"
-        "      - {tool: billing.refund, params: params.amonut == 100, decision: approve}\n"
+        "      - {tool: billing.refund, params: params.amount == context.amonut, "
+        "decision: approve}\n"
         "      - {tool: billing.notify, decision: approve}\n"
         '    expected_result: status == "awaiting_approval"\n'
     )
     result = judged(project, "tests/typo.yaml", "typo")
     assert not result.passed
     assert any(
-        "the params expression `params.amonut == 100` of the decision for billing.refund could "
-        "not be evaluated: no key amonut" in f
+        "the params expression `params.amount == context.amonut` of the decision for "
+        "billing.refund could not be evaluated: no key amonut" in f
         for f in result.invocations[0].failed_assertions
+    ), result.invocations[0].failed_assertions
+
+
+# -- issue 19, item 9: a params expression the call's params cannot answer does not match ---
+
+
+def test_a_decision_the_params_cannot_answer_does_not_match_and_the_next_is_tried(
+    project: Path,
+) -> None:
+    suite = project / "tests" / "next.yaml"
+    suite.write_text(
+        "agent: payments\ntests:\n"
+        "  - name: next_decision_approves\n    payload: refund 100\n"
+        "    approval_decisions:\n"
+        "      - {tool: billing.refund, params: params.reason == 'dup', decision: reject}\n"
+        "      - {tool: billing.refund, decision: approve}\n"
+        "      - {tool: billing.notify, decision: approve}\n"
+        "    expected_result: output.refund.ok == true and output.notify.sent == true\n"
+        "  - name: none_answers\n    payload: refund 100\n"
+        "    approval_decisions:\n"
+        "      - {tool: billing.refund, params: params.reason == 'dup', decision: approve}\n"
+        "    expected_result: output.refund.ok == true\n"
+    )
+    answered = judged(project, "tests/next.yaml", "next_decision_approves")
+    assert answered.passed, answered.failure_reason
+    pending = judged(project, "tests/next.yaml", "none_answers")
+    (reason,) = pending.invocations[0].failed_assertions
+    assert reason.endswith(
+        'the approval of billing.refund with params {"amount": 100} was never answered (the '
+        "decision for billing.refund did not match: `params.reason == 'dup'` could not be "
+        'evaluated: no key reason in {"amount": 100})'
+    ), reason
+
+
+# -- issue 19, item 11: a decision's `tool` is the canonical ref ---------------------------
+
+
+def test_a_decision_matches_the_canonical_ref_only(project: Path) -> None:
+    # SDK TestApprovalDecision.tool: "Canonical tool ref of the approval to match." A bare
+    # name never matches, and says so rather than leave the run waiting unexplained.
+    suite = project / "tests" / "bare.yaml"
+    suite.write_text(
+        "agent: payments\ntests:\n  - name: bare_name\n    payload: refund 100\n"
+        "    approval_decisions:\n"
+        "      - {tool: refund, decision: approve}\n"
+        "      - {tool: billing.notify, decision: approve}\n"
+        "    expected_result: output.refund.ok == true\n"
+    )
+    result = judged(project, "tests/bare.yaml", "bare_name")
+    assert result.invocations[0].status == "awaiting_approval"
+    assert result.invocations[0].failed_assertions[-1] == (
+        "approval_decisions: the decision for refund names the bare name of billing.refund, "
+        "which was waiting for approval; a decision's tool is the canonical ref (billing.refund)"
     ), result.invocations[0].failed_assertions

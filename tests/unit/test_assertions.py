@@ -239,13 +239,17 @@ def test_a_fitting_call_taken_by_another_entry_says_so() -> None:
     assert "claimed by other entries" in failure
 
 
-def test_the_order_speaks_of_received_calls_and_names_attempts() -> None:
-    a = compile_assertions({"expected_tool_call_order": ["lookup", "refund"]})
-    attempted = [
-        ToolCall("lookup", "crm.lookup", {}),
-        ToolCall("refund", "pay.refund", {}, executed=False, not_executed="refused by approval"),
-    ]
-    (failure,) = check_tool_calls(a, attempted, {})
-    assert failure.endswith("refund was called 1 time(s), not executed (refused by approval)"), (
-        failure
+def test_the_order_sees_attempted_calls_and_says_so() -> None:
+    # Issue 19, item 6: a call the model made is in the trace's order, executed or not.
+    refused = ToolCall(
+        "refund", "pay.refund", {}, executed=False, not_executed="refused by approval"
     )
+    lookup = ToolCall("lookup", "crm.lookup", {})
+    a = compile_assertions({"expected_tool_call_order": ["lookup", "refund"]})
+    assert check_tool_calls(a, [lookup, refused], {}) == []
+    (failure,) = check_tool_calls(a, [refused, lookup], {})
+    assert failure == (
+        "expected_tool_call_order ['lookup', 'refund'] not met: refund missing after "
+        "['lookup'] (calls: pay.refund (not executed), crm.lookup); refund was called 1 "
+        "time(s), not executed (refused by approval)"
+    ), failure

@@ -1,5 +1,6 @@
-"""Attempted calls (issue 10, rule 4): a call the model made still occurred, even when a hook
-or an approval stopped it before the tool received it; reasons say so."""
+"""Attempted calls (issue 10, rule 4; issue 19, item 6): a call the model made still occurred,
+even when a hook or an approval stopped it before the tool received it: it counts for every
+tool assertion, `invocations` included, and matches no `result` predicate; reasons say so."""
 
 from pathlib import Path
 
@@ -32,9 +33,15 @@ WIPER = {
           - name: no_wipe
             payload: go
             expected_no_tool_calls: [delete_all]
-          - name: wipe_received
+          - name: no_wipe_counted
             payload: go
-            expected_tool_calls: [delete_all]
+            expected_tool_calls: [{delete_all: invocations == 0}]
+          - name: wipe_counted_with_the_params_sent
+            payload: go
+            expected_tool_calls: [delete_all, {delete_all: params.table == "charges" and invocations == 1}]
+          - name: wipe_returned
+            payload: go
+            expected_tool_calls: [{delete_all: result.deleted == "charges"}]
     """,
 }
 
@@ -57,9 +64,18 @@ def test_a_call_a_before_hook_stopped_still_occurred(tmp_path: Path, hook: str) 
     ]
     span = next(s for s in no_wipe.invocations[0].traces if s.type == "tool_call")
     assert (span.metadata["executed"], span.metadata["aborted"]) == (False, True)
-    received = judged(project, "tests/wiper.yaml", "wipe_received")
-    assert received.invocations[0].failed_assertions == [
-        "expected a call to delete_all; it was never called; it was called 1 time(s), not "
+    # `invocations == 0` passed on a run whose only call was aborted (issue 19, item 6).
+    counted = judged(project, "tests/wiper.yaml", "no_wipe_counted")
+    assert counted.invocations[0].failed_assertions == [
+        "expected_tool_calls delete_all: `invocations == 0` was false (invocations = 1; "
+        "counted calls include ones called 1 time(s), not executed (aborted by hook))"
+    ]
+    sent = judged(project, "tests/wiper.yaml", "wipe_counted_with_the_params_sent")
+    assert sent.passed, sent.failure_reason
+    returned = judged(project, "tests/wiper.yaml", "wipe_returned")
+    assert returned.invocations[0].failed_assertions == [
+        'expected a call to delete_all with `result.deleted == "charges"`; saw 1 call(s): '
+        'delete_all({"table": "charges"}) -> no recorded return; it was called 1 time(s), not '
         "executed (aborted by hook)"
     ]
 

@@ -70,3 +70,76 @@ def test_violations_fail_the_invocation(project: Path, case: str, reason: str) -
     failures = result.invocations[0].failed_assertions
     # Said once (issue 10, rule 8): not again as "agent error: ..." of the failed run.
     assert [f for f in failures if reason in f] == [failures[0]] and len(failures) == 1, failures
+
+
+# -- issue 19, item 8: mock names keep every segment as it is ------------------------------
+
+NOTES = {
+    "agents/notes-bot.yaml": """
+        version: "1.0"
+        name: notes-bot
+        description: Lists notes with a tool whose name ends in an underscore.
+        model: openai/gpt-4o
+        system_prompt: Notes.
+        tools: [notes.list_, notes.list]
+    """,
+    "tools/notes.py": """
+        def list_(folder: str) -> dict:
+            return {"real": "list_"}
+
+
+        def list(folder: str) -> dict:
+            return {"real": "list"}
+    """,
+    "tests/models/notes-bot.py": """
+        import json
+
+
+        def respond(messages, tools, context):
+            done = [m for m in messages if m["role"] == "tool"]
+            if not done:
+                return {"tool_calls": [{"name": "list_", "arguments": {"folder": "inbox"}}]}
+            return {"content": done[0]["content"]}
+    """,
+    # mock_notes_list is the mock of notes.list, not of notes.list_.
+    "tests/mocks/notes_mocks.py": """
+        def mock_notes_list(tool_name, params, context):
+            return {"mocked_by": "mock_notes_list", "tool_name": tool_name}
+    """,
+    "tests/mocks/trailing_mocks.py": """
+        def mock_notes_list_(tool_name, params, context):
+            return {"mocked_by": "mock_notes_list_", "tool_name": tool_name}
+
+
+        def mock_notes_list(tool_name, params, context):
+            return {"mocked_by": "mock_notes_list", "tool_name": tool_name}
+    """,
+    "tests/notes-bot.yaml": """
+        tests:
+          - name: a_sibling_tools_mock_does_not_serve_it
+            payload: list
+            mocks: notes_mocks
+            strict_mocks: true
+          - name: its_own_mock_serves_it
+            payload: list
+            mocks: trailing_mocks
+            strict_mocks: true
+            expected_result: output.mocked_by == "mock_notes_list_" and output.tool_name == "notes.list_"
+    """,
+}
+
+
+def test_a_trailing_underscore_is_part_of_the_mock_name(tmp_path: Path) -> None:
+    from tests.fixtures.projects import write
+
+    assert normalise("notes.list_") == ["notes", "list_"]
+    assert normalise("api:weather--v2.look-up") == ["api", "weather_v2", "look_up"]
+    project = write(tmp_path / "p", NOTES)
+    served = judge(project, "tests/notes-bot.yaml", "its_own_mock_serves_it")
+    assert served.passed, served.failure_reason
+    # Stripping the `_` would let mock_notes_list serve notes.list_, and strict_mocks pass.
+    refused = judge(project, "tests/notes-bot.yaml", "a_sibling_tools_mock_does_not_serve_it")
+    assert refused.invocations[0].failed_assertions == [
+        "strict_mocks: notes.list_ would run for real; no mock in the mocks module matches it "
+        "(most specific first: mock_notes_list_)"
+    ]

@@ -1,6 +1,5 @@
 """The runner judging whole cases in-process (forked invocations, no Docker)."""
 
-import itertools
 from pathlib import Path
 
 import pytest
@@ -8,7 +7,7 @@ import pytest
 from gate_runner.__main__ import main as runner_main
 from gate_service.runner_contract import parse_runner_output
 from tests.fixtures.projects import calculator_project, unknown_agent_project
-from tests.fixtures.runner import judged
+from tests.fixtures.runner import judged, overlaps
 
 
 @pytest.fixture
@@ -173,14 +172,10 @@ def test_invocations_run_concurrently_up_to_max_concurrent_runs_without_sharing_
         },
     )
 
-    def overlaps(tag: str) -> int:
-        spans = sorted(tuple(map(float, p.read_text().split())) for p in marks.glob(f"{tag}*"))
-        return sum(1 for a, b in itertools.pairwise(spans) if b[0] < a[1])
-
     assert judged(project, "tests/parallel.yaml", "four_at_once").passed
     assert judged(project, "tests/serial.yaml", "one_at_a_time").passed
-    assert overlaps("p") >= 1  # some invocations ran at the same time
-    assert overlaps("s") == 0  # max_concurrent_runs 1: never
+    assert overlaps(marks, "p") >= 1  # some invocations ran at the same time
+    assert overlaps(marks, "s") == 0  # max_concurrent_runs 1: never
 
 
 def test_the_agents_own_timeout_wins_when_smaller(tmp_path: Path) -> None:

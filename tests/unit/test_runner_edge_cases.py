@@ -97,7 +97,8 @@ def test_children_triggered_in_parallel_each_get_their_own_parent(tmp_path: Path
 def test_an_attempted_call_still_occurred(tmp_path: Path) -> None:
     # Issue 10, rule 4 (spec 6.3: a name that "occurs in the invocation"): the model called a
     # tool hidden from it; the tool never received the call, and it still counts for
-    # expected_no_tool_calls, while expected_tool_calls speaks of received calls only.
+    # expected_no_tool_calls. Issue 19, item 6: it is in expected_tool_calls' list too, and
+    # only a `result` predicate tells it from a call that returned.
     project = write(
         tmp_path / "p",
         {
@@ -122,9 +123,12 @@ def test_an_attempted_call_still_occurred(tmp_path: Path) -> None:
               - name: hidden_tool_was_not_called
                 payload: hi
                 expected_no_tool_calls: [refund]
-              - name: hidden_tool_was_received
+              - name: hidden_tool_was_called
                 payload: hi
-                expected_tool_calls: [refund]
+                expected_tool_calls: [refund, {refund: params.amount == 5 and invocations == 1}]
+              - name: hidden_tool_returned
+                payload: hi
+                expected_tool_calls: [{refund: result == 5}]
         """,
         },
     )
@@ -135,10 +139,12 @@ def test_an_attempted_call_still_occurred(tmp_path: Path) -> None:
     ]
     span = next(s for s in result.invocations[0].traces if s.type == "tool_call")
     assert (span.status, span.metadata["executed"]) == ("error", False)
-    received = judged(project, "tests/clerk.yaml", "hidden_tool_was_received")
-    assert received.invocations[0].failed_assertions == [
-        "expected a call to refund; it was never called; it was called 1 time(s), not "
-        "executed (unknown or hidden tool)"
+    called = judged(project, "tests/clerk.yaml", "hidden_tool_was_called")
+    assert called.passed, called.failure_reason
+    returned = judged(project, "tests/clerk.yaml", "hidden_tool_returned")
+    assert returned.invocations[0].failed_assertions == [
+        'expected a call to refund with `result == 5`; saw 1 call(s): refund({"amount": 5}) -> '
+        "no recorded return; it was called 1 time(s), not executed (unknown or hidden tool)"
     ]
 
 

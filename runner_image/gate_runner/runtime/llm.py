@@ -10,16 +10,15 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..guardrails import GuardrailBlocked
 from ..models import Model, ModelReply, choose_model
 from ..runtime_errors import AgentRunError
-from .guardrails import run_guardrails
+from .guardrails import guard_input, guard_output
 from .middleware import call_middleware, middleware_of
 from .mocking import resolve_phase
 from .output_schema import final_output
 from .payloads import content_to_message, jsonable, user_content
 from .tool_calls import run_tool_call
-from .toolset import tool_schemas, visible_tools
+from .toolset import approval_inputs, input_schema, tool_schemas, visible_tools
 from .trace import Span, Trace, timed
 
 if TYPE_CHECKING:
@@ -60,35 +59,7 @@ def run_llm_agent(
 ) -> Any:
     config = agent.config
     middleware = middleware_of(rt, config.name)
-    content = user_content(payload)
-    rails = config.guardrails
-    if rails is not None and rails.input:
-        raw_text = "\n".join(str(p["text"]) for p in content["parts"] if "text" in p)
-        try:
-            redacted = run_guardrails(rt, rails.input, "input", raw_text, context, trace, span)
-        except GuardrailBlocked as blocked:
-            # Spec §4.1: the agent never runs; `after` still sees the rejection message.
-            after = (
-                resolve_phase(
-                    rt,
-                    "middleware",
-                    middleware.after if middleware else None,
-                    config.name,
-                    "after",
-                )
-                if rails.run_after_on_block  # first: a phase that will not run is not due
-                else None
-            )
-            if after is not None:
-                blocked.message = call_middleware(
-                    "after", after, blocked.message, context, trace, span
-                )
-            raise
-        if redacted != raw_text:
-            content = {
-                **content,
-                "parts": [{"text": redacted}] + [p for p in content["parts"] if "text" not in p],
-            }
+    content = guard_input(rt, config, middleware, user_content(payload), context, trace, span)
     before = resolve_phase(
         rt, "middleware", middleware.before if middleware else None, config.name, "before"
     )
@@ -104,17 +75,13 @@ def run_llm_agent(
         rt, "middleware", middleware.after if middleware else None, config.name, "after"
     )
     if after is not None:
+        rt.execution_finished(context)  # `after` sees duration_ms and token_usage (spec 4.4)
         output = call_middleware("after", after, output, context, trace, span)
         if output is None:
             raise AgentRunError(
                 f"middleware after() for {config.name!r} returned None; it must return the response"
             )
-    if rails is not None and rails.output:
-        text = output if isinstance(output, str) else json.dumps(jsonable(output))
-        checked = run_guardrails(rt, rails.output, "output", text, context, trace, span)
-        if checked != text:
-            output = checked
-    return output
+    return guard_output(rt, config, output, context, trace, span)
 
 
 def llm_loop(
@@ -129,13 +96,16 @@ def llm_loop(
     model = model_for(rt, config.name)
     tools = {t.name: t for t in visible_tools(agent, context)}
     schemas = tool_schemas(rt, tools)
+    schemas += [input_schema(name, spec) for name, spec in approval_inputs(agent).items()]
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": render_prompt(config.system_prompt or "", context)},
         content_to_message(content),
     ]
     span.metadata.update(model=config.model, model_mode=model.mode)
     for iteration in range(config.max_iterations):
+        rt.check_deadline()
         reply = call_model(model, config, messages, schemas, context, trace, span, iteration)
+        rt.count_tokens(context, reply.usage)
         if not reply.tool_calls:
             return final_output(agent, reply.content or "")
         messages.append(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from connic import StopProcessing
 
 from ..runtime_errors import AgentRunError
+from .guardrails import guard_input, guard_output
 from .middleware import call_middleware, middleware_of
 from .mocking import resolve_phase
 from .payloads import as_payload, jsonable, user_content
@@ -26,23 +27,29 @@ def operation(
     context: dict[str, Any],
     trace: Trace,
     span: Span,
-    body: Callable[[], Any],
+    body: Callable[[Any], Any],
 ) -> Any:
-    """A tool or sequential agent's run: middleware around retried attempts (spec 4.1).
+    """A tool or sequential agent's run: guardrails and middleware around retried attempts
+    (spec 4.1), in the order input guardrails, `before`, the body, `after`, output
+    guardrails.
 
     `before` runs once, or before every attempt with `rerun_middleware: true` (with
     `context["retry_attempt"]`); its content must come back but does not feed the tool,
-    which gets the payload. `after` runs once, on the output as text.
+    which gets the payload (redacted where an input guardrail redacted its text). `after`
+    runs once, on the output as text.
     """
     name = agent.config.name
     middleware = middleware_of(rt, name)
+    read = user_content(as_payload(payload))
+    content = guard_input(rt, agent.config, middleware, read, context, trace, span)
+    if content is not read:
+        payload = redacted_payload(payload, str(content["parts"][0]["text"]))
     before = resolve_phase(
         rt, "middleware", middleware.before if middleware else None, name, "before"
     )
     after = resolve_phase(rt, "middleware", middleware.after if middleware else None, name, "after")
     retry = getattr(agent.config, "retry_options", None)
     rerun = bool(getattr(retry, "rerun_middleware", False))
-    content = user_content(as_payload(payload))
 
     def attempt(number: int) -> Any:
         if before is not None and (number == 1 or rerun):
@@ -54,13 +61,39 @@ def operation(
                     f"middleware before() for {name!r} must return the content dict, "
                     f"got {type(returned).__name__}"
                 )
-        return body()
+        return body(payload)
 
     output = with_retries(agent, span, attempt)
     if after is not None:
         text = output if isinstance(output, str) else json.dumps(jsonable(output))
+        rt.execution_finished(context)  # `after` sees duration_ms and token_usage (spec 4.4)
         output = call_middleware("after", after, text, context, trace, span)
-    return output
+    return guard_output(rt, agent.config, output, context, trace, span)
+
+
+def redacted_payload(payload: Any, text: str) -> Any:
+    """``payload`` with an input guardrail's redacted ``text`` in place of the text it read.
+
+    The text is what `user_content` made of the payload: its `message` alone, or its other
+    keys as JSON (which a redaction of PII values leaves JSON); `files` are kept.
+    """
+    shaped = as_payload(payload)
+    rest = {k: v for k, v in shaped.items() if k != "files"}
+    if set(rest) == {"message"}:
+        new: dict[str, Any] = {**shaped, "message": text}
+    else:
+        try:
+            decoded = json.loads(text)
+        except ValueError:
+            raise AgentRunError(
+                "an input guardrail's redaction left the payload's text unreadable as JSON"
+            ) from None
+        new = {**decoded, **({"files": shaped["files"]} if "files" in shaped else {})}
+    if isinstance(payload, dict):
+        return new
+    if isinstance(payload, str):
+        return new["message"] if set(rest) == {"message"} else json.dumps(new)
+    return new.get("input", new)
 
 
 def with_retries(agent: Any, span: Span, attempt: Callable[[int], Any]) -> Any:

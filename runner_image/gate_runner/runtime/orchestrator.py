@@ -5,10 +5,13 @@ dispatch to each agent kind. What an agent kind or a call phase does lives in it
 from __future__ import annotations
 
 import contextvars
+import math
+import threading
 import time
+import traceback
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,18 +20,25 @@ from connic import StopProcessing
 
 from ..approvals import Approvals, AwaitingApproval
 from ..guardrails import GuardrailBlocked
-from ..mocks import Mocks, StrictFlags
+from ..mocks import Mocks, StrictFlags, StrictViolation
 from ..models import Model
 from ..predefined import Predefined
-from ..runtime_errors import AgentNotFound
+from ..runtime_errors import AgentNotFound, AgentRunError
 from . import triggers
 from .llm import run_llm_agent
+from .middleware import middleware_of
+from .mocking import resolve_phase
 from .payloads import as_payload, jsonable
 from .sequential import run_sequential
 from .tool_agent import run_tool_agent
 from .trace import Span, Trace, error_text, timed
+from .usercode import call_user_function
 
 Frame = tuple["Trace", "Span | None", dict[str, Any]]
+
+
+class RunTimedOut(AgentRunError):
+    """A child's or a stage's own `timeout` passed: its run fails (spec 13.19)."""
 
 
 @dataclass
@@ -39,6 +49,29 @@ class RunOutcome:
     output: Any
     error: str | None
     run_context: dict[str, Any]
+
+    @property
+    def ended_as(self) -> str:
+        """The status a run's middleware cleanup is told (SDK Middleware: "completed",
+        "failed" or "cancelled"): a blocked run as it is stored, and a run left waiting
+        for an approval as cancelled, since the gate never resumes it."""
+        if self.status == "blocked":
+            return str(self.run_context.get("stored_status") or "completed")
+        if self.status == "awaiting_approval":
+            return "cancelled"
+        return self.status
+
+
+@dataclass
+class RunState:
+    """One run in progress: when it started, the tokens its model calls used, and the
+    agents that took part (its own, and a chain's stages), each with its span."""
+
+    started: float
+    usage: dict[str, int] = field(
+        default_factory=lambda: {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    )
+    agents: dict[str, Span] = field(default_factory=dict)
 
 
 class Runtime:
@@ -70,6 +103,14 @@ class Runtime:
         self._frames: contextvars.ContextVar[tuple[Frame, ...]] = contextvars.ContextVar(
             "gate_runner_frames", default=()
         )
+        # The runs in progress, by their context dict (a chain's stages share their run's).
+        self._runs: dict[int, RunState] = {}
+        # When the innermost timed agent of this context must be done (monotonic): the
+        # code of an agent past its timeout, which a thread cannot stop, may no longer
+        # call a model, a tool, another agent or a stage.
+        self._deadline: contextvars.ContextVar[float] = contextvars.ContextVar(
+            "gate_runner_deadline", default=math.inf
+        )
 
     def current_frame(self) -> Frame:
         """The innermost run in progress in this context: where a trigger opens its span."""
@@ -91,12 +132,16 @@ class Runtime:
         context: dict[str, Any] = {
             "run_id": run_id or str(uuid.uuid4()),
             "agent_name": agent_name,
+            # Decided (issue 19, item 11): the SDK's Middleware docstring says the context is
+            # "pre-populated with system metadata (run_id, agent_name, connector_id,
+            # timestamp)"; no connector triggers a gate's run, so it is there and null.
+            "connector_id": None,
             "timestamp": datetime.now(UTC).isoformat(),
             "payload": payload,
         }
         if parent_run_id:
             context["parent_run_id"] = parent_run_id
-        started = time.monotonic()
+        state = self._runs[id(context)] = RunState(started=time.monotonic())
         publish = True
         token = self._frames.set((*self._frames.get(), (trace, parent, context)))
         try:
@@ -120,7 +165,7 @@ class Runtime:
             output, status, error = None, "failed", error_text(exc)
         finally:
             self._frames.reset(token)
-        context["duration_ms"] = int((time.monotonic() - started) * 1000)
+        self.execution_finished(context)
         if parent is None and status == "completed":
             # Outbound connectors would publish this run; a gate records, never delivers.
             trace.open(
@@ -131,7 +176,62 @@ class Runtime:
                 would_publish=publish,
                 output=jsonable(output),
             )
-        return RunOutcome(status=status, output=output, error=error, run_context=context)
+        outcome = RunOutcome(status=status, output=output, error=error, run_context=context)
+        self._cleanup(state, outcome, trace)
+        del self._runs[id(context)]
+        return outcome
+
+    def execution_finished(self, context: dict[str, Any]) -> None:
+        """`duration_ms` and `token_usage` in the run context, as `after` and the stored run
+        see them (spec 4.4: added when execution finishes, so not seen by tool calls)."""
+        state = self._runs.get(id(context))
+        if state is not None:
+            context["duration_ms"] = int((time.monotonic() - state.started) * 1000)
+            context["token_usage"] = dict(state.usage)
+
+    def count_tokens(self, context: dict[str, Any], usage: Mapping[str, Any]) -> None:
+        """Add one model call's token usage to its run's."""
+        state = self._runs.get(id(context))
+        if state is None:
+            return
+        counts = {k: int(v) for k, v in usage.items() if isinstance(v, int | float)}
+        if "total_tokens" not in counts:
+            counts["total_tokens"] = counts.get("prompt_tokens", 0) + counts.get(
+                "completion_tokens", 0
+            )
+        for key, value in counts.items():
+            state.usage[key] = state.usage.get(key, 0) + value
+
+    def _cleanup(self, state: RunState, outcome: RunOutcome, trace: Trace) -> None:
+        """Each middleware `cleanup` of the run's agents, last, once the run has ended.
+
+        SDK Middleware: it "runs last, once the run has ended, whether it completed, failed,
+        timed out or was cancelled" with `run` = {status, error, output}, and "its errors are
+        logged and never change the run's status". Its mock is `middleware_cleanup(run,
+        context)`; strict_middleware_mocks fails the invocation just before a real one would
+        run (the violation is recorded; the run's status stays). A chain's stages clean up
+        before the chain itself, the latest first.
+        """
+        run = {"status": outcome.ended_as, "error": outcome.error, "output": outcome.output}
+        for name, span in reversed(state.agents.items()):
+            middleware = middleware_of(self, name)
+            try:
+                func = resolve_phase(
+                    self, "middleware", middleware.cleanup if middleware else None, name, "cleanup"
+                )
+            except StrictViolation:
+                continue  # recorded in self.violations: it fails the invocation
+            if func is None:
+                continue
+            cleanup = trace.open("middleware", "middleware.cleanup", span)
+            started = time.monotonic()
+            try:
+                call_user_function(func, run, outcome.run_context)
+            except Exception as exc:  # StopProcessing too: the run has already ended
+                cleanup.status = "error"
+                cleanup.metadata["error"] = error_text(exc)
+                traceback.print_exc()  # onto the invocation's stderr: its log spans
+            cleanup.duration_ms = int((time.monotonic() - started) * 1000)
 
     def trigger(
         self,
@@ -163,15 +263,62 @@ class Runtime:
         agent = self.agents.get(name)
         if agent is None:
             raise AgentNotFound(f"agent {name!r} does not exist")
+        self.check_deadline()
         kind = str(getattr(agent.config.type, "value", agent.config.type))
         span = trace.open("agent", name, parent, agent_type=kind)
+        state = self._runs.get(id(context))
+        if state is not None:
+            state.agents.setdefault(name, span)  # its cleanup runs when the run ends
         token = self._frames.set((*self._frames.get(), (trace, span, context)))
+
+        def dispatch() -> Any:
+            if kind == "tool":
+                return run_tool_agent(self, agent, payload, context, trace, span)
+            if kind == "sequential":
+                return run_sequential(self, agent, payload, context, trace, span)
+            return run_llm_agent(self, agent, as_payload(payload), context, trace, span)
+
+        limit = getattr(agent.config, "timeout", None)
         try:
             with timed(span):
-                if kind == "tool":
-                    return run_tool_agent(self, agent, payload, context, trace, span)
-                if kind == "sequential":
-                    return run_sequential(self, agent, payload, context, trace, span)
-                return run_llm_agent(self, agent, as_payload(payload), context, trace, span)
+                # The agent under test's own timeout is its invocation's (case.py kills the
+                # process); a triggered child's and a chain stage's are kept here (issue 19,
+                # item 5).
+                if parent is not None and isinstance(limit, int) and limit > 0:
+                    return self._within(limit, name, dispatch)
+                return dispatch()
         finally:
             self._frames.reset(token)
+
+    def check_deadline(self) -> None:
+        """Refuse to go on with an agent whose own timeout has passed (see _within)."""
+        if time.monotonic() > self._deadline.get():
+            raise RunTimedOut("this agent's timeout has passed; its run has already failed")
+
+    def _within(self, limit: int, name: str, work: Any) -> Any:
+        """``work()`` bounded by the agent's own `timeout`, in a thread of its own.
+
+        Past the limit the run fails with a reason naming the agent and its timeout. The
+        thread cannot be killed: it is left to end with the invocation, and the deadline it
+        carries stops it at its next model call, tool call, trigger or stage.
+        """
+        deadline = time.monotonic() + limit
+        done: list[Any] = []
+        failed: list[BaseException] = []
+
+        def bounded() -> None:
+            self._deadline.set(min(self._deadline.get(), deadline))
+            try:
+                done.append(work())
+            except BaseException as exc:  # re-raised in the caller's thread
+                failed.append(exc)
+
+        worker = threading.Thread(target=contextvars.copy_context().run, args=(bounded,))
+        worker.daemon = True
+        worker.start()
+        worker.join(timeout=limit)
+        if worker.is_alive():
+            raise RunTimedOut(f"agent {name!r} timed out after {limit} s (its timeout: {limit})")
+        if failed:
+            raise failed[0]
+        return done[0]

@@ -19,8 +19,7 @@ def run_sequential(
     trace: Trace,
     span: Span,
 ) -> Any:
-    def chain() -> Any:
-        value = payload
+    def chain(value: Any) -> Any:
         for stage in agent.config.agents:
             value = rt.run_agent(stage, value, context, trace, span)
         return value

@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any
 from connic import AbortTool, StopProcessing
 
 from ..approvals import AwaitingApproval, rejection_error, requires_approval
+from ..expr import describe
 from ..mocks import StrictViolation, check_arguments, normalise
 from ..runtime_errors import AgentRunError
 from .mocking import guard, resolve_phase, violate
 from .payloads import jsonable
+from .toolset import approval_inputs
 from .trace import Span, Trace, error_text, timed
 from .usercode import accepts, call_user_function
 
@@ -48,6 +50,7 @@ def run_tool_call(
     parent: Span,
 ) -> Any:
     """One tool call with hooks around it; errors go back to the model as text."""
+    rt.check_deadline()
     tool = tools.get(name)
     ref = (tool.ref or tool.name) if tool is not None else name
     span = trace.open(
@@ -62,12 +65,17 @@ def run_tool_call(
     started = time.monotonic()
     hooks = hooks_of(rt, agent.config.name)
     params = dict(arguments)
+    original = jsonable(arguments)  # what `after` receives, whatever `before` does to params
     reached_tool = False
     try:
+        if tool is None and name in approval_inputs(agent):
+            return ask_for_input(rt, agent, name, arguments, trace, span)
         if tool is None:
             # Hidden by its condition or never declared: the model asked, nothing ran.
             span.metadata.update(executed=False, not_executed="unknown or hidden tool")
             raise AgentRunError(f"unknown tool {name!r}")
+        if tool.is_predefined and tool.name == "use_tool":
+            return use_discoverable(agent, arguments, span)
         refused = approval(rt, agent, tool, ref, name, params, context, trace, span)
         if refused is not None:
             span.status = "error"
@@ -75,54 +83,21 @@ def run_tool_call(
                 executed=False, not_executed="refused by approval", result=jsonable(refused)
             )
             return refused
-        before = resolve_phase(rt, "hook", hooks.before if hooks else None, ref, "before")
-        if before is not None:
-            try:
-                changed = call_hook(
-                    before,
-                    name,
-                    params,
-                    context,
-                    trace=trace,
-                    parent=span,
-                    phase="before",
-                )
-            except (StopProcessing, StrictViolation, AwaitingApproval, ApprovalRejected):
-                raise
-            except Exception as exc:
-                # AbortTool or any other exception: the hook stopped the call before the tool
-                # received it, so both are an aborted call (issue 10, rule 4).
-                span.status = "error"
-                if isinstance(exc, AbortTool):
-                    result = getattr(exc, "result", str(exc))
-                else:
-                    result = {"error": f"the before hook raised {error_text(exc)}"}
-                span.metadata.update(
-                    aborted=True,
-                    executed=False,
-                    not_executed="aborted by hook",
-                    result=jsonable(result),
-                )
-                return result
-            if isinstance(changed, dict):
-                params = {**params, **changed}
-            span.metadata["params"] = jsonable(params)
+        try:
+            params = before_hook(rt, hooks, ref, name, params, context, trace, span)
+        except (StopProcessing, StrictViolation, AwaitingApproval, ApprovalRejected):
+            raise
+        except Exception as exc:
+            # AbortTool or any other exception: the hook stopped the call before the tool
+            # received it, so both are an aborted call (issue 10, rule 4).
+            if isinstance(exc, AbortTool):
+                result = getattr(exc, "result", str(exc))
+            else:
+                result = {"error": f"the before hook raised {error_text(exc)}"}
+            return aborted(span, result)
         reached_tool = True
         result = execute_tool(rt, tool, params, context, span)
-        after = resolve_phase(rt, "hook", hooks.after if hooks else None, ref, "after")
-        if after is not None:
-            replaced = call_hook(
-                after,
-                name,
-                params,
-                context,
-                result=result,
-                trace=trace,
-                parent=span,
-                phase="after",
-            )
-            if replaced is not None:
-                result = replaced
+        result = after_hook(rt, hooks, ref, name, original, result, context, trace, span)
         span.metadata["result"] = jsonable(result)
         return result
     except (StopProcessing, StrictViolation, AwaitingApproval, ApprovalRejected) as stop:
@@ -144,6 +119,64 @@ def run_tool_call(
         return {"error": message}
     finally:
         span.duration_ms = int((time.monotonic() - started) * 1000)
+
+
+def before_hook(
+    rt: Runtime,
+    hooks: Any,
+    ref: str,
+    name: str,
+    params: dict[str, Any],
+    context: dict[str, Any],
+    trace: Trace,
+    span: Span,
+) -> dict[str, Any]:
+    """The params after the agent's `before` hook (or its mock): a returned dict is merged
+    in, None keeps them. Whatever the hook raises, AbortTool included, is the caller's."""
+    before = resolve_phase(rt, "hook", hooks.before if hooks else None, ref, "before")
+    if before is None:
+        return params
+    changed = call_hook(before, name, params, context, trace=trace, parent=span, phase="before")
+    if isinstance(changed, dict):
+        params = {**params, **changed}
+    span.metadata["params"] = jsonable(params)
+    return params
+
+
+def after_hook(
+    rt: Runtime,
+    hooks: Any,
+    ref: str,
+    name: str,
+    original: dict[str, Any],
+    result: Any,
+    context: dict[str, Any],
+    trace: Trace,
+    span: Span,
+) -> Any:
+    """The result after the agent's `after` hook (or its mock): non-None replaces it.
+
+    Decided (issue 19, item 11): `after` receives the original params, the ones the call
+    was made with before `before` changed them (SDK ToolHook: "The 'after' hook receives the
+    tool name, the original params, the tool's result").
+    """
+    after = resolve_phase(rt, "hook", hooks.after if hooks else None, ref, "after")
+    if after is None:
+        return result
+    replaced = call_hook(
+        after, name, original, context, result=result, trace=trace, parent=span, phase="after"
+    )
+    return result if replaced is None else replaced
+
+
+def aborted(span: Span, result: Any) -> Any:
+    """Record that a before hook stopped the call before the tool received it; ``result``
+    is what the caller gets instead."""
+    span.status = "error"
+    span.metadata.update(
+        aborted=True, executed=False, not_executed="aborted by hook", result=jsonable(result)
+    )
+    return result
 
 
 def call_hook(
@@ -192,7 +225,8 @@ def approval(
     """None to go on with the call; else what the model is told instead (a rejection)."""
     if not requires_approval(agent, ref, name, params, context):
         return None
-    decision = rt.approvals.answer(ref, name, params)
+    skipped: list[str] = []
+    decision = rt.approvals.answer(ref, name, params, skipped)
     span = trace.open(
         "approval",
         ref,
@@ -200,6 +234,8 @@ def approval(
         params=jsonable(params),
         decision=decision.decision if decision else None,
     )
+    if skipped:
+        span.metadata["skipped"] = skipped  # why decisions for this tool did not answer it
     if decision is None:
         span.status = "error"
         if rt.approvals.strict:
@@ -216,6 +252,88 @@ def approval(
     if on_rejection == "continue":
         return {"error": str(rejection_error(decision, ref))}
     raise ApprovalRejected(str(rejection_error(decision, ref)))
+
+
+def use_discoverable(agent: Any, arguments: Mapping[str, Any], span: Span) -> Any:
+    """`use_tool(tool_name, arguments)`: a call of the discoverable tool it names.
+
+    The span records that tool's call as ``discovered`` (name, canonical ref, params), which
+    every tool assertion reads as the tool's own call (SDK test_schema.py: "Discoverable
+    calls use the actual tool name or canonical ref in every tool assertion"). Running it
+    belongs to the runtime-features issue: until then it is a call the model made that the
+    tool never received, and the model is told so.
+    """
+    wanted = arguments.get("tool_name")
+    found = next(
+        (t for t in agent.discoverable_tools if wanted in (t.name, t.ref)),
+        None,
+    )
+    span.status = "error"
+    if found is None:
+        span.metadata.update(executed=False, not_executed="use_tool named no discoverable tool")
+        return {"error": f"use_tool: {wanted!r} is not one of this agent's discoverable tools"}
+    inner = arguments.get("arguments")
+    ref = found.ref or found.name
+    span.metadata.update(
+        discovered={
+            "tool_name": found.name,
+            "tool_ref": ref,
+            "params": jsonable(inner if isinstance(inner, Mapping) else {}),
+        },
+        executed=False,
+        not_executed="discoverable tools do not run in a gate yet",
+    )
+    return {"error": f"the discoverable tool {ref} cannot run in a gate yet"}
+
+
+SENSITIVE = "[sensitive]"
+
+
+def ask_for_input(
+    rt: Runtime, agent: Any, name: str, params: dict[str, Any], trace: Trace, span: Span
+) -> Any:
+    """An approval input (SDK ApprovalInput, spec 8.5): a generated tool whose result is
+    the text a person types. The run pauses until it is answered: an `approve` decision's
+    `response` is the answer; `reject` and `timeout` follow `approval.on_rejection` as for
+    a gated tool. Unanswered, the run ends awaiting approval. It has no implementation, so
+    no hook or mock applies; a `sensitive` answer reaches the model and stays out of the
+    trace (SDK: "Protect the response in storage and logs").
+    """
+    spec = approval_inputs(agent)[name]
+    label = f'the input request {name} ("{spec.label}") with params {describe(jsonable(params))}'
+    span.metadata.update(approval_input=True, label=spec.label)
+    skipped: list[str] = []
+    decision = rt.approvals.answer(name, name, params, skipped)
+    request = trace.open(
+        "approval",
+        name,
+        span,
+        params=jsonable(params),
+        input=True,
+        decision=decision.decision if decision else None,
+    )
+    if skipped:
+        request.metadata["skipped"] = skipped
+    if decision is not None and decision.decision == "approve" and decision.response is None:
+        rt.approvals.problem(
+            f"approval_decisions: the approve decision for the input {name} has no response; "
+            "an input is answered with the text in `response`"
+        )
+        decision = None
+    if decision is None:
+        request.status = "error"
+        if rt.approvals.strict:
+            violate(rt, f"strict_approval_decisions: no approval_decisions entry answered {label}")
+        raise AwaitingApproval(f"waiting for {label}")
+    if decision.decision == "approve":
+        span.metadata["result"] = SENSITIVE if spec.sensitive else decision.response
+        return decision.response
+    request.status = "error"
+    rejected = rejection_error(decision, name, "input")
+    if getattr(agent.config.approval, "on_rejection", "fail") == "continue":
+        span.metadata.update(executed=False, not_executed="refused by approval")
+        return {"error": str(rejected)}
+    raise ApprovalRejected(str(rejected))
 
 
 def call_custom_tool(

@@ -37,6 +37,20 @@ def _sdk_stubs() -> dict[str, Callable[..., Any]]:
 PREDEFINED_STUBS = _sdk_stubs()
 
 PREDEFINED_SCHEMAS: dict[str, dict[str, Any]] = {
+    # The discovery tools have no SDK stub: these are the gate's (see use_discoverable).
+    "search_tools": {
+        "type": "object",
+        "properties": {"query": {"type": "string"}},
+        "required": ["query"],
+    },
+    "use_tool": {
+        "type": "object",
+        "properties": {
+            "tool_name": {"type": "string", "description": "the tool's name or canonical ref"},
+            "arguments": {"type": "object"},
+        },
+        "required": ["tool_name"],
+    },
     "trigger_agent": {
         "type": "object",
         "properties": {
@@ -59,6 +73,25 @@ def predefined_schema(rt: Runtime, name: str) -> dict[str, Any]:
         except Exception:  # the SDK's private helper changed: fall back below
             pass
     return PREDEFINED_SCHEMAS.get(name, {"type": "object", "properties": {}})
+
+
+def approval_inputs(agent: Any) -> dict[str, Any]:
+    """The agent's `approval.inputs`: generated tools by name (SDK ApprovalInput)."""
+    config = getattr(agent.config, "approval", None)
+    entries = getattr(config, "inputs", None) or []
+    return {name: spec for entry in entries for name, spec in entry.items()}
+
+
+def input_schema(name: str, spec: Any) -> dict[str, Any]:
+    """An approval input as the model is offered it: its prompt and its parameters."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": spec.prompt,
+            "parameters": spec.parameters_schema(),
+        },
+    }
 
 
 def visible_tools(agent: Any, context: dict[str, Any]) -> list[Any]:

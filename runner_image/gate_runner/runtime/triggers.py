@@ -27,6 +27,7 @@ def trigger(
     timeout_seconds: int = 60,
 ) -> dict[str, Any]:
     """trigger_agent: waited children run here, in-process, with their own run."""
+    rt.check_deadline()
     trace, parent, parent_context = rt.current_frame()
     run_id = str(uuid.uuid4())
     span = trace.open(
@@ -103,6 +104,7 @@ def trigger_at(
     rt: Runtime, agent_name: str, payload: Any, delay: Any = None, unix_timestamp: Any = None
 ) -> dict[str, Any]:
     """trigger_agent_at is always fire-and-forget in a gate: recorded, never run."""
+    rt.check_deadline()
     trace, parent, _ = rt.current_frame()
     run_id = str(uuid.uuid4())
     trace.open(
