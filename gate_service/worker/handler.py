@@ -503,7 +503,10 @@ def _run_case(
                 parsed = parse_runner_output(
                     result.stdout, nonce=nonce, suite=suite, test_name=test_name
                 )
-                service.save_case_result(session, gate, case, redact_result(parsed, redactor))
+                # Redacted first, then cut (in save_case_result): a cut made first could leave
+                # part of a secret behind.
+                cap = service.run_cap(session, s, gate.project_id)
+                service.save_case_result(session, gate, case, redact_result(parsed, redactor), cap)
             except UntrustedResult as exc:
                 service.save_case_outcome(
                     gate,
