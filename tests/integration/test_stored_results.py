@@ -236,3 +236,50 @@ def test_nan_infinity_a_lone_surrogate_and_nul_are_stored_and_the_case_judged(
     assert run["output"] == UNSTORABLE_OUTPUT
     tool = next(s for s in run["traces"] if s["type"] == "tool_call")
     assert tool["metadata"]["result"] == UNSTORABLE_OUTPUT
+
+
+def nul_suite_project(root: Path) -> Path:
+    """A case whose name holds NUL, and another whose payload does (YAML's \\0 escape)."""
+    project = calculator_project(root, failing=False)
+    write(
+        project,
+        {
+            "tests/nul.yaml": """
+                agent: calc
+                tests:
+                  - name: "nul\\0name"
+                    payload: '{"a": 1, "b": 1}'
+                  - name: nul_in_payload
+                    payload: "{\\"a\\": 1, \\"b\\": \\"\\0\\"}"
+            """
+        },
+    )
+    return project
+
+
+def test_a_suite_string_holding_nul_is_refused_in_validating_naming_the_suite(
+    client: TestClient, worker: Any, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    gate_id = submit(client, bundle_of(nul_suite_project(tmp_path / "p")))
+    assert worker.run_once()
+    gate = client.get(f"/v1/gates/{gate_id}").json()
+    assert (gate["status"], gate["phase"]) == ("error", "validating"), gate
+    assert gate["failure_reason"].startswith("2 problem(s) in the bundle's suites; first: ")
+    assert (
+        "tests/nul.yaml case 'nul\\\\u0000name': tests[0].name holds a NUL"
+        in (gate["failure_reason"])
+    )
+    problems = [(p["file"], p["case"], p["message"]) for p in gate["problems"]]
+    assert problems == [
+        (
+            "tests/nul.yaml",
+            "nul\\u0000name",
+            "tests[0].name holds a NUL character (\\x00), which cannot be stored; remove it",
+        ),
+        (
+            "tests/nul.yaml",
+            "nul_in_payload",
+            "tests[1].payload holds a NUL character (\\x00), which cannot be stored; remove it",
+        ),
+    ]
+    assert attempts(sessions, gate_id) == 1 and gate["cases"] == []
