@@ -11,13 +11,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate_service.config import Settings
-from gate_service.db import session_scope
+from gate_service.db import refused_write, session_scope
 from gate_service.main import create_app
 from gate_service.models import utcnow
 from gate_service.stored_runs import MARK, MIN_STORED_RUN_BYTES
@@ -30,7 +32,7 @@ from tests.fixtures.outputs import (
     big_output_project,
     unstorable_output_project,
 )
-from tests.fixtures.projects import bundle_of, calculator_project, write
+from tests.fixtures.projects import AGENTS, bundle_of, calculator_project, write
 from tests.fixtures.sandbox import FakeSandbox, fake_worker
 
 RUN_CAP = 256 * 1024  # small, so that the tests move little data; the same code as 1 MiB
@@ -283,3 +285,134 @@ def test_a_suite_string_holding_nul_is_refused_in_validating_naming_the_suite(
         ),
     ]
     assert attempts(sessions, gate_id) == 1 and gate["cases"] == []
+
+
+# -- item 4: a refusal that would repeat is not retried ---------------------------------------
+
+REFUSING = """
+    CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF {column} LIKE '%refuse-me%' THEN
+            RAISE EXCEPTION 'this row is refused' USING ERRCODE = '22023';
+        END IF;
+        RETURN NEW;
+    END $$;
+    CREATE TRIGGER refuse_poison BEFORE INSERT ON {table}
+        FOR EACH ROW EXECUTE FUNCTION refuse_poison();
+"""
+
+
+def refuse(sessions: sessionmaker[Session], table: str, column: str) -> None:
+    """Make Postgres refuse some rows of ``table`` as a constraint would: every time."""
+    with session_scope(sessions) as s:
+        s.execute(text(REFUSING.format(table=table, column=column)))
+
+
+def poison_project(root: Path) -> Path:
+    project = write(root, AGENTS)
+    write(
+        project,
+        {
+            "agents/poison.yaml": """
+                version: "1.0"
+                name: poison
+                description: Returns what this database refuses.
+                type: tool
+                tool_name: poison.value
+            """,
+            "tools/poison.py": """
+                def value(payload: dict) -> dict:
+                    return {"value": "refuse-me"}
+            """,
+            "tests/poison.yaml": """
+                tests:
+                  - name: returns_a_refused_value
+                    payload: '{}'
+            """,
+            "tests/calc.yaml": """
+                agent: calc
+                tests:
+                  - name: adds_two_numbers
+                    payload: '{"a": 2, "b": 3}'
+                    expected_result: output.sum == 5
+            """,
+        },
+    )
+    return project
+
+
+def test_a_result_postgres_refuses_ends_its_case_error_at_once_not_retried(
+    client: TestClient, worker: Any, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    refuse(sessions, "runs", "NEW.output::text")
+    gate_id = submit(client, bundle_of(poison_project(tmp_path / "p")))
+    assert worker.run_once()
+    assert worker.run_once() is False  # nothing handed back for another attempt
+    gate = client.get(f"/v1/gates/{gate_id}").json()
+    by_name = {c["test_name"]: c for c in gate["cases"]}
+    assert by_name["adds_two_numbers"]["status"] == "passed"
+    refused = by_name["returns_a_refused_value"]
+    assert refused["status"] == "error"
+    assert refused["failure_reason"].startswith(
+        "the case's result could not be stored: Postgres refused the data: this row is "
+        "refused (InvalidParameterValue, SQLSTATE 22023) (reference "
+    )
+    assert refused["failure_reason"].endswith(
+        "not retried, since the same result would be refused again"
+    )
+    assert (gate["status"], gate["phase"]) == ("error", "done")
+    assert "tests/poison.yaml::returns_a_refused_value" in gate["failure_reason"]
+    assert attempts(sessions, gate_id) == 1
+
+
+def test_a_gate_whose_cases_postgres_refuses_ends_error_at_once_not_retried(
+    client: TestClient, worker: Any, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    refuse(sessions, "cases", "NEW.test_name")
+    project = calculator_project(tmp_path / "p", failing=False)
+    write(
+        project,
+        {
+            "tests/refused.yaml": 'agent: calc\ntests:\n  - name: refuse-me\n    payload: \'{"a": 1, "b": 1}\'\n'
+        },
+    )
+    gate_id = submit(client, bundle_of(project))
+    assert worker.run_once()
+    assert worker.run_once() is False
+    gate = client.get(f"/v1/gates/{gate_id}").json()
+    assert gate["status"] == "error"
+    assert gate["failure_reason"].startswith(
+        "the gate's data could not be stored: Postgres refused the data: this row is refused"
+    )
+    assert "not retried" in gate["failure_reason"]
+    assert attempts(sessions, gate_id) == 1
+
+
+def test_only_a_refusal_of_the_data_counts_as_one_that_will_repeat(
+    sessions: sessionmaker[Session],
+) -> None:
+    """Real errors from a real server: refused data is told apart from a lost connection."""
+    with sessions() as s:
+        with pytest.raises(DBAPIError) as nan:
+            s.execute(text("SELECT CAST(:v AS jsonb)"), {"v": json.dumps(float("nan"))})
+        s.rollback()
+        s.execute(text("CREATE TEMP TABLE short (v varchar(3))"))
+        with pytest.raises(DBAPIError) as too_long:
+            s.execute(text("INSERT INTO short VALUES ('four')"))
+        s.rollback()
+        with pytest.raises(UnicodeEncodeError) as surrogate:
+            s.execute(text("SELECT :v"), {"v": "\ud800"})
+        s.rollback()
+        pid = s.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        url = s.get_bind().engine.url.set(drivername="postgresql")
+        with psycopg.connect(url.render_as_string(hide_password=False)) as killer:
+            killer.execute("SELECT pg_terminate_backend(%s)", [pid])
+        with pytest.raises(DBAPIError) as lost:
+            s.execute(text("SELECT 1"))
+    assert 'Token "NaN" is invalid' not in (refused_write(nan.value) or "")  # the first line
+    assert (refused_write(nan.value) or "").startswith(
+        "Postgres refused the data: invalid input syntax for type json"
+    )
+    assert "SQLSTATE 22001" in (refused_write(too_long.value) or "")
+    assert refused_write(surrogate.value) is not None
+    assert refused_write(lost.value) is None
