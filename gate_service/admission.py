@@ -1,7 +1,8 @@
 """Admission control: caps that answer at once instead of letting one client exhaust the service.
 
 - per API process: concurrent uploads and long-polls (``Slots``, built in ``create_app``);
-- per project at submission: queued gates and stored bundle bytes (``admit_submission``);
+- per project at submission: queued gates, stored bundle bytes and stored result bytes
+  (``admit_submission``);
 - for the whole service: queued gates (``admit_submission``);
 - per project in the worker: running gates (``worker.queue.claim``);
 - per gate in the worker: cases and a deadline (``worker.handler``).
@@ -100,6 +101,16 @@ def stored_bundle_bytes(session: Session, project_id: uuid.UUID) -> tuple[int, s
     return sum(int(r.size_bytes) for r in rows), {str(r.sha256) for r in rows}
 
 
+def stored_result_bytes(session: Session, project_id: uuid.UUID) -> int:
+    """Bytes the project's runs store (each gate keeps the sum of its runs' stored_bytes)."""
+    return int(
+        session.execute(
+            text("SELECT coalesce(sum(result_bytes), 0) FROM gates WHERE project_id = :p"),
+            {"p": project_id},
+        ).scalar_one()
+    )
+
+
 def lock_project(session: Session, project_id: uuid.UUID) -> None:
     """Serialise admission decisions for one project until the transaction ends.
 
@@ -149,6 +160,14 @@ def admit_submission(
                 "(GATE_MAX_BUNDLE_BYTES_PER_PROJECT). Retention frees space as old gates are "
                 "deleted; resubmitting a bundle already stored costs nothing"
             )
+    results = stored_result_bytes(session, project_id)
+    if results >= settings.max_result_bytes_per_project:
+        raise TooManyRequests(
+            f"project {project_name!r} stores {results} bytes of run results; the limit is "
+            f"{settings.max_result_bytes_per_project} bytes "
+            "(GATE_MAX_RESULT_BYTES_PER_PROJECT). Retention frees space as old gates are "
+            "deleted (the project's retention_days)"
+        )
     total = queued_gates(session)
     if total >= settings.max_queued_gates:
         raise ServiceUnavailable(

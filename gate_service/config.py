@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gate_runner.case_env import refusal
 from gate_service.resources import runner_image_dir
+from gate_service.stored_runs import MIN_STORED_RUN_BYTES
 
 MIB = 1024 * 1024
 
@@ -170,6 +171,13 @@ class Settings(BaseSettings):
         description="stdout and stderr one invocation may print; past it the rest is dropped "
         "and the invocation fails saying so.",
     )
+    max_stored_run_bytes: int = Field(
+        default=MIB,
+        ge=MIN_STORED_RUN_BYTES,
+        description="Bytes one run may store (the JSON text of its input, output, error, "
+        "reasons, context, every span and key); past it the longest strings are cut first, "
+        "each cut marked …[N bytes cut], and the run's failure_reason says so.",
+    )
     case_env: str = Field(
         default="",
         description="Comma-separated variables passed from the worker to the invocations of "
@@ -226,6 +234,13 @@ class Settings(BaseSettings):
         ge=1,
         description="Bytes of the distinct bundles one project's gates reference; past it 429 "
         "until retention deletes old gates.",
+    )
+    max_result_bytes_per_project: int = Field(
+        default=10 * 1024 * MIB,
+        ge=1,
+        description="Bytes of stored run results (GATE_MAX_STORED_RUN_BYTES counts them) one "
+        "project's gates hold; past it a submission is 429 until retention deletes old gates, "
+        f"and a run stored meanwhile keeps at most {MIN_STORED_RUN_BYTES} bytes.",
     )
     max_running_gates_per_project: int = Field(
         default=2,

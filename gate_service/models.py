@@ -180,6 +180,8 @@ class Gate(Base):
     failure_reason: Mapped[str | None] = mapped_column(Text)
     problems: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, default=list)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Stored bytes of the gate's runs (their Run.stored_bytes): the project's quota sums it.
+    result_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # Bumped on every visible change; the ETag and long-poll compare it.
     revision: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -249,3 +251,8 @@ class Run(Base):
     run_context: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
     duration_ms: Mapped[int] = mapped_column(Integer, default=0)
     traces: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, default=list)
+    # Values that occur more than once in the run, each stored once; the fields above hold
+    # {"$gate.value": id} where they stood (gate_service.stored_runs).
+    shared_values: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict, server_default="{}")
+    # Bytes of the JSON text of all the run stores (fields and shared values).
+    stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")

@@ -7,6 +7,7 @@ connic-composer-sdk schema, and agents are read by the SDK's loader in validatio
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,8 @@ NON_SUITE_DIRS = ("files", "builders", "mocks", "models", "recordings")
 
 
 MAX_SUITE_BYTES = 1024 * 1024
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 # YAML aliases let a few hundred bytes stand for billions of nodes once expanded; validation
 # walks the expanded tree, so the expanded size is what is capped.
 MAX_EXPANDED_NODES = 100_000
@@ -155,6 +158,64 @@ def suite_problems(raw: Any) -> list[tuple[str | None, str]]:
     return out
 
 
+def _unstorable(text: str) -> str | None:
+    """What in ``text`` neither Postgres nor a command line can carry, or None."""
+    if "\x00" in text:
+        return "a NUL character (\\x00)"
+    surrogate = _SURROGATE.search(text)
+    if surrogate is not None:
+        return f"a lone surrogate (\\u{ord(surrogate.group()):04x})"
+    return None
+
+
+def _visible(text: str) -> str:
+    """``text`` with NUL and lone surrogates written as escapes, to quote it in a problem."""
+    return "".join(
+        c if c != "\x00" and not "\ud800" <= c <= "\udfff" else f"\\u{ord(c):04x}" for c in text
+    )
+
+
+def _unstorable_strings(node: Any, where: str) -> list[tuple[str, str]]:
+    """(path, what) for every key or string under ``node`` that holds NUL or a lone surrogate."""
+    found = []
+    if isinstance(node, str):
+        what = _unstorable(node)
+        if what:
+            found.append((where, what))
+    elif isinstance(node, list):
+        for index, item in enumerate(node):
+            found += _unstorable_strings(item, f"{where}[{index}]")
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            name = _visible(key) if isinstance(key, str) else repr(key)
+            path = f"{where}.{name}" if where else name
+            what = _unstorable(key) if isinstance(key, str) else None
+            if what:
+                found.append((f"the key {path}", what))
+            found += _unstorable_strings(value, path)
+    return found
+
+
+def string_problems(raw: Any) -> list[tuple[str | None, str]]:
+    """Every string of a suite that holds NUL or a lone surrogate, with its case.
+
+    Such a string cannot be stored (Postgres text holds neither) nor passed to the runner on
+    its command line, so the suite is refused here instead of failing the gate's writes.
+    """
+    out: list[tuple[str | None, str]] = []
+    tests = raw.get("tests") if isinstance(raw, dict) else None
+    cases = tests if isinstance(tests, list) else []
+    for index, item in enumerate(cases):
+        name = item.get("name") if isinstance(item, dict) else None
+        label = _visible(name) if isinstance(name, str) and name else f"#{index + 1}"
+        for path, what in _unstorable_strings(item, f"tests[{index}]"):
+            out.append((label, f"{path} holds {what}, which cannot be stored; remove it"))
+    rest = {k: v for k, v in raw.items() if k != "tests"} if isinstance(raw, dict) else raw
+    for path, what in _unstorable_strings(rest, ""):
+        out.append((None, f"{path or 'the suite'} holds {what}, which cannot be stored; remove it"))
+    return out
+
+
 def _parsed_cases(raw: Any) -> list[dict[str, Any]]:
     """Each case that validates on its own, resolved with the file's defaults."""
     if not isinstance(raw, dict) or not isinstance(raw.get("tests"), list):
@@ -215,7 +276,7 @@ def validate_project(root: Path, name_filter: str | None = None) -> ProjectRepor
             continue
         try:
             raw = load_yaml_bounded(path.read_text(encoding="utf-8"))
-            problems = suite_problems(raw)
+            problems = string_problems(raw) + suite_problems(raw)
             cases = _parsed_cases(raw)
         except (yaml.YAMLError, UnicodeDecodeError, SuiteTooComplex, ValueError, TypeError) as exc:
             report.add(rel, f"not valid YAML: {exc}")

@@ -21,7 +21,6 @@ from ..deps import SessionDep, SessionFactoryDep, SettingsDep
 from ..errors import PayloadTooLarge, UnsupportedMediaType, error_responses
 from ..gates import service as gates
 from ..gates.routes import check_idempotency_key, store_upload
-from ..gates.schemas import RunRead
 from . import service
 from .schemas import ConnicEnvironment, ConnicRun, ConnicTestRun, ConnicTestRunSubmit
 
@@ -161,4 +160,4 @@ def get_test_run(
 def get_run(pid: Pid, run_id: uuid.UUID, session: SessionDep, who: Reader) -> ConnicRun:
     """One invocation with its trace, for the CLI's failed-run drill-down."""
     service.check_project(who, pid)
-    return service.as_run(RunRead.model_validate(gates.get_run(session, run_id, who.project_id)))
+    return service.as_run(gates.read_run(session, run_id, who.project_id))

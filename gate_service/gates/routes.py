@@ -430,4 +430,4 @@ def cancel_gate(gate_id: uuid.UUID, session: SessionDep, who: Submitter) -> Gate
 @router.get("/runs/{run_id}", response_model=RunRead, responses=ERRORS)
 def get_run(run_id: uuid.UUID, session: SessionDep, who: Reader) -> RunRead:
     """One invocation of a case, with its trace."""
-    return RunRead.model_validate(service.get_run(session, run_id, who.project_id))
+    return service.read_run(session, run_id, who.project_id)

@@ -14,15 +14,31 @@ from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from ..admission import admit_submission, lock_project
+from ..admission import admit_submission, lock_project, stored_result_bytes
 from ..bundles.archive import Manifest
 from ..bundles.suites import CaseRef
 from ..config import Settings
 from ..errors import Conflict, NotFound
 from ..models import Bundle, Case, CaseStatus, Gate, GateStatus, Phase, Run, utcnow
-from ..runner_contract import CaseResult, trusted_verdict, without_nul
+from ..runner_contract import CaseResult, InvocationResult, UntrustedResult, trusted_verdict
+from ..stored_runs import (
+    MIN_STORED_RUN_BYTES,
+    PackedRun,
+    RunCap,
+    cut_text,
+    json_bytes,
+    pack_run,
+    storable,
+    storable_text,
+    unpack,
+)
 from ..worker import queue
-from .schemas import BundleRead, CaseRead, GateList, GateRead, GateSummary
+from .schemas import BundleRead, CaseRead, GateList, GateRead, GateSummary, RunRead
+
+# A case's own failure_reason (the runner's sentence on its first failed run) is kept to this;
+# the runs hold the rest, under their own cap.
+MAX_CASE_REASON_BYTES = 16 * 1024
+STATUS_CHARS = 32  # Run.status is String(32); the runner's status words are shorter
 
 
 def create_gate(
@@ -253,6 +269,27 @@ def get_run(session: Session, run_id: uuid.UUID, project_id: uuid.UUID) -> Run:
     return run
 
 
+def read_run(session: Session, run_id: uuid.UUID, project_id: uuid.UUID) -> RunRead:
+    """The run as the API answers it: every shared value back in each place it stood."""
+    run = get_run(session, run_id, project_id)
+    shared = run.shared_values or {}
+    return RunRead(
+        id=run.id,
+        case_id=run.case_id,
+        index=run.index,
+        status=run.status,
+        passed=run.passed,
+        input=unpack(run.input, shared),
+        output=unpack(run.output, shared),
+        error=run.error,
+        failure_reason=run.failure_reason,
+        failed_assertions=unpack(run.failed_assertions, shared),
+        run_context=unpack(run.run_context, shared),
+        duration_ms=run.duration_ms,
+        traces=unpack(run.traces, shared),
+    )
+
+
 def request_cancel(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> Gate:
     """Cancel a queued gate at once; a running one stops before its next case."""
     gate = get_gate(session, gate_id, project_id=project_id, for_update=True)
@@ -294,11 +331,12 @@ def fail_gate(
 ) -> None:
     """End the gate `error`: it could not be judged. The phase stays where it stopped."""
     phase = Phase(gate.phase) if gate.phase != Phase.queued else Phase.validating
-    # Problems quote the bundle's own text, which may hold NUL: Postgres cannot store it.
-    reason = without_nul(reason)
+    # Problems quote the bundle's own text, which may hold NUL or a lone surrogate: Postgres
+    # can store neither.
+    reason = storable_text(reason)
     _end(gate, GateStatus.error, phase=phase, reason=reason)
-    gate.error = without_nul(error) if error else reason
-    gate.problems = without_nul(list(problems))
+    gate.error = storable_text(error) if error else reason
+    gate.problems = storable(list(problems))
 
 
 def cancel_gate(gate: Gate) -> None:
@@ -334,11 +372,30 @@ def save_cases(session: Session, gate: Gate, refs: Sequence[CaseRef]) -> list[Ca
     return cases
 
 
-def save_case_result(session: Session, gate: Gate, case: Case, result: CaseResult) -> None:
-    """Store a judged case and each of its invocations.
+def run_cap(session: Session, settings: Settings, project_id: uuid.UUID) -> RunCap:
+    """What one run of the project may store now: GATE_MAX_STORED_RUN_BYTES, or only
+    MIN_STORED_RUN_BYTES once the project's stored results reached its quota (gates admitted
+    before it was reached still finish, each run at that floor)."""
+    quota = settings.max_result_bytes_per_project
+    used = stored_result_bytes(session, project_id)
+    if used >= quota:
+        return RunCap(
+            MIN_STORED_RUN_BYTES,
+            f"the project's runs already store {used} bytes, its limit "
+            f"(GATE_MAX_RESULT_BYTES_PER_PROJECT = {quota}), so a run stores at most "
+            f"{MIN_STORED_RUN_BYTES} bytes until retention frees space",
+        )
+    return RunCap.setting(settings.max_stored_run_bytes, "GATE_MAX_STORED_RUN_BYTES")
+
+
+def save_case_result(
+    session: Session, gate: Gate, case: Case, result: CaseResult, cap: RunCap
+) -> None:
+    """Store a judged case and each of its invocations, each run within ``cap``.
 
     `runs` and `success_threshold` stay those of the suite the worker validated; the verdict
-    is recomputed from the invocations (UntrustedResult when they do not fit the suite).
+    is recomputed from the invocations (UntrustedResult when they do not fit the suite, or
+    when the result nests too deeply to store). Nothing is changed before both are known.
     """
     if result.case_error:
         status, passed, successes = CaseStatus.error, None, 0
@@ -347,28 +404,45 @@ def save_case_result(session: Session, gate: Gate, case: Case, result: CaseResul
             result, runs=case.runs, success_threshold=case.success_threshold
         )
         status = CaseStatus.passed if passed else CaseStatus.failed
+    try:
+        packed = [(inv, pack_run(inv.model_dump(), cap)) for inv in result.invocations]
+    except RecursionError:
+        raise UntrustedResult("the result nests too deeply to store") from None
+    replaced = session.scalar(
+        select(func.coalesce(func.sum(Run.stored_bytes), 0)).where(Run.case_id == case.id)
+    )
     session.query(Run).filter(Run.case_id == case.id).delete()
     case.status, case.passed, case.successes = status, passed, successes
     case.duration_ms = result.duration_ms
-    case.failure_reason = result.failure_reason
-    for inv in result.invocations:
-        session.add(
-            Run(
-                case_id=case.id,
-                index=inv.index,
-                status=inv.status,
-                passed=inv.passed,
-                input=inv.input,
-                output=inv.output,
-                error=inv.error,
-                failure_reason=inv.failure_reason,
-                failed_assertions=inv.failed_assertions,
-                run_context=inv.run_context,
-                duration_ms=inv.duration_ms,
-                traces=[s.model_dump() for s in inv.traces],
-            )
-        )
+    case.failure_reason = _case_reason(result.failure_reason)
+    for inv, run in packed:
+        session.add(_run_row(case, inv, run))
+    gate.result_bytes = (
+        (gate.result_bytes or 0) - int(replaced or 0) + sum(r.stored_bytes for _, r in packed)
+    )
     gate.revision += 1
+
+
+def _case_reason(reason: str | None) -> str | None:
+    if reason is None:
+        return None
+    reason = storable_text(reason)
+    if json_bytes(reason) <= MAX_CASE_REASON_BYTES:
+        return reason
+    return cut_text(reason, MAX_CASE_REASON_BYTES - 64)
+
+
+def _run_row(case: Case, inv: InvocationResult, run: PackedRun) -> Run:
+    return Run(
+        case_id=case.id,
+        index=inv.index,
+        status=storable_text(inv.status)[:STATUS_CHARS],
+        passed=inv.passed,
+        duration_ms=inv.duration_ms,
+        shared_values=run.shared,
+        stored_bytes=run.stored_bytes,
+        **run.fields,
+    )
 
 
 def save_case_outcome(
@@ -378,7 +452,7 @@ def save_case_outcome(
     case.status = status
     case.passed = False if status == CaseStatus.failed else None
     case.successes = 0
-    case.failure_reason = reason
+    case.failure_reason = _case_reason(reason)
     case.duration_ms = duration_ms
     gate.revision += 1
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate_runner import case_env as handoff
@@ -32,7 +33,7 @@ from ..bundles.requirements import FILE as REQUIREMENTS_FILE
 from ..bundles.requirements import read_requirements
 from ..bundles.suites import validate_project
 from ..config import Settings
-from ..db import session_scope
+from ..db import refused_write, session_scope
 from ..errors import GateError, SandboxError
 from ..gates import service
 from ..logs import bind_log_context
@@ -83,6 +84,15 @@ class BundleRejected(Exception):
 
 class Stopping(Exception):
     """The worker is shutting down; hand the job back to the queue."""
+
+
+class StorageRefused(Exception):
+    """Postgres refused what a write stores: the same write would be refused again, so it is
+    not retried as if the infrastructure had failed."""
+
+    def __init__(self, why: str, reference: str) -> None:
+        super().__init__(why)
+        self.reason = f"{why} (reference {reference}; the full detail is in the worker log)"
 
 
 class DeadlinePassed(BundleRejected):
@@ -141,11 +151,24 @@ class WorkerContext:
 
 
 def _write(ctx: WorkerContext, job: ClaimedJob, fn: Callable[[Session, Gate], T]) -> T:
-    """Run ``fn`` in its own transaction, after proving we still hold the job's lease."""
-    with session_scope(ctx.sessions) as session:
-        queue.fence(session, job)
-        gate = service.get_gate(session, job.gate_id, for_update=True)
-        return fn(session, gate)
+    """Run ``fn`` in its own transaction, after proving we still hold the job's lease.
+
+    StorageRefused when Postgres refuses the data itself (see ``db.refused_write``).
+    """
+    try:
+        with session_scope(ctx.sessions) as session:
+            queue.fence(session, job)
+            gate = service.get_gate(session, job.gate_id, for_update=True)
+            return fn(session, gate)
+    except (DBAPIError, UnicodeEncodeError) as exc:
+        why = refused_write(exc)
+        if why is None:
+            raise
+        reference = incidents.new_reference()
+        log.error(
+            "job %s: Postgres refused a write (reference %s)", job.id, reference, exc_info=exc
+        )
+        raise StorageRefused(incidents.scrub(why), reference) from exc
 
 
 def case_environment(settings: Settings) -> dict[str, str]:
@@ -210,6 +233,20 @@ def judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None = No
     except Stopping:
         with session_scope(ctx.sessions) as session:
             queue.release(session, job, error="the worker shut down during the job", refund=True)
+    except StorageRefused as exc:
+        refused = exc
+
+        def refuse(session: Session, gate: Gate) -> None:
+            reason = (
+                f"the gate's data could not be stored: {refused.reason}; not retried, since "
+                "the same data would be refused again"
+            )
+            _close_unjudged(session, gate, f"not judged: {reason}")
+            service.fail_gate(gate, reason=reason)
+            queue.finish(session, job, error=reason)
+            ctx.metrics.gate_finished(session, gate)
+
+        _write(ctx, job, refuse)
     except Exception as exc:
         # Users read the summary; the host's paths, SQL and socket stay in this log line.
         reference = incidents.new_reference()
@@ -221,10 +258,9 @@ def judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None = No
             return
 
         def give_up(session: Session, gate: Gate) -> None:
-            service.fail_gate(
-                gate,
-                reason=f"infrastructure error after {job.attempts} attempt(s): {detail}",
-            )
+            reason = f"infrastructure error after {job.attempts} attempt(s): {detail}"
+            _close_unjudged(session, gate, f"not judged: {reason}")
+            service.fail_gate(gate, reason=reason)
             queue.finish(session, job, error=detail)
             ctx.metrics.gate_finished(session, gate)
 
@@ -503,7 +539,10 @@ def _run_case(
                 parsed = parse_runner_output(
                     result.stdout, nonce=nonce, suite=suite, test_name=test_name
                 )
-                service.save_case_result(session, gate, case, redact_result(parsed, redactor))
+                # Redacted first, then cut (in save_case_result): a cut made first could leave
+                # part of a secret behind.
+                cap = service.run_cap(session, s, gate.project_id)
+                service.save_case_result(session, gate, case, redact_result(parsed, redactor), cap)
             except UntrustedResult as exc:
                 service.save_case_outcome(
                     gate,
@@ -536,7 +575,22 @@ def _run_case(
                 )
         ctx.metrics.case_judged(session, case.status, result.duration_ms)
 
-    _write(ctx, job, store)
+    def store_refused(refused: StorageRefused, session: Session, gate: Gate) -> None:
+        case = session.get_one(Case, case_id)
+        service.save_case_outcome(
+            gate,
+            case,
+            status=CaseStatus.error,
+            duration_ms=result.duration_ms,
+            reason=f"the case's result could not be stored: {refused.reason}; not retried, "
+            "since the same result would be refused again",
+        )
+        ctx.metrics.case_judged(session, case.status, result.duration_ms)
+
+    try:
+        _write(ctx, job, store)
+    except StorageRefused as refused:
+        _write(ctx, job, partial(store_refused, refused))
     if result.timed_out and cut_by_deadline:
         job.halt.set()
         raise DeadlinePassed(s.gate_deadline_seconds)

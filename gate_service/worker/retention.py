@@ -49,6 +49,7 @@ class Counts:
     """What one pass deleted for one project."""
 
     gates: int = 0
+    result_bytes: int = 0  # the deleted gates' stored runs, freed from the project's quota
     cases: int = 0
     runs: int = 0
     bundles: int = 0
@@ -61,6 +62,7 @@ class Counts:
 
     def add(self, other: Counts) -> None:
         self.gates += other.gates
+        self.result_bytes += other.result_bytes
         self.cases += other.cases
         self.runs += other.runs
         self.bundles += other.bundles
@@ -69,7 +71,8 @@ class Counts:
 
     def describe(self) -> str:
         return (
-            f"{self.gates} gates, {self.cases} cases, {self.runs} runs, "
+            f"{self.gates} gates ({self.result_bytes} result bytes freed), {self.cases} cases, "
+            f"{self.runs} runs, "
             f"{self.bundles} bundles ({self.bundle_bytes} bytes freed), "
             f"{self.audit_events} audit events"
         )
@@ -168,7 +171,11 @@ def _gate_batch(
     )
     counts.cases = _rowcount(session, "DELETE FROM cases WHERE gate_id = ANY(:ids)", ids)
     # The gates' jobs go with them (ON DELETE CASCADE).
-    counts.gates = _rowcount(session, "DELETE FROM gates WHERE id = ANY(:ids)", ids)
+    freed = session.execute(
+        text("DELETE FROM gates WHERE id = ANY(:ids) RETURNING result_bytes"), {"ids": ids}
+    ).all()
+    counts.gates = len(freed)
+    counts.result_bytes = sum(int(r.result_bytes) for r in freed)
     return len(rows), counts, [r.bundle_sha256 for r in rows]
 
 

@@ -44,12 +44,21 @@ MAX_LOG_LINE_CHARS = 2000
 
 
 MAX_STORED_STRING_CHARS = 16 * 1024
+KEPT_STRING_CHARS = 1024
 
 
 def compact(value: Any) -> Any:
-    """Shorten long strings (base64 fixtures, huge outputs) for the stored result."""
+    """Shorten long strings (base64 fixtures, huge outputs) for the stored result.
+
+    The mark is the one the service cuts with (gate_service.stored_runs), so a stored run
+    says the same thing, and counts the same bytes, whoever cut it.
+    """
     if isinstance(value, str) and len(value) > MAX_STORED_STRING_CHARS:
-        return value[:1024] + f"... [{len(value)} characters; shortened for storage]"
+        head = value[:KEPT_STRING_CHARS]
+        cut = len(value.encode("utf-8", "surrogatepass")) - len(
+            head.encode("utf-8", "surrogatepass")
+        )
+        return f"{head}…[{cut} bytes cut]"
     if isinstance(value, list):
         return [compact(v) for v in value]
     if isinstance(value, dict):

@@ -172,6 +172,12 @@ def test_a_pass_deletes_what_is_older_than_its_projects_retention(
     assert before["cases"] == 2 and before["runs"] == 2 and before["jobs"] == 2
     own_sha, shared_sha = bundle_of_gate(sessions, old_own), bundle_of_gate(sessions, old_shared)
     kept_runs = counts_of(sessions, [new_short, old_long, new_long_shared])
+    freed = scalar(
+        sessions,
+        "SELECT sum(result_bytes) FROM gates WHERE id = ANY(:k)",
+        k=[uuid.UUID(g) for g in doomed],
+    )
+    assert freed > 0  # the runs' stored bytes, which the quota counts
 
     caplog.set_level(logging.DEBUG, logger=LOGGER)
     report = run_retention(sessions, settings)
@@ -196,12 +202,16 @@ def test_a_pass_deletes_what_is_older_than_its_projects_retention(
     got = report.projects["short"]
     assert (got.gates, got.cases, got.runs, got.bundles) == (2, 2, 2, 1)
     assert got.bundle_bytes == len(own)
+    assert got.result_bytes == freed
     assert report.projects["long"].empty and report.projects["default"].empty
     assert not report.skipped
     infos = [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.INFO]
     assert len(infos) == 1
     line = infos[0].getMessage()
-    assert f"short: 2 gates, 2 cases, 2 runs, 1 bundles ({len(own)} bytes freed)" in line
+    assert (
+        f"short: 2 gates ({freed} result bytes freed), 2 cases, 2 runs, 1 bundles "
+        f"({len(own)} bytes freed)"
+    ) in line
     assert "long:" not in line
 
     # Nothing left to do: no INFO line, only DEBUG.

@@ -360,4 +360,9 @@ def test_a_worker_with_another_key_ends_the_gate_error_saying_why(
         "stored with"
     )
     assert sandbox.envs == []  # no case container started without its secrets
-    assert all(c["status"] == "queued" for c in gate.json()["cases"])
+    # None ran, and none is left queued or running in a gate that has ended.
+    assert all(c["status"] == "cancelled" for c in gate.json()["cases"])
+    assert all(
+        c["failure_reason"].startswith("not judged: infrastructure error after")
+        for c in gate.json()["cases"]
+    )

@@ -22,7 +22,7 @@ import pytest
 from rich.console import Console
 
 from gate_service.coverage import compute_coverage, render_coverage
-from tests.fixtures import leaky, projects, seed_bundle
+from tests.fixtures import leaky, outputs, projects, seed_bundle
 from tests.fixtures.projects import write
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,6 +85,8 @@ BUILDERS: dict[str, Callable[[Path], object]] = {
     "seed-bundle": seed_bundle.seed_bundle,
     "leaky": leaky.leaky_project,
     "tool-cases": projects.tool_cases_project,
+    "big-output": outputs.big_output_project,
+    "unstorable-output": outputs.unstorable_output_project,
 }
 BUILDER_FUNCTIONS: list[Callable[..., Path]] = [
     projects.calculator_project,
@@ -98,6 +100,8 @@ BUILDER_FUNCTIONS: list[Callable[..., Path]] = [
     projects.approval_project,
     seed_bundle.seed_bundle,
     leaky.leaky_project,
+    outputs.big_output_project,
+    outputs.unstorable_output_project,
     projects.tool_cases_project,
 ]
 

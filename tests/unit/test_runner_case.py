@@ -1,5 +1,6 @@
 """The runner judging whole cases in-process (forked invocations, no Docker)."""
 
+import base64
 from pathlib import Path
 
 import pytest
@@ -111,7 +112,9 @@ def test_large_fixtures_are_shortened_in_the_stored_result(tmp_path: Path) -> No
     result = judged(project, "tests/big.yaml", "with_fixture")
     assert result.passed
     stored = result.invocations[0].input["files"][0]["data"]
-    assert stored.endswith("characters; shortened for storage]")
+    # Base64 of the fixture: its first 1 KiB kept, the rest counted in the service's mark.
+    whole = base64.b64encode(b"\x01" * 300_000).decode()
+    assert stored == f"{whole[:1024]}…[{len(whole) - 1024} bytes cut]"
     assert len(result.model_dump_json()) < 200_000
 
 
