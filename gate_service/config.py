@@ -228,6 +228,34 @@ class Settings(BaseSettings):
     max_concurrent_long_polls: int = Field(
         default=1000, ge=1, description="?wait= requests one API process holds; past it 503."
     )
+    # A project's share of the two above, so that one project cannot take every slot.
+    max_concurrent_uploads_per_project: int | None = Field(
+        default=None,
+        ge=1,
+        description="Uploads one project may have in progress at once in one API process "
+        "(its share of GATE_MAX_CONCURRENT_UPLOADS); past it 429. Unset: half of "
+        "GATE_MAX_CONCURRENT_UPLOADS, at least 1.",
+    )
+    max_concurrent_long_polls_per_project: int | None = Field(
+        default=None,
+        ge=1,
+        description="?wait= requests one project may have held at once in one API process "
+        "(its share of GATE_MAX_CONCURRENT_LONG_POLLS); past it 429. Unset: half of "
+        "GATE_MAX_CONCURRENT_LONG_POLLS, at least 1.",
+    )
+    upload_min_bytes_per_second: int = Field(
+        default=16 * 1024,
+        ge=0,
+        description="Slowest an upload's body may arrive: fewer bytes than this rate times "
+        "GATE_UPLOAD_RATE_GRACE_SECONDS in any such stretch of it (the first one included) "
+        "cuts it with 408, so a trickling client cannot hold an upload slot. 0: no minimum.",
+    )
+    upload_rate_grace_seconds: float = Field(
+        default=10,
+        gt=0,
+        description="The stretch of time GATE_UPLOAD_MIN_BYTES_PER_SECOND is measured over; "
+        "the first one is an upload's grace period.",
+    )
 
     # Observability
     log_format: LogFormat = Field(
