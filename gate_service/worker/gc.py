@@ -11,11 +11,13 @@ One pass (``collect_garbage``), every GATE_GC_INTERVAL_SECONDS per worker proces
   without waiting for the budget.
 - **Runner images of old digests** (``gate-runner:<digest>`` other than the current one) go
   once no container and no remaining image uses them.
-- **Build leftovers**: untagged images labelled ``gate.managed=build`` for a tag under the
-  test repository (a test-image build's dependency stage or half-done steps, which the build
-  removes itself as it ends; these are what a worker killed mid-build left). They are never
-  used again and go whatever the budget, once older than the grace and than
-  GATE_BUILD_TIMEOUT_SECONDS (younger, they may belong to a build still running).
+- **Build leftovers**: untagged images that a test-image build for a tag under the test
+  repository made (``gate.image``): its dependency stage or half-done steps, which the build
+  removes itself as it ends, so these are what a worker killed mid-build left; or a test
+  image whose tag a concurrent build of the same bundle took over. Nothing names them, so
+  they are never used again and go whatever the budget, once no container uses them and
+  they are older than the grace and than GATE_BUILD_TIMEOUT_SECONDS (younger, they may
+  belong to a build still running).
 - **Scratch directories** of builds whose worker process is gone (see ``gate_service.scratch``):
   at the worker's start and on every pass.
 
@@ -43,7 +45,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ..config import Settings
 from ..db import session_scope
 from ..models import GateStatus
-from ..sandbox import BUILD_IMAGE_LABEL, BUILD_STAGE, LABEL, ImageInfo, Sandbox
+from ..sandbox import BUILD_IMAGE_LABEL, LABEL, ImageInfo, Sandbox
 from ..scratch import clean_scratch
 
 if TYPE_CHECKING:
@@ -212,7 +214,7 @@ def _collect_build_leftovers(
     prefix = f"{policy.test_repository}:"
     young = max(policy.grace_seconds, policy.build_seconds)
     for image in images:
-        if image.tags or image.labels.get(LABEL) != BUILD_STAGE:
+        if image.tags or LABEL not in image.labels:
             continue
         if not image.labels.get(BUILD_IMAGE_LABEL, "").startswith(prefix):
             continue

@@ -215,12 +215,14 @@ def test_old_runner_digests_go_with_their_test_images_unless_in_use(
     assert report.freed_bytes == 100 + 700
 
 
-def make_leftover(sandbox: FakeSandbox, *, for_tag: str, age: float, **kw: object) -> str:
+def make_leftover(
+    sandbox: FakeSandbox, *, for_tag: str, age: float, kind: str = BUILD_STAGE, **kw: object
+) -> str:
     """An untagged image a test-image build left (the engine's dangling image)."""
     info = ImageInfo(
         id=f"sha256:{uuid.uuid4().hex}",
         tags=(),
-        labels={LABEL: BUILD_STAGE, BUILD_ID_LABEL: uuid.uuid4().hex, BUILD_IMAGE_LABEL: for_tag},
+        labels={LABEL: kind, BUILD_ID_LABEL: uuid.uuid4().hex, BUILD_IMAGE_LABEL: for_tag},
         created=time.time() - age,
         unique_bytes=900,
         **kw,  # type: ignore[arg-type]
@@ -234,6 +236,8 @@ def test_build_leftovers_go_whatever_the_budget_once_no_build_can_be_using_them(
 ) -> None:
     ours = f"gate-test:{sha(1)}-fake"
     old = make_leftover(sandbox, for_tag=ours, age=2 * 3600)
+    # A test image whose tag a concurrent build of the same bundle took over.
+    untagged = make_leftover(sandbox, for_tag=ours, age=2 * 3600, kind="test")
     # Younger than a build may run: perhaps a stage a running build still copies from.
     building = make_leftover(sandbox, for_tag=ours, age=300)
     used = make_leftover(sandbox, for_tag=ours, age=2 * 3600, containers=1)
@@ -243,10 +247,10 @@ def test_build_leftovers_go_whatever_the_budget_once_no_build_can_be_using_them(
 
     report = collect_images(sandbox, sessions, pol, CURRENT)
 
-    assert report.removed_build_images == [old]
+    assert report.removed_build_images == [old, untagged]
     assert set(sandbox.image_info) == {building, used, other}
-    assert report.freed_bytes == 900
-    assert "1 build leftover(s)" in report.describe()
+    assert report.freed_bytes == 2 * 900
+    assert "2 build leftover(s)" in report.describe()
 
 
 def test_the_settings_give_build_leftovers_the_build_timeout_at_least(settings: Settings) -> None:
