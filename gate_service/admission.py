@@ -4,7 +4,8 @@
   and each project's share of them;
 - per project at submission: queued gates and stored bundle bytes (``admit_submission``);
 - for the whole service: queued gates (``admit_submission``);
-- per project in the worker: running gates (``worker.queue.claim``);
+- per project in the worker: running gates (``worker.queue.claim``), and a fair share of
+  each worker's gate places and case slots (``worker.slots``);
 - per gate in the worker: cases and a deadline (``worker.handler``).
 """
 

@@ -101,15 +101,17 @@ class Settings(BaseSettings):
     case_concurrency: int = Field(
         default_factory=default_case_concurrency,
         ge=1,
-        description="Case containers one worker runs at once, shared by the gates it holds; "
-        "default: the machine's CPU count.",
+        description="Case containers one worker runs at once, shared by the gates it holds "
+        "by fair share between their projects (a project under its share while all are "
+        "taken is served on top, up to twice this); default: the machine's CPU count.",
     )
     worker_gates: int = Field(
         default=2,
         ge=1,
-        description="Gates one worker judges at once (it claims another while it holds fewer); "
-        "their cases share its GATE_CASE_CONCURRENCY slots, served round-robin, so a small "
-        "gate is not stuck behind a large one.",
+        description="Gates one worker judges at once (it claims another while it holds fewer, "
+        "and one of a project under its fair share even when all are taken, up to twice "
+        "this); their cases share its GATE_CASE_CONCURRENCY slots by project, then "
+        "round-robin by gate, so a small gate is not stuck behind a large one.",
     )
     job_lease_seconds: int = Field(default=60, ge=5)
     job_max_attempts: int = Field(default=3, ge=1)
@@ -134,8 +136,8 @@ class Settings(BaseSettings):
         default=3600,
         ge=0,
         description="How often, at most, each worker process collects garbage (test images "
-        "past GATE_TEST_IMAGE_BUDGET_BYTES, runner images of old digests, build scratch "
-        "directories left by crashed workers); 0 turns the image part off.",
+        "past GATE_TEST_IMAGE_BUDGET_BYTES, runner images of old digests, images and build "
+        "scratch directories left by crashed builds); 0 turns the image part off.",
     )
     test_image_budget_bytes: int = Field(
         default=10 * 1024 * MIB,
