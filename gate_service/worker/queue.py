@@ -11,8 +11,9 @@ import threading
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import Row, text
 from sqlalchemy.orm import Session
 
 from ..models import Job, JobState
@@ -88,14 +89,23 @@ def claim(
                           ORDER BY """
             + _FAIR_ORDER
             + """ FOR UPDATE OF j SKIP LOCKED LIMIT 1)
-            RETURNING id, gate_id, attempts,
-                      (SELECT project_id FROM gates WHERE gates.id = jobs.gate_id) AS project_id
             """
+            + _RETURNING_CLAIM
         ),
         {"owner": owner, "lease": lease_seconds, "exclude": skip, "projects": skip_projects},
     ).one_or_none()
-    if row is None:
-        return None
+    return None if row is None else _claimed(row, owner)
+
+
+# What a claim's UPDATE of the job returns: the ClaimedJob (``_claimed``), its gate's project
+# with it.
+_RETURNING_CLAIM = """
+    RETURNING id, gate_id, attempts,
+              (SELECT project_id FROM gates WHERE gates.id = jobs.gate_id) AS project_id
+"""
+
+
+def _claimed(row: Row[Any], owner: str) -> ClaimedJob:
     return ClaimedJob(
         id=row.id,
         gate_id=row.gate_id,
@@ -188,8 +198,8 @@ def _claim_capped(
                            attempts = attempts + 1,
                            lease_expires_at = now() + make_interval(secs => :lease)
                      WHERE id = :id
-                    RETURNING id, gate_id, attempts
                     """
+                    + _RETURNING_CLAIM
                 ),
                 {"id": row.id, "owner": owner, "lease": lease_seconds},
             ).one()
@@ -198,13 +208,7 @@ def _claim_capped(
             if attempt.is_active:
                 attempt.rollback()
             raise
-        return ClaimedJob(
-            id=claimed.id,
-            gate_id=claimed.gate_id,
-            attempts=claimed.attempts,
-            owner=owner,
-            project_id=row.project_id,
-        )
+        return _claimed(claimed, owner)
 
 
 def heartbeat(session: Session, job: ClaimedJob, *, lease_seconds: int) -> bool:

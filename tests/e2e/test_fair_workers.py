@@ -17,7 +17,7 @@ import pytest
 
 from gate_service.client.api import GateClient
 from tests.e2e.conftest import start, stop, wait_ready
-from tests.fixtures.auth import ADMIN_TOKEN, bearer, project_token
+from tests.fixtures.auth import ADMIN_TOKEN, bearer, served_project_token
 from tests.fixtures.db import create_database, drop_database
 from tests.fixtures.ports import free_port
 from tests.fixtures.projects import AGENTS, bundle_of, write
@@ -29,42 +29,29 @@ pytestmark = pytest.mark.docker
 BOUND_SECONDS = 15
 
 
+def project(root: Path, suite: str, **files: str) -> Path:
+    return write(root, {**AGENTS, "tests/suite.yaml": suite, **files})
+
+
 def slow_project(root: Path) -> Path:
     """Two cases that each sleep 90 s in their container: far longer than the bound."""
-    return write(
-        root,
-        {
-            **AGENTS,
-            "tests/slow.yaml": """
-                agent: calc
-                tests:
-                  - name: sleeps_one
-                    payload: '{"a": 1, "b": 1, "sleep": 90}'
-                    timeout_s: 120
-                  - name: sleeps_two
-                    payload: '{"a": 1, "b": 1, "sleep": 90}'
-                    timeout_s: 120
-            """,
-            # A second bundle, so A's two gates do not build one image at once.
-            "tests/files/which.txt": root.name,
-        },
-    )
+    case = """
+          - name: {}
+            payload: '{{"a": 1, "b": 1, "sleep": 90}}'
+            timeout_s: 120
+    """
+    suite = "agent: calc\ntests:" + case.format("sleeps_one") + case.format("sleeps_two")
+    # A file of its own, so A's two gates are two bundles and never build one image at once.
+    return project(root, suite, **{"tests/files/which.txt": root.name})
 
 
-def instant_project(root: Path) -> Path:
-    return write(
-        root,
-        {
-            **AGENTS,
-            "tests/instant.yaml": """
-                agent: calc
-                tests:
-                  - name: adds
-                    payload: '{"a": 2, "b": 3}'
-                    expected_result: output.sum == 5
-            """,
-        },
-    )
+INSTANT = """
+    agent: calc
+    tests:
+      - name: adds
+        payload: '{"a": 2, "b": 3}'
+        expected_result: output.sum == 5
+"""
 
 
 def running_cases(gate: dict[str, Any]) -> int:
@@ -92,10 +79,10 @@ def test_another_projects_instant_gate_ends_while_one_projects_slow_gates_run(
     try:
         wait_ready(url, proc, log_path)
         with httpx.Client(base_url=url, headers=bearer(ADMIN_TOKEN), timeout=60) as admin:
-            a_token = project_token(admin, "alpha", ["submit", "read"])
-            b_token = project_token(admin, "beta", ["submit", "read"])
+            a_token = served_project_token(admin, "alpha", ["submit", "read"])
+            b_token = served_project_token(admin, "beta", ["submit", "read"])
         alpha, beta = GateClient(url, token=a_token), GateClient(url, token=b_token)
-        instant = bundle_of(instant_project(tmp_path / "instant"))
+        instant = bundle_of(project(tmp_path / "instant", INSTANT))
         # B's image is built first, so that the bound measures scheduling, not a build.
         warm = beta.wait(beta.submit(instant)["id"], timeout_s=600)
         assert warm["status"] == "passed", warm

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import start, stop, wait_ready
-from tests.fixtures.auth import ADMIN_TOKEN, bearer, project_token
+from tests.fixtures.auth import ADMIN_TOKEN, bearer, served_project_token
 from tests.fixtures.db import create_database, drop_database
 from tests.fixtures.live import MULTIPART_HEAD, stream_upload
 from tests.fixtures.ports import free_port
@@ -51,7 +51,7 @@ def client(port: int, token: str) -> httpx.Client:
 
 def tokens(port: int, *projects: str) -> list[str]:
     with client(port, ADMIN_TOKEN) as admin:
-        return [project_token(admin, name, ["submit", "read"]) for name in projects]
+        return [served_project_token(admin, name, ["submit", "read"]) for name in projects]
 
 
 def submit(c: httpx.Client, data: bytes) -> httpx.Response:
@@ -124,36 +124,27 @@ def test_an_upload_slower_than_the_minimum_rate_is_cut_with_408_and_its_slot_fre
     ):
         (a_token,) = tokens(port, "alpha")
         try:
+
+            def slow(**kw: Any) -> Future[tuple[int, int, bytes]]:
+                return trickle(pool, port, a_token, quit_sending, pause_seconds=0.5, **kw)
+
             # The project's whole share (4 of 8 slots), a byte every half second: 4 bytes in
             # a 2 s stretch where the default minimum (16 KiB/s) needs 32 KiB.
-            slow = [trickle(pool, port, a_token, quit_sending, pause_seconds=0.5) for _ in range(2)]
-            # One sends 64 KiB at once, then trickles: its first stretch is fine, its second
-            # is not (the rate is measured per stretch, not as an average since the start).
-            slow += [
-                trickle(
-                    pool,
-                    port,
-                    a_token,
-                    quit_sending,
-                    pause_seconds=0.5,
-                    first=MULTIPART_HEAD + b"\0" * 65536,
-                )
-            ]
-            # The connic route's JSON body is read the same way.
-            slow += [
-                trickle(
-                    pool,
-                    port,
-                    a_token,
-                    quit_sending,
-                    pause_seconds=0.5,
+            uploads = [
+                slow(),
+                slow(),
+                # 64 KiB at once, then a trickle: its first stretch is fine, its second is not
+                # (the rate is measured per stretch, not as an average since the start).
+                slow(first=MULTIPART_HEAD + b"\0" * 65536),
+                # The connic route's JSON body is read the same way.
+                slow(
                     path="/v1/projects/alpha/test-runs",
                     content_type="application/json",
                     first=b'{"files_data": "',
                     fill=b"A",
-                )
+                ),
             ]
-            answers = [f.result(timeout=120) for f in slow]
+            answers = [f.result(timeout=120) for f in uploads]
         finally:
             quit_sending.set()
         assert [status for _, status, _ in answers] == [408] * 4

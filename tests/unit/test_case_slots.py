@@ -117,11 +117,17 @@ class Cases:
             t.join()
 
 
-def test_a_project_under_its_share_starts_at_once_even_with_every_slot_taken() -> None:
+def held_by_a(*gates: str) -> tuple[CaseSlots, Cases, list[int]]:
+    """Two slots, both running a case of project A (one per gate named)."""
     slots = CaseSlots(2)
     cases = Cases(slots)
-    a = [cases.start("A", "a1"), cases.start("A", "a2")]
+    a = [cases.start("A", gate) for gate in gates]
     cases.wait_running(2)
+    return slots, cases, a
+
+
+def test_a_project_under_its_share_starts_at_once_even_with_every_slot_taken() -> None:
+    slots, cases, a = held_by_a("a1", "a2")
     more_a = cases.start("A", "a1")  # A holds the whole worker; its next case waits
     wait_until_waiting(slots, {"A": {"a1": 1}})
     cases.start("B", "b1")  # B holds nothing, under its share of 1: past the size, at once
@@ -140,10 +146,7 @@ def test_a_project_under_its_share_starts_at_once_even_with_every_slot_taken() -
 
 
 def test_a_slot_goes_to_the_project_under_its_share_before_one_at_it() -> None:
-    slots = CaseSlots(2)
-    cases = Cases(slots)
-    a = [cases.start("A", "a1"), cases.start("A", "a1")]
-    cases.wait_running(2)
+    slots, cases, a = held_by_a("a1", "a1")
     cases.start("A", "a2")  # waits first
     wait_until_waiting(slots, {"A": {"a2": 1}})
     cases.start("B", "b1")  # over the size, at once (B holds nothing)
@@ -152,7 +155,7 @@ def test_a_slot_goes_to_the_project_under_its_share_before_one_at_it() -> None:
     wait_until_waiting(slots, {"A": {"a2": 1}, "B": {"b1": 1}})
     cases.end(a[0])  # in_use 3 -> 2: still no room within the size
     wait_until_waiting(slots, {"A": {"a2": 1}, "B": {"b1": 1}})
-    cases.end(a[1])  # A 1, B 1, in_use 2 -> 1: both at their share; A waited first
+    cases.end(a[1])  # A holds none now, under its share: its case goes before B's
     cases.wait_running(4)
     assert cases.running[-1] == ("A", "a2")
     cases.end_all()
