@@ -1,10 +1,12 @@
 """Admission control: caps that answer at once instead of letting one client exhaust the service.
 
-- per API process: concurrent uploads and long-polls (``Slots``, built in ``create_app``);
+- per API process: concurrent uploads and long-polls (``Slots``, built in ``create_app``),
+  and each project's share of them;
 - per project at submission: queued gates, stored bundle bytes and stored result bytes
   (``admit_submission``);
 - for the whole service: queued gates (``admit_submission``);
-- per project in the worker: running gates (``worker.queue.claim``);
+- per project in the worker: running gates (``worker.queue.claim``), and a fair share of
+  each worker's gate places and case slots (``worker.slots``);
 - per gate in the worker: cases and a deadline (``worker.handler``).
 """
 
@@ -12,7 +14,8 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 
 from fastapi import FastAPI, Request
@@ -28,35 +31,77 @@ BUSY_RETRY_AFTER_SECONDS = 2
 
 
 class Slots:
-    """A counter of requests in progress in this process; full means 503 now, never a wait.
+    """A counter of requests in progress in this process, with a share per project; full
+    means an answer now, never a wait.
 
-    Nothing is queued in memory: a request either takes a slot at once or is refused.
+    Nothing is queued in memory: a request either takes a slot at once or is refused. A
+    project may hold at most ``per_project`` of the ``capacity`` slots (the request is
+    refused 429 past it), so no one project can take them all and make every other
+    project's requests answer 503: what one project holds, it holds of its own share.
     """
 
-    def __init__(self, capacity: int, what: str, setting: str) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        what: str,
+        setting: str,
+        *,
+        per_project: int | None = None,
+        per_project_setting: str = "",
+    ) -> None:
         self.capacity, self.what, self.setting = capacity, what, setting
+        self.per_project = min(capacity, fair_share(capacity, per_project))
+        self.per_project_setting = per_project_setting
         self._in_use = 0
+        self._held: Counter[Hashable] = Counter()
         self._lock = threading.Lock()
 
     @property
     def in_use(self) -> int:
         return self._in_use
 
-    def try_acquire(self) -> bool:
-        with self._lock:
-            if self._in_use >= self.capacity:
-                return False
-            self._in_use += 1
-            return True
+    def held_by(self, project: Hashable) -> int:
+        return self._held[project]
 
-    def release(self) -> None:
+    def try_acquire(self, project: Hashable) -> bool:
+        return self._take(project) is None
+
+    def _take(self, project: Hashable) -> str | None:
+        """None when a slot was taken for ``project``; else what is full: "project" or "all"."""
         with self._lock:
-            self._in_use = max(0, self._in_use - 1)
+            if self._held[project] >= self.per_project:
+                return "project"
+            if self._in_use >= self.capacity:
+                return "all"
+            self._in_use += 1
+            self._held[project] += 1
+            return None
+
+    def release(self, project: Hashable) -> None:
+        with self._lock:
+            if self._held[project] <= 0:
+                return
+            self._held[project] -= 1
+            if not self._held[project]:
+                del self._held[project]  # the counter never grows with every project seen
+            self._in_use -= 1
 
     @contextmanager
-    def hold(self) -> Iterator[None]:
-        """One slot for the block; ServiceUnavailable (503, Retry-After) when none is free."""
-        if not self.try_acquire():
+    def hold(self, project: Hashable, project_name: str) -> Iterator[None]:
+        """One slot of ``project``'s for the block.
+
+        TooManyRequests (429, Retry-After) when the project holds its share already;
+        ServiceUnavailable (503, Retry-After) when every slot of the process is in use.
+        """
+        full = self._take(project)
+        if full == "project":
+            raise TooManyRequests(
+                f"project {project_name!r} already has {self.per_project} {self.what} in "
+                f"progress on this server, its share of the {self.capacity} "
+                f"({self.per_project_setting}); try again once one of them ends",
+                retry_after_s=BUSY_RETRY_AFTER_SECONDS,
+            )
+        if full == "all":
             raise ServiceUnavailable(
                 f"this server is already handling {self.capacity} {self.what} (the limit, "
                 f"{self.setting}); try again shortly",
@@ -65,7 +110,13 @@ class Slots:
         try:
             yield
         finally:
-            self.release()
+            self.release(project)
+
+
+def fair_share(capacity: int, setting: int | None) -> int:
+    """A project's share of ``capacity`` slots: the setting, or by default half of them (at
+    least one), so one project alone can never hold every slot while another comes."""
+    return setting if setting is not None else max(1, capacity // 2)
 
 
 def queued_gates(session: Session, project_id: uuid.UUID | None = None) -> int:
@@ -192,8 +243,16 @@ def long_poll_slots(request: Request) -> Slots:
 def install_slots(app: FastAPI, settings: Settings) -> None:
     """Per-process counters, made with the app (never at import, so each app has its own)."""
     app.state.upload_slots = Slots(
-        settings.max_concurrent_uploads, "uploads", "GATE_MAX_CONCURRENT_UPLOADS"
+        settings.max_concurrent_uploads,
+        "uploads",
+        "GATE_MAX_CONCURRENT_UPLOADS",
+        per_project=settings.max_concurrent_uploads_per_project,
+        per_project_setting="GATE_MAX_CONCURRENT_UPLOADS_PER_PROJECT",
     )
     app.state.long_poll_slots = Slots(
-        settings.max_concurrent_long_polls, "long-polls", "GATE_MAX_CONCURRENT_LONG_POLLS"
+        settings.max_concurrent_long_polls,
+        "long-polls",
+        "GATE_MAX_CONCURRENT_LONG_POLLS",
+        per_project=settings.max_concurrent_long_polls_per_project,
+        per_project_setting="GATE_MAX_CONCURRENT_LONG_POLLS_PER_PROJECT",
     )

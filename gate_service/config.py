@@ -109,15 +109,17 @@ class Settings(BaseSettings):
     case_concurrency: int = Field(
         default_factory=default_case_concurrency,
         ge=1,
-        description="Case containers one worker runs at once, shared by the gates it holds; "
-        "default: the machine's CPU count.",
+        description="Case containers one worker runs at once, shared by the gates it holds "
+        "by fair share between their projects (a project under its share while all are "
+        "taken is served on top, up to twice this); default: the machine's CPU count.",
     )
     worker_gates: int = Field(
         default=2,
         ge=1,
-        description="Gates one worker judges at once (it claims another while it holds fewer); "
-        "their cases share its GATE_CASE_CONCURRENCY slots, served round-robin, so a small "
-        "gate is not stuck behind a large one.",
+        description="Gates one worker judges at once (it claims another while it holds fewer, "
+        "and one of a project under its fair share even when all are taken, up to twice "
+        "this); their cases share its GATE_CASE_CONCURRENCY slots by project, then "
+        "round-robin by gate, so a small gate is not stuck behind a large one.",
     )
     job_lease_seconds: int = Field(default=60, ge=5)
     job_max_attempts: int = Field(default=3, ge=1)
@@ -142,8 +144,8 @@ class Settings(BaseSettings):
         default=3600,
         ge=0,
         description="How often, at most, each worker process collects garbage (test images "
-        "past GATE_TEST_IMAGE_BUDGET_BYTES, runner images of old digests, build scratch "
-        "directories left by crashed workers); 0 turns the image part off.",
+        "past GATE_TEST_IMAGE_BUDGET_BYTES, runner images of old digests, images and build "
+        "scratch directories left by crashed builds); 0 turns the image part off.",
     )
     test_image_budget_bytes: int = Field(
         default=10 * 1024 * MIB,
@@ -263,6 +265,34 @@ class Settings(BaseSettings):
     )
     max_concurrent_long_polls: int = Field(
         default=1000, ge=1, description="?wait= requests one API process holds; past it 503."
+    )
+    # A project's share of the two above, so that one project cannot take every slot.
+    max_concurrent_uploads_per_project: int | None = Field(
+        default=None,
+        ge=1,
+        description="Uploads one project may have in progress at once in one API process "
+        "(its share of GATE_MAX_CONCURRENT_UPLOADS); past it 429. Unset: half of "
+        "GATE_MAX_CONCURRENT_UPLOADS, at least 1.",
+    )
+    max_concurrent_long_polls_per_project: int | None = Field(
+        default=None,
+        ge=1,
+        description="?wait= requests one project may have held at once in one API process "
+        "(its share of GATE_MAX_CONCURRENT_LONG_POLLS); past it 429. Unset: half of "
+        "GATE_MAX_CONCURRENT_LONG_POLLS, at least 1.",
+    )
+    upload_min_bytes_per_second: int = Field(
+        default=16 * 1024,
+        ge=0,
+        description="Slowest an upload's body may arrive: fewer bytes than this rate times "
+        "GATE_UPLOAD_RATE_GRACE_SECONDS in any such stretch of it (the first one included) "
+        "cuts it with 408, so a trickling client cannot hold an upload slot. 0: no minimum.",
+    )
+    upload_rate_grace_seconds: float = Field(
+        default=10,
+        gt=0,
+        description="The stretch of time GATE_UPLOAD_MIN_BYTES_PER_SECOND is measured over; "
+        "the first one is an upload's grace period.",
     )
 
     # Observability

@@ -91,6 +91,16 @@ class RequestInvalid(GateError):
     status_code = 422
 
 
+class RequestTimeout(GateError):
+    """The client sent its request body too slowly; the connection is closed after the answer
+    (the rest of the body is never read, so the connection cannot carry another request)."""
+
+    status_code = 408
+
+    def __init__(self, detail: str, *, problems: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(detail, problems=problems, headers={"Connection": "close"})
+
+
 class PayloadTooLarge(GateError):
     status_code = 413
 

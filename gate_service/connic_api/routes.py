@@ -21,6 +21,7 @@ from ..deps import SessionDep, SessionFactoryDep, SettingsDep
 from ..errors import PayloadTooLarge, UnsupportedMediaType, error_responses
 from ..gates import service as gates
 from ..gates.routes import check_idempotency_key, store_upload
+from ..gates.upload import MinimumRate, paced_body
 from . import service
 from .schemas import ConnicEnvironment, ConnicRun, ConnicTestRun, ConnicTestRunSubmit
 
@@ -37,7 +38,9 @@ ERRORS = error_responses(
         413: "Body or bundle over the size limits",
         415: "Not application/json, or files_data is not a .tar.gz or .zip",
         422: "Unsafe archive or invalid request",
-        429: "Too many failed authentications, or over a project's cap",
+        408: "The body arrived slower than GATE_UPLOAD_MIN_BYTES_PER_SECOND",
+        429: "Too many failed authentications, or over a project's cap or share of uploads "
+        "in progress; Retry-After where waiting helps",
         503: "Over a service-wide cap (queue, uploads); Retry-After",
     }
 )
@@ -63,8 +66,9 @@ SUBMIT_SCHEMA: dict[str, Any] = {
 }
 
 
-async def _read_body(request: Request, limit_bytes: int) -> bytearray:
-    """The whole body, refused with 413 as soon as it is declared or read past the limit.
+async def _read_body(request: Request, limit_bytes: int, rate: MinimumRate) -> bytearray:
+    """The whole body, refused with 413 as soon as it is declared or read past the limit, and
+    cut with 408 once it arrives slower than ``rate``.
 
     Parsed by hand rather than by a pydantic body parameter: FastAPI would read any size
     before validating, and answer a malformed body 422 where the CLI expects 400.
@@ -77,7 +81,7 @@ async def _read_body(request: Request, limit_bytes: int) -> bytearray:
             problems=[{"limit_bytes": limit_bytes, "declared_bytes": int(declared)}],
         )
     body = bytearray()
-    async for chunk in request.stream():
+    async for chunk in paced_body(request, rate):
         if len(body) + len(chunk) > limit_bytes:
             received = len(body) + len(chunk)
             raise PayloadTooLarge(
@@ -127,9 +131,14 @@ async def create_test_run(
             f'expected Content-Type application/json with {{"files_data": <base64 .tar.gz>}}; '
             f"got {media_type!r}"
         )
-    # Held before a byte is read, as for multipart uploads: at most N bodies in memory.
-    with upload_slots(request).hold():
-        raw = await _read_body(request, service.body_limit_bytes(settings.upload_limit_bytes))
+    # Held before a byte is read, as for multipart uploads: at most N bodies in memory, of
+    # which at most the project's share are this project's.
+    with upload_slots(request).hold(who.project_id, who.project_name):
+        raw = await _read_body(
+            request,
+            service.body_limit_bytes(settings.upload_limit_bytes),
+            MinimumRate.of(settings),
+        )
         upload = await run_in_threadpool(
             service.parse_submission, raw, upload_limit_bytes=settings.upload_limit_bytes
         )

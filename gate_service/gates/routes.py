@@ -40,7 +40,7 @@ from .labels import parse_label_filter, parse_labels
 from .notify import GateBodies, GateChanges
 from .schemas import GateList, GateRead, RunRead
 from .status_reads import StatusReads
-from .upload import Upload, receive_upload
+from .upload import MinimumRate, Upload, receive_upload
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1")
@@ -56,7 +56,9 @@ ERRORS = error_responses(
         413: "Bundle over the size limits",
         415: "Not a .tar.gz or .zip",
         422: "Unsafe archive or invalid request",
-        429: "Too many failed authentications, or over a project's cap",
+        408: "The upload's body arrived slower than GATE_UPLOAD_MIN_BYTES_PER_SECOND",
+        429: "Too many failed authentications, or over a project's cap or share "
+        "(uploads, long-polls in progress); Retry-After where waiting helps",
         503: "Over a service-wide cap (queue, uploads, long-polls); Retry-After",
     }
 )
@@ -192,10 +194,14 @@ async def create_gate(
 ) -> Response:
     """Queue a bundle for judging; poll the Location it answers with."""
     idempotency_key = check_idempotency_key(idempotency_key)
-    # A slot for the whole upload, taken before a byte of the body is read: when every slot
-    # is in use the answer is 503 at once, so waiting uploads never pile up in memory.
-    with upload_slots(request).hold():
-        upload = await receive_upload(request, limit_bytes=settings.upload_limit_bytes)
+    # A slot for the whole upload, taken before a byte of the body is read (and after the
+    # token named the project): when the project holds its share the answer is 429, when
+    # every slot is in use 503, at once, so waiting uploads never pile up in memory. A body
+    # arriving slower than GATE_UPLOAD_MIN_BYTES_PER_SECOND is cut (408), freeing the slot.
+    with upload_slots(request).hold(who.project_id, who.project_name):
+        upload = await receive_upload(
+            request, limit_bytes=settings.upload_limit_bytes, rate=MinimumRate.of(settings)
+        )
         try:
             # Archive scanning and the database are blocking work: keep them off the loop.
             view, created = await run_in_threadpool(
@@ -371,8 +377,9 @@ async def get_gate(
         )
         return _answer(etag, body)
     changes: GateChanges = request.app.state.gate_changes
-    # Only a waiting request holds a slot; when all are taken the answer is 503 at once.
-    with long_poll_slots(request).hold():
+    # Only a waiting request holds a slot, of its project's share: past the share 429, when
+    # all are taken 503, at once.
+    with long_poll_slots(request).hold(who.project_id, who.project_name):
         deadline = time.monotonic() + min(wait, settings.long_poll_max_seconds)
         # Subscribed before the first read, and cleared before each re-check: a change
         # committed while reading wakes the waiter again instead of being missed.

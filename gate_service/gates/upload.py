@@ -3,24 +3,36 @@
 Starlette's form parsing reads the whole body before the handler runs, so a 10 GB upload
 would be spooled to disk first. Here the multipart stream is parsed incrementally: the file
 part goes to a spooled temporary file (memory stays flat), and the request is refused with
-413 the moment it crosses the limit, without reading the rest.
+413 the moment it crosses the limit, without reading the rest, or with 408 once the body
+arrives slower than the minimum rate (``paced_body``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import tempfile
+import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
+import anyio
 from fastapi import Request
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.requests import ClientDisconnect
 
 if TYPE_CHECKING:  # the library defines its callback type for type checkers only
     from python_multipart.multipart import MultipartCallbacks
 
-from ..errors import BadRequest, PayloadTooLarge, RequestInvalid, UnsupportedMediaType
+from ..config import Settings
+from ..errors import (
+    BadRequest,
+    PayloadTooLarge,
+    RequestInvalid,
+    RequestTimeout,
+    UnsupportedMediaType,
+)
 
 FILE_FIELD = "bundle"
 TEXT_FIELDS = ("filter", "labels", "model_mode")
@@ -33,6 +45,91 @@ EXPECTED = (
     "expected multipart/form-data with a file field named 'bundle' holding the project as "
     ".tar.gz/.tgz or .zip (optional text fields: filter, labels, model_mode)"
 )
+
+
+@dataclass(frozen=True)
+class MinimumRate:
+    """The slowest a request body may arrive: on average ``bytes_per_second`` over each
+    stretch of ``window_seconds`` from its start, the first one (the grace period) included.
+
+    Measured per stretch, not over the whole body: a client that sends most of its body at
+    once and then trickles the rest is cut one stretch later, not once its average falls.
+    """
+
+    bytes_per_second: int
+    window_seconds: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> MinimumRate:
+        return cls(settings.upload_min_bytes_per_second, settings.upload_rate_grace_seconds)
+
+    @property
+    def window_bytes(self) -> float:
+        return self.bytes_per_second * self.window_seconds
+
+
+async def _next_body(request: Request) -> tuple[bytes, bool]:
+    """The next chunk of the body from the server, and whether more follow.
+
+    ASGI ``receive`` itself, not ``request.stream()``: a wait for it may be cancelled and
+    started again (uvicorn hands a message over only once the wait returns), whereas a
+    cancelled ``stream()`` generator is finished for good.
+    """
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        if message["type"] == "http.request":
+            return message.get("body", b""), bool(message.get("more_body", False))
+
+
+async def paced_body(request: Request, rate: MinimumRate) -> AsyncIterator[bytes]:
+    """The request body's chunks as they arrive; RequestTimeout (408) once a stretch of
+    ``rate.window_seconds`` brought fewer than ``rate.window_bytes``, even if no chunk comes.
+
+    An upload holds a slot of its project's until its body is read; without this, a client
+    sending a byte every few seconds held one for as long as it liked.
+    """
+    more = True
+    if rate.bytes_per_second <= 0:
+        while more:
+            chunk, more = await _next_body(request)
+            yield chunk
+        return
+    started = time.monotonic()
+    window_end = started + rate.window_seconds
+    in_window = total = 0
+    while more:
+        left = window_end - time.monotonic()
+        if left <= 0:
+            if in_window < rate.window_bytes:
+                raise RequestTimeout(
+                    f"the upload arrived slower than the minimum of {rate.bytes_per_second} "
+                    f"bytes/s (GATE_UPLOAD_MIN_BYTES_PER_SECOND): {in_window} bytes in the "
+                    f"last {rate.window_seconds:g} s (GATE_UPLOAD_RATE_GRACE_SECONDS) where "
+                    f"{rate.window_bytes:.0f} were needed; cut after {total} bytes in "
+                    f"{time.monotonic() - started:.0f} s. Send the body at once, on a faster link",
+                    problems=[
+                        {
+                            "min_bytes_per_second": rate.bytes_per_second,
+                            "window_seconds": rate.window_seconds,
+                            "bytes_in_window": in_window,
+                            "received_bytes": total,
+                        }
+                    ],
+                )
+            window_end += rate.window_seconds
+            in_window = 0
+            continue
+        received: tuple[bytes, bool] | None = None
+        with anyio.move_on_after(left):
+            received = await _next_body(request)
+        if received is None:  # the stretch ended with no chunk: judged at the top
+            continue
+        chunk, more = received
+        in_window += len(chunk)
+        total += len(chunk)
+        yield chunk
 
 
 @dataclass
@@ -135,8 +232,9 @@ def _text_fields(raw: dict[str, bytearray]) -> dict[str, str]:
     return fields
 
 
-async def receive_upload(request: Request, *, limit_bytes: int) -> Upload:
-    """Parse the multipart body as it streams in; raise before reading past the limit."""
+async def receive_upload(request: Request, *, limit_bytes: int, rate: MinimumRate) -> Upload:
+    """Parse the multipart body as it streams in; raise before reading past the limit, or
+    once it arrives slower than ``rate``."""
     content_type, params = parse_options_header(request.headers.get("content-type", ""))
     if content_type != b"multipart/form-data":
         shown = content_type.decode("latin-1")
@@ -148,7 +246,7 @@ async def receive_upload(request: Request, *, limit_bytes: int) -> Upload:
     parser = MultipartParser(boundary, collector.callbacks())
     received = 0
     try:
-        async for chunk in request.stream():
+        async for chunk in paced_body(request, rate):
             received += len(chunk)
             if received > limit_bytes + ENVELOPE_BYTES:
                 raise PayloadTooLarge(

@@ -16,6 +16,13 @@ from gate_runner import BUNDLE_DEPS_DIR as BUNDLE_DEPS_DIR
 from ..errors import SandboxError
 
 LABEL = "gate.managed"  # every container and image we create carries it, for the reaper
+# Every image a test-image build makes besides the test image (the dependency stage, every
+# intermediate step) carries LABEL=BUILD_STAGE, the bundle's gate.bundle, the tag it was
+# building (BUILD_IMAGE_LABEL) and that one build's id (BUILD_ID_LABEL): the build removes
+# its own by the id when it ends, and garbage collection finds what a crashed one left.
+BUILD_STAGE = "build"
+BUILD_ID_LABEL = "gate.build"
+BUILD_IMAGE_LABEL = "gate.image"
 # The runner starts as root with only SETUID, SETGID and KILL, and runs every invocation
 # (all user code) under this uid, which holds no capability at all.
 INVOCATION_UID = 10001

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -30,6 +31,9 @@ from ..config import BaseImageSource, Settings
 from ..errors import SandboxError
 from ..scratch import scratch_dir
 from . import (
+    BUILD_ID_LABEL,
+    BUILD_IMAGE_LABEL,
+    BUILD_STAGE,
     BUNDLE_DEPS_DIR,
     INVOCATION_UID,
     LABEL,
@@ -52,8 +56,16 @@ DEBOOTSTRAP_PACKAGES = "python3,python3-venv,ca-certificates"
 # imports the project afresh, so without this each one would compile the same sources again.
 # Compiling runs no bundle code; a file that does not compile is left for its invocation to
 # report. The image's user goes back to the runner image's own afterwards.
+#
+# Each stage starts with LABEL {stage_labels} (see build_labels): the engine's classic builder
+# (what the API's /build runs when not asked for version=2, and docker-py never asks) keeps
+# every step of every stage as an image, and its own `labels` go only on the last step of
+# the last stage. Labelled from their first step, the images of the dependency stage (the
+# wheels and the installed packages: 879 MB for numpy) and of a build cut half-way are
+# found by this build's id and removed when it ends, or by garbage collection after a crash.
 TEST_DOCKERFILE = """\
 FROM {runner}
+LABEL {stage_labels}
 COPY --chown=0:0 bundle/ /bundle/
 USER 0:0
 RUN {compile_bundle}
@@ -67,6 +79,7 @@ USER {runner_user}
 # writable by root alone (the case's invocations run as another uid).
 TEST_DOCKERFILE_DEPS = """\
 FROM {runner} AS deps
+LABEL {stage_labels}
 USER 0:0
 COPY wheels/ /tmp/bundle-wheels/
 RUN {mkdir}
@@ -75,6 +88,7 @@ RUN {compile_deps}
 RUN {chmod}
 
 FROM {runner}
+LABEL {stage_labels}
 COPY --chown=0:0 bundle/ /bundle/
 COPY --from=deps --chown=0:0 {deps}/ {deps}/
 USER 0:0
@@ -87,6 +101,10 @@ COMPILE_MAX_FILE_BYTES = 2 * MIB
 PIP_POLL_SECONDS = 0.1
 # Seconds between looks at the job's halt event while an image builds or a case runs.
 HALT_POLL_SECONDS = 0.2
+# A cut or failed test-image build: how long to wait, at most, for the engine to remove its
+# last step's container, and the time between two looks (see DockerSandbox._settle_build).
+BUILD_SETTLE_SECONDS = 30.0
+SETTLE_LOOK_SECONDS = 0.5
 _NO_WHEEL = (
     re.compile(r"No matching distribution found for ([A-Za-z0-9][A-Za-z0-9._-]*)"),
     re.compile(r"satisfies the requirement ([A-Za-z0-9][A-Za-z0-9._-]*)"),
@@ -278,11 +296,41 @@ def fetch_wheels(
         raise WheelDownloadError(output.strip()[-2000:])
 
 
-def bundle_dockerfile(runner: str, requirements: Sequence[str]) -> str:
-    """The test image's Dockerfile: the runner, the bundle and, if any, its dependencies."""
+# What a label key or value in our Dockerfiles may hold: ours only (tags, hex ids), never
+# the bundle's text, and nothing the Dockerfile parser would read as quoting or a variable.
+_LABEL_TEXT = re.compile(r"[A-Za-z0-9._:/@-]+")
+
+
+def build_labels(spec: TestImageSpec, build_id: str) -> dict[str, str]:
+    """The labels of every image one test-image build makes besides the test image."""
+    return {
+        **spec.labels,
+        LABEL: BUILD_STAGE,
+        BUILD_ID_LABEL: build_id,
+        BUILD_IMAGE_LABEL: spec.tag,
+    }
+
+
+def _label_instruction(labels: Mapping[str, str]) -> str:
+    pairs = []
+    for key, value in sorted(labels.items()):
+        if not (_LABEL_TEXT.fullmatch(key) and _LABEL_TEXT.fullmatch(value)):
+            raise ValueError(f"a build label must match {_LABEL_TEXT.pattern}: {key}={value}")
+        pairs.append(f'"{key}"="{value}"')
+    return " ".join(pairs)
+
+
+def bundle_dockerfile(
+    runner: str, requirements: Sequence[str], stage_labels: Mapping[str, str]
+) -> str:
+    """The test image's Dockerfile: the runner, the bundle and, if any, its dependencies.
+
+    Every stage is labelled with ``stage_labels`` from its first step (see TEST_DOCKERFILE).
+    """
     compiled = {
         "compile_bundle": json.dumps(_compile_command("/bundle")),
         "runner_user": f"{INVOCATION_UID}:{INVOCATION_UID}",
+        "stage_labels": _label_instruction(stage_labels),
     }
     if not requirements:
         return TEST_DOCKERFILE.format(runner=runner, **compiled)
@@ -464,22 +512,98 @@ class DockerSandbox:
                 )
 
     def build_test_image(self, spec: TestImageSpec, *, halt: threading.Event | None = None) -> str:
-        dockerfile = bundle_dockerfile(self.runner_image(), spec.requirements)
-        (spec.context_dir / "Dockerfile").write_text(dockerfile)
-        self._build(
-            f"building test image {spec.tag}",
-            timeout_seconds=self.settings.build_timeout_seconds,
-            output_limit_bytes=self.settings.build_output_limit_bytes,
-            path=str(spec.context_dir),
-            tag=spec.tag,
-            rm=True,
-            forcerm=True,
-            pull=False,
-            network_mode="none",
-            labels={LABEL: "test", **spec.labels},
-            halt=halt,
+        """Build the bundle's test image; whatever else the build made is removed as it ends."""
+        build_id = uuid.uuid4().hex
+        dockerfile = bundle_dockerfile(
+            self.runner_image(), spec.requirements, build_labels(spec, build_id)
         )
+        (spec.context_dir / "Dockerfile").write_text(dockerfile)
+        finished = False
+        try:
+            self._build(
+                f"building test image {spec.tag}",
+                timeout_seconds=self.settings.build_timeout_seconds,
+                output_limit_bytes=self.settings.build_output_limit_bytes,
+                path=str(spec.context_dir),
+                tag=spec.tag,
+                rm=True,
+                forcerm=True,
+                pull=False,
+                network_mode="none",
+                # The last step's labels: this image is the test image, not a leftover.
+                labels={LABEL: "test", **spec.labels},
+                halt=halt,
+            )
+            finished = True
+        finally:
+            if not finished:  # cut or failed: let the engine end it before looking
+                self._settle_build(build_id)
+            self.remove_build_leftovers(build_id, spec.tag)
         return spec.tag
+
+    def _settle_build(self, build_id: str) -> None:
+        """Wait for the engine to be done with a build that was cut or failed.
+
+        A cut build (its connection shut down) ends in the engine a moment later: it sees the
+        client gone, kills and removes the running step's container, and starts no further
+        step, so nothing of the build is committed once no container of it is left. Seen
+        empty on two looks SETTLE_LOOK_SECONDS apart (the engine may notice the cut between
+        two steps), or after BUILD_SETTLE_SECONDS at most; whatever a late step still commits
+        carries the build's labels, and garbage collection removes it.
+        """
+        deadline = time.monotonic() + BUILD_SETTLE_SECONDS
+        empty = 0
+        while empty < 2 and time.monotonic() < deadline:
+            time.sleep(SETTLE_LOOK_SECONDS)
+            try:
+                with _docker_errors("listing a build's containers"):
+                    busy = self.client.api.containers(
+                        all=True, quiet=True, filters={"label": f"{BUILD_ID_LABEL}={build_id}"}
+                    )
+            except SandboxError as exc:
+                log.warning("could not list the containers of build %s: %s", build_id, exc)
+                return
+            empty = 0 if busy else empty + 1
+        if empty < 2:
+            log.warning("build %s still had a container after %s s", build_id, BUILD_SETTLE_SECONDS)
+
+    def remove_build_leftovers(self, build_id: str, tag: str) -> int:
+        """Remove the images build ``build_id`` made that are not ``tag``'s own layers.
+
+        Its images are found by their BUILD_ID_LABEL; ``tag``'s image and its parents (the
+        final stage's steps, which the test image is made of and which go with it) stay. Of
+        the rest, the leaves are removed without force and the engine prunes each one's
+        untagged parents with it: the dependency stage's whole chain, or the steps a failed or
+        cut build committed. Best effort: what stays (an engine error, a container started
+        on one meanwhile) is garbage collection's. Returns the images removed.
+        """
+        try:
+            with _docker_errors("listing a build's images"):
+                found = self.client.api.images(
+                    all=True, filters={"label": f"{BUILD_ID_LABEL}={build_id}"}
+                )
+                keep: set[str] = set()
+                if self.image_exists(tag):
+                    keep.add(str(self.client.images.get(tag).id))
+        except SandboxError as exc:
+            log.warning("could not list the images of build %s: %s", build_id, exc)
+            return 0
+        parents = {str(i.get("Id")): str(i.get("ParentId") or "") for i in found}
+        for image_id in list(keep):  # the test image's parent chain
+            parent = parents.get(image_id, "")
+            while parent and parent not in keep:
+                keep.add(parent)
+                parent = parents.get(parent, "")
+        has_child = set(parents.values())
+        removed = 0
+        for image_id in parents:
+            if image_id in keep or image_id in has_child:
+                continue
+            try:
+                removed += self.remove_image(image_id)
+            except SandboxError as exc:
+                log.warning("could not remove image %s of build %s: %s", image_id, build_id, exc)
+        return removed
 
     def _build(
         self,

@@ -11,6 +11,13 @@ One pass (``collect_garbage``), every GATE_GC_INTERVAL_SECONDS per worker proces
   without waiting for the budget.
 - **Runner images of old digests** (``gate-runner:<digest>`` other than the current one) go
   once no container and no remaining image uses them.
+- **Build leftovers**: untagged images that a test-image build for a tag under the test
+  repository made (``gate.image``): its dependency stage or half-done steps, which the build
+  removes itself as it ends, so these are what a worker killed mid-build left; or a test
+  image whose tag a concurrent build of the same bundle took over. Nothing names them, so
+  they are never used again and go whatever the budget, once no container uses them and
+  they are older than the grace and than GATE_BUILD_TIMEOUT_SECONDS (younger, they may
+  belong to a build still running).
 - **Scratch directories** of builds whose worker process is gone (see ``gate_service.scratch``):
   at the worker's start and on every pass.
 
@@ -38,7 +45,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ..config import Settings
 from ..db import session_scope
 from ..models import GateStatus
-from ..sandbox import LABEL, ImageInfo, Sandbox
+from ..sandbox import BUILD_IMAGE_LABEL, LABEL, ImageInfo, Sandbox
 from ..scratch import clean_scratch
 
 if TYPE_CHECKING:
@@ -57,12 +64,16 @@ class GcPolicy:
     grace_seconds: float
     test_repository: str = TEST_REPOSITORY
     runner_repository: str = RUNNER_REPOSITORY
+    # How long a build may run: a build leftover younger than this may be a stage that a
+    # build in progress (here or on another worker of the engine) still copies from.
+    build_seconds: float = 0.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GcPolicy:
         return cls(
             budget_bytes=settings.test_image_budget_bytes,
             grace_seconds=settings.gc_grace_seconds,
+            build_seconds=settings.build_timeout_seconds,
         )
 
 
@@ -70,6 +81,7 @@ class GcPolicy:
 class GcReport:
     removed_test_images: list[str] = field(default_factory=list)
     removed_runner_images: list[str] = field(default_factory=list)
+    removed_build_images: list[str] = field(default_factory=list)  # ids: they have no tag
     freed_bytes: int = 0
     test_image_bytes: int = 0  # what the test images that stay hold
     over_budget: bool = False  # the images that must stay hold more than the budget
@@ -78,7 +90,8 @@ class GcReport:
     def describe(self) -> str:
         return (
             f"{len(self.removed_test_images)} test image(s) and "
-            f"{len(self.removed_runner_images)} runner image(s) removed "
+            f"{len(self.removed_runner_images)} runner image(s) and "
+            f"{len(self.removed_build_images)} build leftover(s) removed "
             f"({self.freed_bytes} bytes freed; test images now hold {self.test_image_bytes} "
             f"bytes), {self.scratch_dirs} scratch director(ies) removed"
         )
@@ -193,6 +206,25 @@ def _descendants_in_use(
     return False
 
 
+def _collect_build_leftovers(
+    sandbox: Sandbox, images: list[ImageInfo], policy: GcPolicy, now: float, report: GcReport
+) -> None:
+    """Remove what test-image builds left (see the module's docstring); each goes with its
+    untagged parents, which the engine prunes with it."""
+    prefix = f"{policy.test_repository}:"
+    young = max(policy.grace_seconds, policy.build_seconds)
+    for image in images:
+        if image.tags or LABEL not in image.labels:
+            continue
+        if not image.labels.get(BUILD_IMAGE_LABEL, "").startswith(prefix):
+            continue
+        if image.containers or now - image.created < young:
+            continue
+        if sandbox.remove_image(image.id):
+            report.removed_build_images.append(image.id)
+            report.freed_bytes += image.unique_bytes
+
+
 def collect_images(
     sandbox: Sandbox,
     sessions: sessionmaker[Session],
@@ -205,6 +237,7 @@ def collect_images(
     now = time.time() if now is None else now
     report = GcReport()
     images = sandbox.list_images()
+    _collect_build_leftovers(sandbox, images, policy, now, report)
     current_digest = _tag_name(current_runner)
     tests = _test_images(images, policy)
     with session_scope(sessions) as session:
@@ -281,7 +314,12 @@ def collect_garbage(
         )
         found.scratch_dirs = report.scratch_dirs
         report = found
-    if report.removed_test_images or report.removed_runner_images or report.scratch_dirs:
+    if (
+        report.removed_test_images
+        or report.removed_runner_images
+        or report.removed_build_images
+        or report.scratch_dirs
+    ):
         log.info("garbage collection: %s", report.describe())
     return report
 

@@ -412,7 +412,7 @@ def _run_case_in_slot(
     """``_run_case`` once one of the worker's case slots is this gate's (see slots.py)."""
     if ctx.stop.is_set() or job.halt.is_set():
         return False
-    with slots.slot(job.id):
+    with slots.slot(job.id, job.project_id):
         return _run_case(ctx, job, image, *case)
 
 

@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping
 
 from ..db import session_scope
@@ -21,7 +22,7 @@ from .gc import collect_if_due
 from .handler import WorkerContext, judge_gate
 from .queue import ClaimedJob
 from .retention import PROCESS_CLOCK, RetentionClock, run_retention
-from .slots import CaseSlots
+from .slots import CaseSlots, next_place_claim
 
 log = logging.getLogger(__name__)
 REAP_EVERY_SECONDS = 10.0
@@ -114,7 +115,11 @@ class Worker:
         # Here, not only in run_once: under steady load one run_once can last for hours.
         collect_if_due(self.ctx)  # scratch at the start, images each GATE_GC_INTERVAL_SECONDS
 
-    def _claim(self, exclude: Collection[uuid.UUID] = ()) -> ClaimedJob | None:
+    def _claim(
+        self,
+        exclude: Collection[uuid.UUID] = (),
+        exclude_projects: Collection[uuid.UUID | None] = (),
+    ) -> ClaimedJob | None:
         with session_scope(self.ctx.sessions) as session:
             return queue.claim(
                 session,
@@ -122,30 +127,43 @@ class Worker:
                 lease_seconds=self.ctx.settings.job_lease_seconds,
                 max_running_per_project=self.ctx.settings.max_running_gates_per_project,
                 exclude=exclude,
+                exclude_projects=[p for p in exclude_projects if p is not None],
             )
 
+    def _claim_fairly(
+        self, holding: Mapping[threading.Thread, uuid.UUID | None], taken: Collection[uuid.UUID]
+    ) -> ClaimedJob | None:
+        """One more gate for this worker, by the place rule of slots.py: of a project under
+        its share of GATE_WORKER_GATES first (past them too, up to the overdraft), then, while
+        a place is free, of any project."""
+        claim = next_place_claim(Counter(holding.values()), self.ctx.settings.worker_gates)
+        if claim is None:
+            return None
+        job = self._claim(exclude=taken, exclude_projects=claim.exclude)
+        if job is None and claim.fallback and claim.exclude:
+            job = self._claim(exclude=taken)
+        return job
+
     def _judge_held(self, first: ClaimedJob) -> None:
-        """Judge ``first``, holding up to GATE_WORKER_GATES jobs while any taken here runs.
+        """Judge ``first``, holding more jobs while any taken here runs: up to
+        GATE_WORKER_GATES, and past them for a project under its fair share (slots.py).
 
         Each held job is judged in its own thread, under its own lease and heartbeat (so
         fencing, cancel, deadlines and retries are each job's own, as with one); their cases
-        share this worker's case slots, served round-robin (slots.py), so a small gate taken
-        next to a large one is not stuck behind it. More jobs are claimed at once and then
-        whenever one ends or every GATE_WORKER_POLL_SECONDS, under the same fair order and
+        share this worker's case slots, by project and then round-robin by gate (slots.py),
+        so a small gate taken next to a large one is not stuck behind it, nor one project's
+        gate behind another's. More jobs are claimed at once and then whenever one ends, one
+        is queued, or every GATE_WORKER_POLL_SECONDS, under the same fair order and
         per-project cap as any claim. Returns once every job taken here is finished or
         handed back; a gate is taken at most once per call, so a job handed back for a
         retry waits for the next call.
         """
-        limit = self.ctx.settings.worker_gates
-        if limit == 1:
-            self._judge_one(first)
-            return
         with self._woken_by_jobs() as changed:
-            self._hold_more(first, limit, changed)
+            self._hold_more(first, changed)
 
-    def _hold_more(self, first: ClaimedJob, limit: int, changed: threading.Event) -> None:
+    def _hold_more(self, first: ClaimedJob, changed: threading.Event) -> None:
         """``_judge_held``'s loop; ``changed`` is set when a held job ends or one is queued."""
-        held: list[threading.Thread] = []
+        holding: dict[threading.Thread, uuid.UUID | None] = {}  # each held job's project
         ended: set[threading.Thread] = set()  # a thread is still alive when it says it ended
         taken = {first.gate_id}
 
@@ -160,18 +178,19 @@ class Worker:
                     changed.set()
 
             thread = threading.Thread(target=judge, name=f"job-{job.id}", daemon=True)
-            held.append(thread)
+            holding[thread] = job.project_id
             thread.start()
 
         hold(first)
         while True:
             changed.clear()
-            held[:] = [t for t in held if t not in ended]
-            if not held:
+            for thread in ended & holding.keys():
+                del holding[thread]
+            if not holding:
                 return
             self._housekeeping()
-            while len(held) < limit and not self.ctx.stop.is_set():
-                job = self._claim(exclude=taken)
+            while not self.ctx.stop.is_set():
+                job = self._claim_fairly(holding, taken)
                 if job is None:
                     break
                 taken.add(job.gate_id)

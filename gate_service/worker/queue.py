@@ -11,8 +11,9 @@ import threading
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import Row, text
 from sqlalchemy.orm import Session
 
 from ..models import Job, JobState
@@ -24,6 +25,7 @@ class ClaimedJob:
     gate_id: uuid.UUID
     attempts: int
     owner: str
+    project_id: uuid.UUID | None = None  # the gate's project (a worker's fair shares)
     # Set by the heartbeat when the gate is cancelled or the lease is lost: stop at once.
     halt: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
 
@@ -53,6 +55,7 @@ def claim(
     lease_seconds: int,
     max_running_per_project: int | None = None,
     exclude: Collection[uuid.UUID] = (),
+    exclude_projects: Collection[uuid.UUID] = (),
 ) -> ClaimedJob | None:
     """A queued job, leased to ``owner``; None when there is none to take.
 
@@ -60,9 +63,11 @@ def claim(
     the project served least recently, so one project's burst does not starve the others.
     With ``max_running_per_project``, a job whose project already has that many running jobs
     is left queued (another project's is taken instead), so one project cannot hold every
-    worker. Gates in ``exclude`` are not taken (a worker's round took them already).
+    worker. Gates in ``exclude`` are not taken (a worker's round took them already), nor
+    jobs of ``exclude_projects`` (those holding their share of the worker, see loop.py).
     """
     skip = [str(g) for g in exclude]
+    skip_projects = [str(p) for p in exclude_projects]
     if max_running_per_project is not None:
         return _claim_capped(
             session,
@@ -70,6 +75,7 @@ def claim(
             lease_seconds=lease_seconds,
             cap=max_running_per_project,
             exclude=skip,
+            exclude_projects=skip_projects,
         )
     row = session.execute(
         text(
@@ -79,17 +85,34 @@ def claim(
              WHERE id = (SELECT j.id FROM jobs j JOIN gates g ON g.id = j.gate_id
                           WHERE j.state = 'queued'
                             AND NOT (j.gate_id = ANY(CAST(:exclude AS uuid[])))
+                            AND NOT (g.project_id = ANY(CAST(:projects AS uuid[])))
                           ORDER BY """
             + _FAIR_ORDER
             + """ FOR UPDATE OF j SKIP LOCKED LIMIT 1)
-            RETURNING id, gate_id, attempts
             """
+            + _RETURNING_CLAIM
         ),
-        {"owner": owner, "lease": lease_seconds, "exclude": skip},
+        {"owner": owner, "lease": lease_seconds, "exclude": skip, "projects": skip_projects},
     ).one_or_none()
-    if row is None:
-        return None
-    return ClaimedJob(id=row.id, gate_id=row.gate_id, attempts=row.attempts, owner=owner)
+    return None if row is None else _claimed(row, owner)
+
+
+# What a claim's UPDATE of the job returns: the ClaimedJob (``_claimed``), its gate's project
+# with it.
+_RETURNING_CLAIM = """
+    RETURNING id, gate_id, attempts,
+              (SELECT project_id FROM gates WHERE gates.id = jobs.gate_id) AS project_id
+"""
+
+
+def _claimed(row: Row[Any], owner: str) -> ClaimedJob:
+    return ClaimedJob(
+        id=row.id,
+        gate_id=row.gate_id,
+        attempts=row.attempts,
+        owner=owner,
+        project_id=row.project_id,
+    )
 
 
 # Round-robin across projects: a queued job of the project served least recently first
@@ -112,7 +135,13 @@ _RUNNING_OF_PROJECT = """
 
 
 def _claim_capped(
-    session: Session, *, owner: str, lease_seconds: int, cap: int, exclude: list[str]
+    session: Session,
+    *,
+    owner: str,
+    lease_seconds: int,
+    cap: int,
+    exclude: list[str],
+    exclude_projects: list[str],
 ) -> ClaimedJob | None:
     """Claim under a per-project cap on running jobs, exactly.
 
@@ -126,7 +155,8 @@ def _claim_capped(
     The fair order (``_FAIR_ORDER``) only chooses which candidate to try first; the cap's
     exactness rests on the lock and the recount alone.
     """
-    full: list[str] = []  # projects found at their cap during this claim
+    # Projects left out: those found at their cap during this claim, and the caller's.
+    full: list[str] = list(exclude_projects)
     while True:
         attempt = session.begin_nested()
         try:
@@ -168,8 +198,8 @@ def _claim_capped(
                            attempts = attempts + 1,
                            lease_expires_at = now() + make_interval(secs => :lease)
                      WHERE id = :id
-                    RETURNING id, gate_id, attempts
                     """
+                    + _RETURNING_CLAIM
                 ),
                 {"id": row.id, "owner": owner, "lease": lease_seconds},
             ).one()
@@ -178,9 +208,7 @@ def _claim_capped(
             if attempt.is_active:
                 attempt.rollback()
             raise
-        return ClaimedJob(
-            id=claimed.id, gate_id=claimed.gate_id, attempts=claimed.attempts, owner=owner
-        )
+        return _claimed(claimed, owner)
 
 
 def heartbeat(session: Session, job: ClaimedJob, *, lease_seconds: int) -> bool:

@@ -1,49 +1,134 @@
-"""Case slots: the case containers one worker runs at once, shared by the gates it holds.
+"""A worker's fair shares between projects: its gate places and its case slots.
 
-A gate asks for a slot per case; free slots go to the waiting gates in turn (round-robin),
-not first come first served, so a gate of two cases held next to a gate of two hundred gets
-every other free slot and finishes early instead of waiting behind the large one.
+A worker judges up to GATE_WORKER_GATES gates at once (its *places*) and runs up to
+GATE_CASE_CONCURRENCY case containers at once (its *slots*), shared by the gates it holds.
+Both are shared by projects under one rule:
+
+- A project's **fair share** of a capacity is an equal part of it among the projects that
+  hold or want some of it, at least one: ``share_of(capacity, projects)``.
+- **Work-conserving**: a project alone may use the whole capacity.
+- **A project below its share never waits for one above it.** Nothing is taken back (a
+  running case is never stopped, a held gate never handed back), so when every place or slot
+  is in use and a project below its share comes, it is served at once beyond the capacity,
+  up to twice it (``OVERDRAFT``); meanwhile a project at or over its share gets nothing
+  new, so the overdraft is paid back as that project's work ends.
+
+So one project's slow gates can no longer keep another's one-case gate `queued`: its gate
+is claimed and its case started at once, while the slow project runs on within its share.
+Within a project, free slots go to its waiting gates in turn (round-robin), so a gate of two
+cases held next to a gate of two hundred gets every other free slot and finishes early.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable, Iterator
+from collections import Counter
+from collections.abc import Hashable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+# Capacity times this: what a worker may use at most while it serves a project below its
+# share (it never takes work back, so the newcomer is served on top).
+OVERDRAFT = 2
+
+
+def share_of(capacity: int, projects: int) -> int:
+    """A project's fair share of ``capacity`` among ``projects``: an equal part, at least 1."""
+    return max(1, capacity // max(1, projects))
+
+
+P = TypeVar("P", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class PlaceClaim(Generic[P]):
+    """The claim a worker may make for one more gate: of a project not in ``exclude`` (those
+    at or over their share of its places), then, when ``fallback``, of any project."""
+
+    exclude: frozenset[P]
+    fallback: bool
+
+
+def next_place_claim(held: Mapping[P, int], limit: int) -> PlaceClaim[P] | None:
+    """What a worker holding ``held`` gates (per project) may claim next; None: nothing.
+
+    Below ``limit`` places, projects under their share first and then any (work-conserving);
+    at ``limit`` or over, only a project under its share, up to OVERDRAFT times ``limit``.
+    """
+    total = sum(held.values())
+    if total >= OVERDRAFT * limit:
+        return None
+    share = share_of(limit, sum(1 for n in held.values() if n))
+    over = frozenset(p for p, n in held.items() if n >= share)
+    return PlaceClaim(exclude=over, fallback=total < limit)
 
 
 class CaseSlots:
+    """The case slots of one worker, handed to the waiting cases by the rule above."""
+
     def __init__(self, size: int) -> None:
         if size < 1:
             raise ValueError("a worker needs at least one case slot")
         self.size = size
-        self._free = size
+        self.ceiling = OVERDRAFT * size
+        self._in_use = 0
+        self._held: Counter[Hashable] = Counter()  # slots in use, per project
         self._cond = threading.Condition()
-        # Gates with a case waiting, in turn order (a dict keeps insertion order): the first
-        # takes the next free slot, then goes to the back if it has more cases waiting.
-        self._waiting: dict[Hashable, int] = {}
+        # Projects with a case waiting, in turn order, each with its gates in turn order (a
+        # dict keeps insertion order) and their waiting cases: the first takes the next
+        # slot, then goes to the back of its line if it has more waiting.
+        self._waiting: dict[Hashable, dict[Hashable, int]] = {}
+
+    @property
+    def in_use(self) -> int:
+        return self._in_use
 
     @contextmanager
-    def slot(self, gate: Hashable) -> Iterator[None]:
-        """Hold one slot for a case of ``gate`` (waiting for its turn) while in the block."""
-        self._acquire(gate)
+    def slot(self, gate: Hashable, project: Hashable = None) -> Iterator[None]:
+        """Hold one slot for a case of ``gate`` of ``project`` (waiting for its turn) while
+        in the block."""
+        self._acquire(gate, project)
         try:
             yield
         finally:
-            self._release()
+            self._release(project)
 
-    def _acquire(self, gate: Hashable) -> None:
+    def _next(self) -> tuple[Hashable, Hashable] | None:
+        """The (project, gate) whose case takes a slot now, if any may."""
+        if not self._waiting:
+            return None
+        active = set(self._waiting) | {p for p, n in self._held.items() if n}
+        share = share_of(self.size, len(active))
+        below = [p for p in self._waiting if self._held[p] < share]
+        # Below its share: served even past the size (see OVERDRAFT); otherwise in turn,
+        # within the size, and only while no project below its share waits.
+        candidates, room = (below, self.ceiling) if below else (list(self._waiting), self.size)
+        if self._in_use >= room:
+            return None
+        project = candidates[0]
+        return project, next(iter(self._waiting[project]))
+
+    def _acquire(self, gate: Hashable, project: Hashable) -> None:
         with self._cond:
-            self._waiting[gate] = self._waiting.get(gate, 0) + 1
-            while not (self._free > 0 and next(iter(self._waiting)) == gate):
+            gates = self._waiting.setdefault(project, {})
+            gates[gate] = gates.get(gate, 0) + 1
+            while self._next() != (project, gate):
                 self._cond.wait()
-            self._free -= 1
-            left = self._waiting.pop(gate) - 1
+            self._in_use += 1
+            self._held[project] += 1
+            gates = self._waiting.pop(project)
+            left = gates.pop(gate) - 1
             if left:
-                self._waiting[gate] = left  # back of the line
-            self._cond.notify_all()  # the next gate in turn may take another free slot
+                gates[gate] = left  # the back of its project's line
+            if gates:
+                self._waiting[project] = gates  # the back of the line of projects
+            self._cond.notify_all()  # the next in turn may take another slot
 
-    def _release(self) -> None:
+    def _release(self, project: Hashable) -> None:
         with self._cond:
-            self._free += 1
+            self._in_use -= 1
+            self._held[project] -= 1
+            if not self._held[project]:
+                del self._held[project]
             self._cond.notify_all()

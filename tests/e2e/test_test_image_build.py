@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 from gate_service import sandbox as port
 from gate_service.config import Settings
 from gate_service.errors import SandboxError
-from gate_service.sandbox import BUNDLE_DEPS_DIR, LABEL, BuildRefused
+from gate_service.sandbox import BUILD_IMAGE_LABEL, BUNDLE_DEPS_DIR, LABEL, BuildRefused, Halted
 from gate_service.sandbox.docker_engine import DockerSandbox
+from tests.fixtures.docker import reuse_a_runner
 from tests.fixtures.projects import make_wheel
 
 pytestmark = pytest.mark.docker
@@ -29,14 +32,7 @@ class Builds:
 
     def sandbox(self, **settings: float) -> DockerSandbox:
         sandbox = DockerSandbox(Settings(data_dir=self.tmp_path / "data", **settings))
-        # Any runner image will do (these tests are about the build, not the runner), so an
-        # existing one is reused instead of rebuilding it whenever the runner's sources change.
-        runners = [
-            i for i in sandbox.client.images.list(filters={"label": f"{LABEL}=runner"}) if i.tags
-        ]
-        if runners:
-            newest = max(runners, key=lambda i: str(i.attrs["Created"]))
-            self.monkeypatch.setattr(sandbox, "runner_image", lambda: newest.tags[0])
+        reuse_a_runner(sandbox, self.monkeypatch)
         self.made.append(sandbox)
         return sandbox
 
@@ -54,11 +50,21 @@ class Builds:
             tag=self.tag("limits"), context_dir=ctx, requirements=requirements
         )
 
+    def left_by(self, sandbox: DockerSandbox, tag: str) -> list[str]:
+        """Ids of the images (intermediate ones too) a failed build for ``tag`` left."""
+        found = sandbox.client.api.images(all=True, filters={"label": f"{BUILD_IMAGE_LABEL}={tag}"})
+        return [str(i["Id"]) for i in found]
+
     def clean(self) -> None:
         for sandbox in self.made:
             for tag in self.tags:
                 if sandbox.image_exists(tag):
                     sandbox.client.images.remove(tag, force=True)
+                for ref in self.left_by(sandbox, tag):  # only when a test above failed
+                    try:
+                        sandbox.client.images.remove(ref, force=True)
+                    except docker.errors.APIError:
+                        pass  # pruned with its child already, or a parent of one left
             sandbox.close()
 
 
@@ -79,6 +85,7 @@ def test_a_build_over_the_output_cap_is_refused(builds: Builds) -> None:
     with pytest.raises(BuildRefused, match="more than 10 bytes of output"):
         sandbox.build_test_image(image)
     assert not sandbox.image_exists(image.tag)
+    assert builds.left_by(sandbox, image.tag) == []
 
 
 def test_a_build_over_the_time_limit_is_refused(builds: Builds) -> None:
@@ -88,6 +95,7 @@ def test_a_build_over_the_time_limit_is_refused(builds: Builds) -> None:
     with pytest.raises(BuildRefused, match=r"took longer than 0\.3 s"):
         sandbox.build_test_image(image)
     assert not sandbox.image_exists(image.tag)
+    assert builds.left_by(sandbox, image.tag) == []
 
 
 def test_a_silent_build_step_is_cut_off_at_the_time_limit(builds: Builds, tmp_path: Path) -> None:
@@ -120,6 +128,38 @@ def test_a_failing_build_reports_the_tail_of_its_log(builds: Builds) -> None:
     with pytest.raises(SandboxError, match="not-in-the-wheels") as caught:
         sandbox.build_test_image(image)
     assert "returned a non-zero code" in caught.value.detail
+    # The dependency stage's steps up to the failed one were images: gone with the build.
+    assert builds.left_by(sandbox, image.tag) == []
+
+
+def test_a_build_halted_during_its_install_step_leaves_no_image(builds: Builds) -> None:
+    """Cut while pip runs in the dependency stage: the steps before it were committed as
+    images, and the step's container was running; neither outlives the build."""
+    sandbox = builds.sandbox()
+    image = builds.spec("gate-e2e-demo==1.0", wheel=True)
+    halt = threading.Event()
+
+    def halt_once_pip_runs() -> None:
+        deadline = time.monotonic() + 120
+        while not halt.is_set() and time.monotonic() < deadline:
+            running = sandbox.client.api.containers(
+                all=True, filters={"label": f"{BUILD_IMAGE_LABEL}={image.tag}"}
+            )
+            if any("pip" in str(c.get("Command")) for c in running):
+                halt.set()
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=halt_once_pip_runs, daemon=True)
+    watcher.start()
+    with pytest.raises(Halted, match="halted during"):
+        sandbox.build_test_image(image, halt=halt)
+    watcher.join()
+    assert not sandbox.image_exists(image.tag)
+    assert builds.left_by(sandbox, image.tag) == []
+    left = sandbox.client.api.containers(
+        all=True, filters={"label": f"{BUILD_IMAGE_LABEL}={image.tag}"}
+    )
+    assert left == []
 
 
 CHECK = f"""

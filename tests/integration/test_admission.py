@@ -426,10 +426,12 @@ def test_a_case_stopped_at_the_deadline_ends_the_gate_error(
 # -- per API process: uploads and long-polls ---------------------------------------------------
 
 
-def hold_all(slots: Slots) -> int:
-    held = 0
-    while slots.try_acquire():
-        held += 1
+def hold_all(slots: Slots) -> list[object]:
+    """Take every slot, each for a project of its own (a project holds at most its share);
+    the projects that hold them."""
+    held: list[object] = []
+    while slots.try_acquire(project := object()):
+        held.append(project)
     return held
 
 
@@ -439,7 +441,8 @@ def test_uploads_over_the_process_cap_get_503_at_once(
     data, _ = bundles
     with serving(settings, max_concurrent_uploads=3) as c:
         slots: Slots = c.app.state.upload_slots  # type: ignore[attr-defined]
-        assert hold_all(slots) == 3  # three uploads in progress
+        holders = hold_all(slots)
+        assert len(holders) == 3  # three uploads in progress
         refused = post(c, data)
         assert refused.status_code == 503, refused.text
         body = refused.json()
@@ -449,7 +452,7 @@ def test_uploads_over_the_process_cap_get_503_at_once(
         assert int(refused.headers["Retry-After"]) > 0
         with sessions() as s:
             assert s.scalar(text("SELECT count(*) FROM gates")) == 0
-        slots.release()  # one upload finished
+        slots.release(holders[0])  # one upload finished
         assert post(c, data).status_code == 202
         assert slots.in_use == 2  # the accepted upload gave its slot back
 
@@ -458,7 +461,7 @@ def test_each_app_has_its_own_slots(settings: Settings) -> None:
     one = create_app(settings.model_copy(update={"max_concurrent_uploads": 4}))
     two = create_app(settings.model_copy(update={"max_concurrent_uploads": 4}))
     assert one.state.upload_slots is not two.state.upload_slots
-    assert hold_all(one.state.upload_slots) == 4
+    assert len(hold_all(one.state.upload_slots)) == 4
     assert two.state.upload_slots.in_use == 0
 
 
@@ -472,7 +475,7 @@ def test_long_polls_over_the_process_cap_get_503_plain_reads_do_not(
         first = c.get(f"/v1/gates/{gate_id}?wait=1")  # changed since nothing: answers at once
         assert first.status_code == 200
         assert slots.in_use == 0  # given back
-        assert hold_all(slots) == 2
+        assert len(hold_all(slots)) == 2
         refused = c.get(f"/v1/gates/{gate_id}?wait=30")
         assert refused.status_code == 503, refused.text
         assert "already handling 2 long-polls" in refused.json()["detail"]

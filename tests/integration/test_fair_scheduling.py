@@ -1,9 +1,13 @@
-"""Fair scheduling on a real Postgres: claims go round-robin across projects."""
+"""Fair scheduling on a real Postgres: claims go round-robin across projects, and a worker's
+gate places and case slots are shared fairly between them (worker logic, the fake sandbox)."""
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from fastapi.testclient import TestClient
 from sqlalchemy import select
@@ -12,10 +16,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from gate_service.config import Settings
 from gate_service.db import session_scope
 from gate_service.models import Gate
+from gate_service.sandbox import RunResult
 from gate_service.worker import queue
 from tests.fixtures.auth import as_token, project_token
 from tests.fixtures.projects import AGENTS, bundle_of, write
 from tests.fixtures.sandbox import FakeSandbox, fake_worker
+from tests.fixtures.waiting import wait_until
 
 
 def cases_project(root: Path, cases: int) -> Path:
@@ -80,7 +86,8 @@ def test_the_uncapped_claim_is_fair_too(
 def test_a_worker_serves_projects_in_turn(
     client: TestClient, settings: Settings, sessions: sessionmaker[Session], tmp_path: Path
 ) -> None:
-    # One gate at a time, so that the order the gates started in is the order of the claims.
+    # One place: A's first gate takes it, and B's first is taken beside it at once (B is
+    # under its share, slots.py); from then on each project has one gate at a time.
     worker = fake_worker(settings.model_copy(update={"worker_gates": 1}), sessions, FakeSandbox())
     data = bundle_of(cases_project(tmp_path / "p", 1))
     a_gates = [submit(client, data) for _ in range(3)]
@@ -92,7 +99,9 @@ def test_a_worker_serves_projects_in_turn(
         gates = s.scalars(select(Gate).order_by(Gate.started_at)).all()
         assert {g.status for g in gates} == {"passed"}
         order = [g.id for g in gates]
-    assert order == [a_gates[0], b_gates[0], a_gates[1], b_gates[1], a_gates[2]]
+    assert order[:2] == [a_gates[0], b_gates[0]]  # not behind all of A's
+    assert [g for g in order if g in a_gates] == a_gates  # each project's oldest first
+    assert [g for g in order if g in b_gates] == b_gates
 
 
 def test_a_small_gate_submitted_after_a_large_one_finishes_first(
@@ -114,3 +123,67 @@ def test_a_small_gate_submitted_after_a_large_one_finishes_first(
     assert small_at is not None and large_at is not None
     assert small_at < large_at
     assert len(sandbox.runs) == 202
+
+
+class SlowSandbox(FakeSandbox):
+    """Cases of the `slow_*` tests hold their container until ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.slow_running = 0
+        self._lock = threading.Lock()
+
+    def run(self, image: str, argv: Sequence[str], **kw: Any) -> RunResult:
+        if any(a.startswith("--case=slow_") for a in argv):
+            with self._lock:
+                self.slow_running += 1
+            try:
+                self.release.wait(120)
+            finally:
+                with self._lock:
+                    self.slow_running -= 1
+        return super().run(image, argv, **kw)
+
+
+def gate_status(sessions: sessionmaker[Session], gate_id: uuid.UUID) -> str:
+    with sessions() as s:
+        return str(s.get_one(Gate, gate_id).status)
+
+
+def test_one_projects_slow_gates_leave_room_for_another_projects_gate(
+    client: TestClient, settings: Settings, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """Two gates of A whose cases hang hold both places and both case slots; B's one-case
+    gate is still taken and judged, beside them, while they hang (slots.py's rule)."""
+    assert (settings.worker_gates, settings.case_concurrency) == (2, 2)
+    sandbox = SlowSandbox()
+    worker = fake_worker(settings, sessions, sandbox)
+    slow = write(
+        tmp_path / "slow",
+        {
+            **AGENTS,
+            "tests/slow.yaml": """
+                agent: calc
+                tests:
+                  - name: slow_one
+                    payload: '{"a": 1, "b": 1}'
+                  - name: slow_two
+                    payload: '{"a": 1, "b": 1}'
+            """,
+        },
+    )
+    a_gates = [submit(client, bundle_of(slow)) for _ in range(2)]
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: sandbox.slow_running == 2, "A's cases holding both slots")
+        b_gate = submit(project_b(client), bundle_of(cases_project(tmp_path / "b", 1)))
+        wait_until(lambda: gate_status(sessions, b_gate) == "passed", "B's gate passed")
+        assert [gate_status(sessions, g) for g in a_gates] == ["running", "running"]
+        assert sandbox.slow_running == 2  # A's cases still hang: B was served beside them
+    finally:
+        sandbox.release.set()
+        wait_until(lambda: all(gate_status(sessions, g) == "passed" for g in a_gates), "A's gates")
+        worker.ctx.stop.set()
+        thread.join(timeout=30)

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gate_service.config import Settings
 from gate_service.models import GateStatus
-from gate_service.sandbox import LABEL, ImageInfo
+from gate_service.sandbox import BUILD_ID_LABEL, BUILD_IMAGE_LABEL, BUILD_STAGE, LABEL, ImageInfo
 from gate_service.scratch import clean_scratch, scratch_dir, scratch_root
 from gate_service.worker import gc
 from gate_service.worker.gc import GcClock, GcPolicy, collect_garbage, collect_images
@@ -213,6 +213,51 @@ def test_old_runner_digests_go_with_their_test_images_unless_in_use(
     assert sandbox.removed_images == [old_test, "gate-runner:old"]  # children first
     assert held_test in sandbox.image_info and CURRENT in sandbox.image_info
     assert report.freed_bytes == 100 + 700
+
+
+def make_leftover(
+    sandbox: FakeSandbox, *, for_tag: str, age: float, kind: str = BUILD_STAGE, **kw: object
+) -> str:
+    """An untagged image a test-image build left (the engine's dangling image)."""
+    info = ImageInfo(
+        id=f"sha256:{uuid.uuid4().hex}",
+        tags=(),
+        labels={LABEL: kind, BUILD_ID_LABEL: uuid.uuid4().hex, BUILD_IMAGE_LABEL: for_tag},
+        created=time.time() - age,
+        unique_bytes=900,
+        **kw,  # type: ignore[arg-type]
+    )
+    sandbox.image_info[info.id] = info
+    return info.id
+
+
+def test_build_leftovers_go_whatever_the_budget_once_no_build_can_be_using_them(
+    sessions: sessionmaker[Session], sandbox: FakeSandbox
+) -> None:
+    ours = f"gate-test:{sha(1)}-fake"
+    old = make_leftover(sandbox, for_tag=ours, age=2 * 3600)
+    # A test image whose tag a concurrent build of the same bundle took over.
+    untagged = make_leftover(sandbox, for_tag=ours, age=2 * 3600, kind="test")
+    # Younger than a build may run: perhaps a stage a running build still copies from.
+    building = make_leftover(sandbox, for_tag=ours, age=300)
+    used = make_leftover(sandbox, for_tag=ours, age=2 * 3600, containers=1)
+    # Another repository's build (another installation, a test's namespace): not ours.
+    other = make_leftover(sandbox, for_tag=f"gate-test-other:{sha(1)}-fake", age=2 * 3600)
+    pol = dataclasses.replace(policy(budget=10**12, grace=60), build_seconds=600)
+
+    report = collect_images(sandbox, sessions, pol, CURRENT)
+
+    assert report.removed_build_images == [old, untagged]
+    assert set(sandbox.image_info) == {building, used, other}
+    assert report.freed_bytes == 2 * 900
+    assert "2 build leftover(s)" in report.describe()
+
+
+def test_the_settings_give_build_leftovers_the_build_timeout_at_least(settings: Settings) -> None:
+    pol = GcPolicy.from_settings(
+        settings.model_copy(update={"gc_grace_seconds": 0, "build_timeout_seconds": 42})
+    )
+    assert (pol.grace_seconds, pol.build_seconds) == (0, 42)
 
 
 def test_images_the_worker_built_are_collected_by_their_tag_and_label(
