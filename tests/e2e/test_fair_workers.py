@@ -17,7 +17,7 @@ import pytest
 
 from gate_service.client.api import GateClient
 from tests.e2e.conftest import start, stop, wait_ready
-from tests.fixtures.auth import ADMIN_TOKEN, bearer, served_project_token
+from tests.fixtures.auth import ADMIN_TOKEN, bearer, project_token
 from tests.fixtures.db import create_database, drop_database
 from tests.fixtures.ports import free_port
 from tests.fixtures.projects import AGENTS, bundle_of, write
@@ -79,8 +79,8 @@ def test_another_projects_instant_gate_ends_while_one_projects_slow_gates_run(
     try:
         wait_ready(url, proc, log_path)
         with httpx.Client(base_url=url, headers=bearer(ADMIN_TOKEN), timeout=60) as admin:
-            a_token = served_project_token(admin, "alpha", ["submit", "read"])
-            b_token = served_project_token(admin, "beta", ["submit", "read"])
+            a_token = project_token(admin, "alpha", ["submit", "read"])
+            b_token = project_token(admin, "beta", ["submit", "read"])
         alpha, beta = GateClient(url, token=a_token), GateClient(url, token=b_token)
         instant = bundle_of(project(tmp_path / "instant", INSTANT))
         # B's image is built first, so that the bound measures scheduling, not a build.

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import start, stop, wait_ready
-from tests.fixtures.auth import ADMIN_TOKEN, bearer, served_project_token
+from tests.fixtures.auth import ADMIN_TOKEN, bearer, project_token
 from tests.fixtures.db import create_database, drop_database
 from tests.fixtures.live import MULTIPART_HEAD, stream_upload
 from tests.fixtures.ports import free_port
@@ -51,7 +51,7 @@ def client(port: int, token: str) -> httpx.Client:
 
 def tokens(port: int, *projects: str) -> list[str]:
     with client(port, ADMIN_TOKEN) as admin:
-        return [served_project_token(admin, name, ["submit", "read"]) for name in projects]
+        return [project_token(admin, name, ["submit", "read"]) for name in projects]
 
 
 def submit(c: httpx.Client, data: bytes) -> httpx.Response:
