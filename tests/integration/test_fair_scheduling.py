@@ -99,7 +99,8 @@ def test_a_worker_serves_projects_in_turn(
         gates = s.scalars(select(Gate).order_by(Gate.started_at)).all()
         assert {g.status for g in gates} == {"passed"}
         order = [g.id for g in gates]
-    assert order[:2] == [a_gates[0], b_gates[0]]  # not behind all of A's
+    # Both first gates run side by side (which one's start is written first is a race).
+    assert set(order[:2]) == {a_gates[0], b_gates[0]}  # B's first is not behind all of A's
     assert [g for g in order if g in a_gates] == a_gates  # each project's oldest first
     assert [g for g in order if g in b_gates] == b_gates
 

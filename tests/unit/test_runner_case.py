@@ -58,7 +58,9 @@ def test_threshold_is_exact_over_real_invocations(
     project: Path, tmp_path: Path, suite: str, case: str, passes: bool
 ) -> None:
     suite_path = project / suite
-    suite_path.write_text(suite_path.read_text().replace("'{}'", f'\'{{"dir": "{tmp_path}"}}\''))
+    suite_path.write_text(
+        suite_path.read_text().replace('{"counter"', f'{{"dir": "{tmp_path}", "counter"')
+    )
     result = judged(project, suite, case)
     assert result.successes == 2
     assert result.passed is passes
