@@ -5,7 +5,7 @@
 - per project at submission: queued gates, stored bundle bytes and stored result bytes
   (``admit_submission``);
 - for the whole service: queued gates (``admit_submission``);
-- per project in the worker: running gates (``worker.queue.claim``), and a fair share of
+- per project in the worker: running gates (``jobs.claim``), and a fair share of
   each worker's gate places and case slots (``worker.slots``);
 - per gate in the worker: cases and a deadline (``worker.handler``).
 """

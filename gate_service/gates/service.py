@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from .. import jobs
 from ..admission import admit_submission, lock_project, stored_result_bytes
 from ..bundles.archive import Manifest
 from ..bundles.suites import CaseRef
@@ -32,7 +33,6 @@ from ..stored_runs import (
     storable_text,
     unpack,
 )
-from ..worker import queue
 from .schemas import BundleRead, CaseRead, GateList, GateRead, GateSummary, RunRead
 
 # A case's own failure_reason (the runner's sentence on its first failed run) is kept to this;
@@ -125,7 +125,7 @@ def create_gate(
     )
     session.add(gate)
     session.flush()
-    queue.enqueue(session, gate.id)
+    jobs.enqueue(session, gate.id)
     session.flush()
     return gate, True
 
@@ -298,7 +298,7 @@ def request_cancel(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) 
     gate.cancel_requested = True
     if gate.status == GateStatus.queued:
         _end(gate, GateStatus.cancelled, phase=Phase.done, reason="cancelled before it started")
-        queue.drop_queued(session, gate.id)
+        jobs.drop_queued(session, gate.id)
     gate.revision += 1
     return gate
 

@@ -102,7 +102,7 @@ class Sandbox(Protocol):
 
     def image_exists(self, tag: str) -> bool: ...
 
-    # ``halt``, on the three below: the job's halt event (queue.ClaimedJob.halt). Once set, the
+    # ``halt``, on the three below: the job's halt event (jobs.ClaimedJob.halt). Once set, the
     # work stops (pip killed, the build cut, the case container removed or never created)
     # and Halted is raised.
 

@@ -36,6 +36,7 @@ from ..config import Settings
 from ..db import refused_write, session_scope
 from ..errors import GateError, SandboxError
 from ..gates import service
+from ..jobs import ClaimedJob, LeaseLost
 from ..logs import bind_log_context
 from ..metrics import Metrics
 from ..models import Bundle, Case, CaseStatus, Gate, Phase, utcnow
@@ -59,8 +60,6 @@ from ..scratch import scratch_dir
 from ..secrets.crypto import SecretBox
 from ..secrets.redact import Redactor, redact_result
 from ..secrets.service import project_secrets
-from . import queue
-from .queue import ClaimedJob
 from .slots import CaseSlots
 
 if TYPE_CHECKING:
@@ -156,8 +155,7 @@ def _write(ctx: WorkerContext, job: ClaimedJob, fn: Callable[[Session, Gate], T]
     StorageRefused when Postgres refuses the data itself (see ``db.refused_write``).
     """
     try:
-        with session_scope(ctx.sessions) as session:
-            queue.fence(session, job)
+        with job.transaction(ctx.sessions) as session:
             gate = service.get_gate(session, job.gate_id, for_update=True)
             return fn(session, gate)
     except (DBAPIError, UnicodeEncodeError) as exc:
@@ -217,7 +215,7 @@ def judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None = No
     """
     try:
         _judge(ctx, job, slots)
-    except queue.LeaseLost:
+    except LeaseLost:
         log.warning("lost the lease on job %s; another worker has it now", job.id)
     except BundleRejected as exc:
         rejected = exc
@@ -226,13 +224,13 @@ def judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None = No
             if isinstance(rejected, DeadlinePassed):
                 _close_unjudged(session, gate, "not run: the gate ran past its deadline")
             service.fail_gate(gate, reason=rejected.reason, problems=rejected.problems)
-            queue.finish(session, job, error=rejected.reason)
+            job.finish(session, error=rejected.reason)
             ctx.metrics.gate_finished(session, gate)
 
         _write(ctx, job, reject)
     except Stopping:
         with session_scope(ctx.sessions) as session:
-            queue.release(session, job, error="the worker shut down during the job", refund=True)
+            job.release(session, error="the worker shut down during the job", refund=True)
     except StorageRefused as exc:
         refused = exc
 
@@ -243,7 +241,7 @@ def judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None = No
             )
             _close_unjudged(session, gate, f"not judged: {reason}")
             service.fail_gate(gate, reason=reason)
-            queue.finish(session, job, error=reason)
+            job.finish(session, error=reason)
             ctx.metrics.gate_finished(session, gate)
 
         _write(ctx, job, refuse)
@@ -254,14 +252,14 @@ def judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None = No
         log.exception("job %s attempt %s failed (reference %s)", job.id, job.attempts, reference)
         if job.attempts < ctx.settings.job_max_attempts:
             with session_scope(ctx.sessions) as session:
-                queue.release(session, job, error=detail)
+                job.release(session, error=detail)
             return
 
         def give_up(session: Session, gate: Gate) -> None:
             reason = f"infrastructure error after {job.attempts} attempt(s): {detail}"
             _close_unjudged(session, gate, f"not judged: {reason}")
             service.fail_gate(gate, reason=reason)
-            queue.finish(session, job, error=detail)
+            job.finish(session, error=detail)
             ctx.metrics.gate_finished(session, gate)
 
         _write(ctx, job, give_up)
@@ -271,7 +269,7 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None) -> None
     def begin(session: Session, gate: Gate) -> tuple[bool, str, str | None, bytes]:
         if gate.cancel_requested:
             service.cancel_gate(gate)
-            queue.finish(session, job)
+            job.finish(session)
             return False, "", None, b""
         service.start_gate(gate)
         time_left(ctx.settings, gate.started_at)  # a retry may start past the deadline
@@ -334,7 +332,7 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None) -> None
             service.cancel_gate(gate)
         else:
             service.finish_gate(session, gate)
-        queue.finish(session, job)
+        job.finish(session)
         ctx.metrics.gate_finished(session, gate)
 
     _write(ctx, job, conclude)

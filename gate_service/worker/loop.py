@@ -13,14 +13,14 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping
 
+from .. import jobs
 from ..db import session_scope
 from ..gates import service
+from ..jobs import ClaimedJob
 from ..logs import bind_log_context, log_context
 from ..models import GateStatus
-from . import queue
 from .gc import collect_if_due
 from .handler import WorkerContext, judge_gate
-from .queue import ClaimedJob
 from .retention import PROCESS_CLOCK, RetentionClock, run_retention
 from .slots import CaseSlots, next_place_claim
 
@@ -121,7 +121,7 @@ class Worker:
         exclude_projects: Collection[uuid.UUID | None] = (),
     ) -> ClaimedJob | None:
         with session_scope(self.ctx.sessions) as session:
-            return queue.claim(
+            return jobs.claim(
                 session,
                 owner=self.name,
                 lease_seconds=self.ctx.settings.job_lease_seconds,
@@ -221,8 +221,8 @@ class Worker:
         while not done.wait(min(lease / 3, CANCEL_CHECK_SECONDS)):
             try:
                 with session_scope(self.ctx.sessions) as session:
-                    owned = queue.heartbeat(session, job, lease_seconds=lease)
-                    cancelled = queue.cancel_requested(session, job)
+                    owned = job.heartbeat(session, lease_seconds=lease)
+                    cancelled = job.cancel_requested(session)
             except Exception:
                 log.exception("job %s: heartbeat failed; will retry", job.id)
                 continue
@@ -267,7 +267,7 @@ class Worker:
         with session_scope(self.ctx.sessions) as session:
 
             def keep(labels: Mapping[str, str]) -> bool:
-                return queue.keeps_container(
+                return jobs.keeps_container(
                     session, labels.get("gate.gate_id"), labels.get("gate.owner")
                 )
 
@@ -277,13 +277,13 @@ class Worker:
         """Requeue jobs of dead workers, or end their gates once attempts are used up."""
         max_attempts = self.ctx.settings.job_max_attempts
         with session_scope(self.ctx.sessions) as session:
-            for expired in queue.take_expired(session):
+            for expired in jobs.take_expired(session):
                 note = f"the lease of worker {expired.owner} expired"
                 if expired.attempts < max_attempts:
                     log.warning("job %s: %s; requeueing", expired.id, note)
-                    queue.requeue_expired(session, expired.id, note=note)
+                    jobs.requeue_expired(session, expired.id, note=note)
                     continue
-                queue.close_expired(session, expired.id, note=note)
+                jobs.close_expired(session, expired.id, note=note)
                 gate = service.get_gate(session, expired.gate_id, for_update=True)
                 if GateStatus(gate.status).terminal:  # e.g. cancelled meanwhile: keep it
                     continue

@@ -14,13 +14,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from gate_service import jobs
 from gate_service.admission import Slots
 from gate_service.config import Settings
 from gate_service.db import session_scope
 from gate_service.main import create_app
 from gate_service.models import Case, Job
 from gate_service.sandbox import RunLimits, RunResult
-from gate_service.worker import queue
 from gate_service.worker.loop import Worker
 from tests.fixtures.auth import ADMIN_TOKEN, as_token, bearer, project_token
 from tests.fixtures.projects import bundle_of, calculator_project
@@ -87,7 +87,7 @@ def test_a_project_over_its_queued_cap_gets_429_with_retry_after_others_do_not(
         assert post(beta, data).status_code == 202
         # Once a worker takes one of alpha's gates, alpha has room again.
         with session_scope(sessions) as s:
-            assert queue.claim(s, owner="w", lease_seconds=60) is not None
+            assert jobs.claim(s, owner="w", lease_seconds=60) is not None
         assert post(alpha, data).status_code == 202
 
 
@@ -181,9 +181,9 @@ def test_a_claim_skips_a_project_at_its_running_cap(
     alpha_gates = [post(alpha, data).json()["id"] for _ in range(3)]
     beta_gate = post(beta, data).json()["id"]  # queued after all of alpha's
 
-    def claim() -> queue.ClaimedJob | None:
+    def claim() -> jobs.ClaimedJob | None:
         with session_scope(sessions) as s:
-            return queue.claim(s, owner="w", lease_seconds=60, max_running_per_project=2)
+            return jobs.claim(s, owner="w", lease_seconds=60, max_running_per_project=2)
 
     first, second, third = claim(), claim(), claim()
     assert first and second and third
@@ -192,7 +192,7 @@ def test_a_claim_skips_a_project_at_its_running_cap(
     assert claimed == [alpha_gates[0], beta_gate, alpha_gates[1]]
     assert claim() is None  # only alpha's third is queued, and alpha has 2 running
     with session_scope(sessions) as s:
-        queue.finish(s, first)
+        first.finish(s)
     fourth = claim()
     assert fourth is not None and str(fourth.gate_id) == alpha_gates[2]
 
@@ -213,7 +213,7 @@ def test_concurrent_claims_never_pass_the_running_cap(
     def claimer(name: str) -> None:
         barrier.wait()
         with session_scope(sessions) as s:
-            job = queue.claim(s, owner=name, lease_seconds=60, max_running_per_project=2)
+            job = jobs.claim(s, owner=name, lease_seconds=60, max_running_per_project=2)
         if job is not None:
             with lock:
                 claimed.append(job.gate_id)
@@ -238,7 +238,7 @@ def test_the_worker_loop_claims_under_the_running_cap(
     data, _ = bundles
     gate_id = post(client, data).json()["id"]
     with session_scope(sessions) as s:  # another worker is judging one of default's gates
-        assert queue.claim(s, owner="other", lease_seconds=60) is not None
+        assert jobs.claim(s, owner="other", lease_seconds=60) is not None
     worker = worker_for(settings, sessions, FakeSandbox(), max_running_gates_per_project=1)
     second = post(client, data).json()["id"]
     assert gate_id != second

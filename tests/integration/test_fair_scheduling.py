@@ -13,11 +13,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from gate_service import jobs
 from gate_service.config import Settings
 from gate_service.db import session_scope
 from gate_service.models import Gate
 from gate_service.sandbox import RunResult
-from gate_service.worker import queue
 from tests.fixtures.auth import as_token, project_token
 from tests.fixtures.projects import AGENTS, bundle_of, write
 from tests.fixtures.sandbox import FakeSandbox, fake_worker
@@ -56,7 +56,7 @@ def test_the_second_claim_takes_the_other_projects_gate(
     claimed = []
     for name in ("w1", "w2", "w3"):
         with session_scope(sessions) as s:
-            job = queue.claim(
+            job = jobs.claim(
                 s,
                 owner=name,
                 lease_seconds=60,
@@ -77,7 +77,7 @@ def test_the_uncapped_claim_is_fair_too(
     claimed = []
     for name in ("w1", "w2"):
         with session_scope(sessions) as s:
-            job = queue.claim(s, owner=name, lease_seconds=60)
+            job = jobs.claim(s, owner=name, lease_seconds=60)
         assert job is not None
         claimed.append(job.gate_id)
     assert claimed == [a_gates[0], b_gate]

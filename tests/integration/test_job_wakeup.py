@@ -15,9 +15,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
+from gate_service import jobs
 from gate_service.config import Settings
 from gate_service.db import session_scope
-from gate_service.worker import queue
 from gate_service.worker.handler import WorkerContext
 from gate_service.worker.loop import Worker
 from gate_service.worker.wakeup import JobWakeup
@@ -144,20 +144,20 @@ def test_what_frees_a_job_notifies_and_a_claim_does_not(
         assert event.wait(DEADLINE_SECONDS), "a queued job was not announced"
         event.clear()
         with session_scope(sessions) as session:
-            job = queue.claim(session, owner="w1", lease_seconds=60)
+            job = jobs.claim(session, owner="w1", lease_seconds=60)
         assert job is not None
         # A claim frees nothing: the other workers are not all woken by every claim.
         assert not event.wait(QUIET_SECONDS), "a claim woke the workers"
         with session_scope(sessions) as session:
-            queue.release(session, job, error="handed back")
+            job.release(session, error="handed back")
         assert event.wait(DEADLINE_SECONDS), "a job handed back was not announced"
         event.clear()
         with session_scope(sessions) as session:
-            job = queue.claim(session, owner="w1", lease_seconds=60)
+            job = jobs.claim(session, owner="w1", lease_seconds=60)
             assert job is not None
         event.clear()
         with session_scope(sessions) as session:
-            queue.finish(session, job)
+            job.finish(session)
         # A finished job may free a place under the per-project cap.
         assert event.wait(DEADLINE_SECONDS), "a finished job was not announced"
 

@@ -9,10 +9,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from gate_service import jobs
 from gate_service.config import Settings
 from gate_service.db import session_scope
 from gate_service.models import Case, Gate, Job, Run
-from gate_service.worker import queue
 from gate_service.worker.handler import WorkerContext, judge_gate
 from gate_service.worker.loop import Worker
 from tests.fixtures.projects import (
@@ -90,7 +90,7 @@ def test_skip_locked_gives_each_job_to_one_claimer(
     def claimer(name: str) -> None:
         while True:
             with session_scope(sessions) as s:
-                job = queue.claim(s, owner=name, lease_seconds=60)
+                job = jobs.claim(s, owner=name, lease_seconds=60)
             if job is None:
                 return
             with lock:
@@ -115,7 +115,7 @@ def test_expired_lease_is_requeued_then_given_up(
     gate_id = submit(client, bundle_of(calculator_project(tmp_path / "p", failing=False)))
     for attempt in (1, 2):  # settings.job_max_attempts == 2
         with session_scope(sessions) as s:
-            job = queue.claim(s, owner=f"doomed-{attempt}", lease_seconds=60)
+            job = jobs.claim(s, owner=f"doomed-{attempt}", lease_seconds=60)
         assert job is not None and job.attempts == attempt
         expire_leases(sessions)
         worker.reap_expired()
@@ -133,13 +133,13 @@ def test_a_worker_that_lost_its_lease_writes_nothing(
 ) -> None:
     gate_id = submit(client, bundle_of(calculator_project(tmp_path / "p", failing=False)))
     with session_scope(sessions) as s:
-        stale = queue.claim(s, owner="stale", lease_seconds=60)
+        stale = jobs.claim(s, owner="stale", lease_seconds=60)
     assert stale is not None
     expire_leases(sessions)
     with session_scope(sessions) as s:
-        for expired in queue.take_expired(s):
-            queue.requeue_expired(s, expired.id, note="test")
-        fresh = queue.claim(s, owner="fresh", lease_seconds=60)
+        for expired in jobs.take_expired(s):
+            jobs.requeue_expired(s, expired.id, note="test")
+        fresh = jobs.claim(s, owner="fresh", lease_seconds=60)
     assert fresh is not None
     ctx = WorkerContext(
         settings=settings, sessions=sessions, sandbox=FakeSandbox(), stop=threading.Event()
@@ -358,7 +358,7 @@ def test_the_heartbeat_removes_only_this_workers_containers_of_the_gate(
         name="old-owner",
     )
     with session_scope(sessions) as s:
-        job = queue.claim(s, owner="old-owner", lease_seconds=60)
+        job = jobs.claim(s, owner="old-owner", lease_seconds=60)
     assert job is not None and str(job.gate_id) == gate_id
     with session_scope(sessions) as s:
         if why == "lease lost":  # requeued and taken over by another worker

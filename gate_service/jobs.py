@@ -1,26 +1,38 @@
 """The Postgres job queue: SKIP LOCKED claims under a lease, heartbeats, and a reaper.
 
-Workers commit the claim at once and never hold a transaction across Docker work; every
-later write re-checks the lease (``fence``) so a worker that lost its job cannot overwrite
-the verdict of the worker that took it over.
+Both sides import it: the API enqueues (a gate and its job in one transaction) and drops a
+queued job on cancel; workers claim, fence, finish and release. It imports neither side.
+
+Workers commit the claim at once and never hold a transaction across Docker work. A claimed
+job carries its lease: every later write goes through ``ClaimedJob.transaction``, which
+re-checks the lease first (``fence``), so a worker that lost its job cannot overwrite the
+verdict of the worker that took it over.
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Row, text
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
-from ..models import Job, JobState
+from .db import session_scope
+from .models import Job, JobState
+
+
+class LeaseLost(Exception):
+    """Another worker owns the job now; stop working on it and write nothing."""
 
 
 @dataclass(frozen=True)
 class ClaimedJob:
+    """A job this worker holds under a lease, and the writes that lease allows."""
+
     id: int
     gate_id: uuid.UUID
     attempts: int
@@ -29,9 +41,68 @@ class ClaimedJob:
     # Set by the heartbeat when the gate is cancelled or the lease is lost: stop at once.
     halt: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
 
+    @contextmanager
+    def transaction(self, sessions: sessionmaker[Session]) -> Iterator[Session]:
+        """One transaction that first proves the lease is still ours (LeaseLost if not)."""
+        with session_scope(sessions) as session:
+            self.fence(session)
+            yield session
 
-class LeaseLost(Exception):
-    """Another worker owns the job now; stop working on it and write nothing."""
+    def fence(self, session: Session) -> None:
+        """Lock our job row and make sure we still own it; call first in every write."""
+        row = session.execute(
+            text(
+                "SELECT id FROM jobs WHERE id = :id AND lease_owner = :owner "
+                "AND state = 'running' FOR UPDATE"
+            ),
+            {"id": self.id, "owner": self.owner},
+        ).one_or_none()
+        if row is None:
+            raise LeaseLost(f"job {self.id} is no longer owned by {self.owner}")
+
+    def finish(self, session: Session, *, error: str | None = None) -> None:
+        """The job is done (its gate has its verdict); ``error`` is kept as its last error."""
+        self.fence(session)
+        session.execute(
+            text(
+                "UPDATE jobs SET state = 'done', lease_owner = NULL, lease_expires_at = NULL, "
+                "last_error = :error WHERE id = :id"
+            ),
+            {"id": self.id, "error": error},
+        )
+
+    def release(self, session: Session, *, error: str, refund: bool = False) -> None:
+        """Give the job back to the queue; ``refund`` when the attempt was not the job's
+        fault (a worker shutting down), so rolling restarts do not use up its attempts."""
+        self.fence(session)
+        session.execute(
+            text(
+                "UPDATE jobs SET state = 'queued', lease_owner = NULL, lease_expires_at = NULL, "
+                "last_error = :error, attempts = attempts - :refund WHERE id = :id"
+            ),
+            {"id": self.id, "error": error, "refund": 1 if refund else 0},
+        )
+
+    def heartbeat(self, session: Session, *, lease_seconds: int) -> bool:
+        """Renew the lease; False when it is no longer ours."""
+        row = session.execute(
+            text(
+                """
+                UPDATE jobs SET lease_expires_at = now() + make_interval(secs => :lease)
+                 WHERE id = :id AND lease_owner = :owner AND state = 'running'
+                RETURNING id
+                """
+            ),
+            {"id": self.id, "owner": self.owner, "lease": lease_seconds},
+        ).one_or_none()
+        return row is not None
+
+    def cancel_requested(self, session: Session) -> bool:
+        return bool(
+            session.execute(
+                text("SELECT cancel_requested FROM gates WHERE id = :g"), {"g": self.gate_id}
+            ).scalar()
+        )
 
 
 def enqueue(session: Session, gate_id: uuid.UUID) -> Job:
@@ -211,20 +282,6 @@ def _claim_capped(
         return _claimed(claimed, owner)
 
 
-def heartbeat(session: Session, job: ClaimedJob, *, lease_seconds: int) -> bool:
-    row = session.execute(
-        text(
-            """
-            UPDATE jobs SET lease_expires_at = now() + make_interval(secs => :lease)
-             WHERE id = :id AND lease_owner = :owner AND state = 'running'
-            RETURNING id
-            """
-        ),
-        {"id": job.id, "owner": job.owner, "lease": lease_seconds},
-    ).one_or_none()
-    return row is not None
-
-
 def keeps_container(session: Session, gate_id: str | None, owner: str | None) -> bool:
     """Whether a case container labelled with ``gate_id`` and ``owner`` must stay, in one query.
 
@@ -247,51 +304,6 @@ def keeps_container(session: Session, gate_id: str | None, owner: str | None) ->
         {"g": parsed, "owner": owner},
     ).scalar()
     return bool(row)
-
-
-def cancel_requested(session: Session, job: ClaimedJob) -> bool:
-    return bool(
-        session.execute(
-            text("SELECT cancel_requested FROM gates WHERE id = :g"), {"g": job.gate_id}
-        ).scalar()
-    )
-
-
-def fence(session: Session, job: ClaimedJob) -> None:
-    """Lock our job row and make sure we still own it; call first in every write."""
-    row = session.execute(
-        text(
-            "SELECT id FROM jobs WHERE id = :id AND lease_owner = :owner AND state = 'running' "
-            "FOR UPDATE"
-        ),
-        {"id": job.id, "owner": job.owner},
-    ).one_or_none()
-    if row is None:
-        raise LeaseLost(f"job {job.id} is no longer owned by {job.owner}")
-
-
-def finish(session: Session, job: ClaimedJob, *, error: str | None = None) -> None:
-    fence(session, job)
-    session.execute(
-        text(
-            "UPDATE jobs SET state = 'done', lease_owner = NULL, lease_expires_at = NULL, "
-            "last_error = :error WHERE id = :id"
-        ),
-        {"id": job.id, "error": error},
-    )
-
-
-def release(session: Session, job: ClaimedJob, *, error: str, refund: bool = False) -> None:
-    """Give the job back to the queue; ``refund`` when the attempt was not the job's fault
-    (a worker shutting down), so rolling restarts do not use up its attempts."""
-    fence(session, job)
-    session.execute(
-        text(
-            "UPDATE jobs SET state = 'queued', lease_owner = NULL, lease_expires_at = NULL, "
-            "last_error = :error, attempts = attempts - :refund WHERE id = :id"
-        ),
-        {"id": job.id, "error": error, "refund": 1 if refund else 0},
-    )
 
 
 @dataclass(frozen=True)
