@@ -1,19 +1,16 @@
-"""One error hierarchy, rendered everywhere as {"error", "detail", "problems"}."""
+"""One error hierarchy, rendered everywhere as {"error", "detail", "problems"}.
+
+Domain code raises these; it imports no HTTP code. The API renders them (http_errors.py):
+each error's ``status_code`` and ``headers`` are what its answer carries.
+"""
 
 from __future__ import annotations
 
-import logging
 import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-log = logging.getLogger(__name__)
 
 # Where the request-id middleware (gate_service/middleware.py) leaves each request's id.
 REQUEST_ID_SCOPE_KEY = "gate.request_id"
@@ -166,48 +163,3 @@ def error_body(
     kind: str, detail: str, problems: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     return {"error": kind, "detail": _storable(detail), "problems": _storable(problems or [])}
-
-
-def install_handlers(app: FastAPI) -> None:
-    @app.exception_handler(GateError)
-    async def _gate_error(_: Request, exc: GateError) -> JSONResponse:
-        return JSONResponse(
-            error_body(type(exc).__name__, exc.detail, exc.problems),
-            status_code=exc.status_code,
-            headers=exc.headers,
-        )
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = [
-            {"location": ".".join(str(p) for p in e.get("loc", ())), "message": e.get("msg", "")}
-            for e in exc.errors()
-        ]
-        detail = "; ".join(f"{p['location']}: {p['message']}" for p in problems)
-        if any(p["location"] == "body.bundle" for p in problems):
-            detail += (
-                " (expected multipart/form-data with a file field named 'bundle' holding the "
-                "project as .tar.gz/.tgz or .zip)"
-            )
-        return JSONResponse(error_body("RequestInvalid", detail, problems), status_code=422)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body("HTTPError", str(exc.detail)), status_code=exc.status_code)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        """Anything else: no stack, SQL, host or path in the answer; the log has them."""
-        request_id = request.scope.get(REQUEST_ID_SCOPE_KEY) or new_request_id()
-        log.error(
-            "request %s failed: %s %s",
-            request_id,
-            request.method,
-            request.url.path,
-            exc_info=exc,
-        )
-        return JSONResponse(
-            error_body("InternalError", f"the service failed; quote request id {request_id}"),
-            status_code=500,
-            headers={REQUEST_ID_HEADER: request_id},
-        )

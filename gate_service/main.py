@@ -26,11 +26,13 @@ from .connic_api.routes import bounds_its_own_body
 from .connic_api.routes import router as connic_router
 from .db import make_engine, make_sessionmaker, session_scope
 from .deps import SessionFactoryDep
-from .errors import Conflict, ServiceUnavailable, error_body, error_responses, install_handlers
+from .errors import Conflict, ServiceUnavailable, error_body, error_responses
 from .gates.notify import GateBodies, GateChanges
 from .gates.routes import router as gates_router
 from .gates.status_reads import StatusReads
-from .metrics import Metrics, install_metrics
+from .http_errors import install_handlers
+from .metrics import Metrics
+from .metrics_route import install_metrics
 from .middleware import install_middleware
 from .secrets.crypto import SecretBox
 from .secrets.routes import router as secrets_router

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import namedtuple_row
 
-from .notify import libpq_conninfo
+from ..listen import libpq_conninfo
 
 log = logging.getLogger(__name__)
 

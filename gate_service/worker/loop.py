@@ -23,11 +23,11 @@ from .gc import collect_if_due
 from .handler import WorkerContext, judge_gate
 from .retention import PROCESS_CLOCK, RetentionClock, run_retention
 from .slots import CaseSlots, next_place_claim
+from .wakeup import STOP_CHECK_SECONDS
 
 log = logging.getLogger(__name__)
 REAP_EVERY_SECONDS = 10.0
 CANCEL_CHECK_SECONDS = 2.0
-STOP_CHECK_SECONDS = 1.0  # how often a worker waiting for work looks at stop
 
 
 def worker_name() -> str:

@@ -22,12 +22,13 @@ from collections.abc import Iterator
 
 import psycopg
 
-from ..gates.notify import RECONNECT_MIN_SECONDS, listen_conninfo, reconnect_delay
+from ..listen import RECONNECT_MIN_SECONDS, listen_conninfo, reconnect_delay
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "gate_jobs"  # as in migrations/versions/0005_job_ready_notify.py
-STOP_CHECK_SECONDS = 1.0  # how often the listening thread looks at the stop event
+# How often a thread that waits (the listener, a worker waiting for work) looks at stop.
+STOP_CHECK_SECONDS = 1.0
 
 
 class JobWakeup:

@@ -20,13 +20,8 @@ from pydantic import SecretStr
 from gate_service.config import Settings
 from gate_service.db import make_engine, make_sessionmaker
 from gate_service.main import create_app
-from gate_service.metrics import (
-    DatabaseCollector,
-    Metrics,
-    RelayedMetrics,
-    relay_into,
-    serve_worker_metrics,
-)
+from gate_service.metrics import Metrics, RelayedMetrics, relay_into, serve_worker_metrics
+from gate_service.metrics_route import DatabaseCollector
 from gate_service.worker.loop import Worker
 from tests.fixtures.auth import ADMIN_TOKEN, as_token, bearer, project_token
 from tests.fixtures.projects import bundle_of, calculator_project

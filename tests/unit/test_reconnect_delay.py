@@ -1,6 +1,6 @@
-"""The listeners' reconnect back-off (gate_service/gates/notify.py, worker/wakeup.py)."""
+"""The listeners' reconnect back-off (gate_service/listen.py, used by gates/notify.py and worker/wakeup.py)."""
 
-from gate_service.gates.notify import (
+from gate_service.listen import (
     RECONNECT_MAX_SECONDS,
     RECONNECT_MIN_SECONDS,
     STABLE_SECONDS,
