@@ -21,7 +21,7 @@ from ..bundles.suites import CaseRef
 from ..config import Settings
 from ..errors import Conflict, NotFound
 from ..models import Bundle, Case, CaseStatus, Gate, GateStatus, Phase, Run, utcnow
-from ..runner_contract import CaseResult, InvocationResult, UntrustedResult, trusted_verdict
+from ..runner_contract import CaseResult, InvocationResult, UntrustedResult
 from ..stored_runs import (
     MIN_STORED_RUN_BYTES,
     PackedRun,
@@ -38,6 +38,8 @@ from .schemas import BundleRead, CaseRead, GateList, GateRead, GateSummary, RunR
 # A case's own failure_reason (the runner's sentence on its first failed run) is kept to this;
 # the runs hold the rest, under their own cap.
 MAX_CASE_REASON_BYTES = 16 * 1024
+# A case in any other status was not judged, and fails its gate closed (finish_gate).
+JUDGED_CASE_STATUSES = (CaseStatus.passed, CaseStatus.failed, CaseStatus.error)
 STATUS_CHARS = 32  # Run.status is String(32); the runner's status words are shorter
 
 
@@ -389,21 +391,21 @@ def run_cap(session: Session, settings: Settings, project_id: uuid.UUID) -> RunC
 
 
 def save_case_result(
-    session: Session, gate: Gate, case: Case, result: CaseResult, cap: RunCap
+    session: Session,
+    gate: Gate,
+    case: Case,
+    result: CaseResult,
+    cap: RunCap,
+    *,
+    status: CaseStatus,
+    successes: int,
+    passed: bool | None,
 ) -> None:
-    """Store a judged case and each of its invocations, each run within ``cap``.
+    """Store a judged case with its verdict (decided by worker/outcome.py from the suite the
+    worker validated, never from the result's own) and each invocation, within ``cap``.
 
-    `runs` and `success_threshold` stay those of the suite the worker validated; the verdict
-    is recomputed from the invocations (UntrustedResult when they do not fit the suite, or
-    when the result nests too deeply to store). Nothing is changed before both are known.
+    UntrustedResult when the result nests too deeply to store; nothing is changed then.
     """
-    if result.case_error:
-        status, passed, successes = CaseStatus.error, None, 0
-    else:
-        successes, passed = trusted_verdict(
-            result, runs=case.runs, success_threshold=case.success_threshold
-        )
-        status = CaseStatus.passed if passed else CaseStatus.failed
     try:
         packed = [(inv, pack_run(inv.model_dump(), cap)) for inv in result.invocations]
     except RecursionError:
@@ -458,17 +460,35 @@ def save_case_outcome(
 
 
 def finish_gate(session: Session, gate: Gate) -> None:
-    """Decide the verdict from the cases: error > failed > passed."""
+    """Decide the verdict from the cases, failing closed.
+
+    A gate passes only when it has at least one case and every case passed. A case that
+    could not be judged (`error`), or one in any state but passed or failed (`queued`,
+    `running`, `cancelled`, or a status this code does not know) ends the gate `error`,
+    naming the first such case; else a failed case ends it `failed`.
+    """
     cases = session.scalars(
         select(Case).where(Case.gate_id == gate.id).order_by(Case.position)
     ).all()
+    if not cases:
+        reason = "the gate has no cases, so nothing was judged"
+        _end(gate, GateStatus.error, phase=Phase.done, reason=reason)
+        gate.error = reason
+        return
     errored = [c for c in cases if c.status == CaseStatus.error]
+    unsettled = [c for c in cases if c.status not in JUDGED_CASE_STATUSES]
     failed = [c for c in cases if c.status == CaseStatus.failed]
-    if errored:
-        first = errored[0]
+    if errored or unsettled:
+        first = errored[0] if errored else unsettled[0]
+        count = len(errored) + len(unsettled)
+        why = (
+            first.failure_reason
+            if first.status == CaseStatus.error
+            else f"it was never judged (its status is {first.status!r})"
+        )
         reason = (
-            f"{len(errored)} of {len(cases)} case(s) could not be judged; "
-            f"{first.suite}::{first.test_name}: {first.failure_reason}"
+            f"{count} of {len(cases)} case(s) could not be judged; "
+            f"{first.suite}::{first.test_name}: {why}"
         )
         _end(gate, GateStatus.error, phase=Phase.done, reason=reason)
         gate.error = reason

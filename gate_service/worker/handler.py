@@ -40,12 +40,7 @@ from ..jobs import ClaimedJob, LeaseLost
 from ..logs import bind_log_context
 from ..metrics import Metrics
 from ..models import Bundle, Case, CaseStatus, Gate, Phase, utcnow
-from ..runner_contract import (
-    RunnerOutputError,
-    UntrustedResult,
-    parse_runner_output,
-    result_blocks,
-)
+from ..runner_contract import UntrustedResult
 from ..sandbox import (
     INVOCATION_UID,
     SCRATCH_DIR,
@@ -60,6 +55,7 @@ from ..scratch import scratch_dir
 from ..secrets.crypto import SecretBox
 from ..secrets.redact import Redactor, redact_result
 from ..secrets.service import project_secrets
+from .outcome import CaseFacts, Judged, NotJudged, Outcome, case_outcome, untrusted
 from .slots import CaseSlots
 
 if TYPE_CHECKING:
@@ -382,7 +378,7 @@ def _build_image(
 def _run_cases(ctx: WorkerContext, job: ClaimedJob, image: str, slots: CaseSlots) -> None:
     with session_scope(ctx.sessions) as session:
         pending = [
-            (c.id, c.suite, c.test_name, c.runs, c.timeout_s)
+            (c.id, c.suite, c.test_name, c.runs, c.success_threshold, c.timeout_s)
             for c in session.scalars(
                 select(Case)
                 .where(Case.gate_id == job.gate_id)
@@ -414,6 +410,15 @@ def _run_case_in_slot(
         return _run_case(ctx, job, image, *case)
 
 
+@dataclass(frozen=True)
+class _CaseStart:
+    """A case marked running, and what its container gets."""
+
+    model_mode: str | None
+    env: dict[str, str]  # the project's secrets and the GATE_CASE_ENV values
+    seconds_left: float  # until the gate's deadline
+
+
 def _run_case(
     ctx: WorkerContext,
     job: ClaimedJob,
@@ -422,66 +427,41 @@ def _run_case(
     suite: str,
     test_name: str,
     runs: int,
+    success_threshold: int,
     timeout_s: int,
 ) -> bool:
-    """Judge one case in its container; False when it was skipped (stop, cancel, halt)."""
+    """Judge one case in its container: mark, run, store. False when it was skipped (stop,
+    cancel, halt); DeadlinePassed once the gate's deadline stopped it."""
     bind_log_context(case_id=case_id, case=f"{suite}::{test_name}")
     if ctx.stop.is_set() or job.halt.is_set():
         return False
-
-    def mark_running(
-        session: Session, gate: Gate
-    ) -> tuple[bool, str | None, dict[str, str], float]:
-        # Read before the case is marked, from the gate this transaction already holds: none
-        # starts once the gate's deadline has passed.
-        left = time_left(ctx.settings, gate.started_at)
-        if gate.cancel_requested:
-            return False, None, {}, left
-        # Decrypted before the case is marked: a key that does not fit fails the attempt
-        # (an infrastructure error of the gate) with the case still queued.
-        project_env = project_secrets(session, ctx.box(), gate.project_id)
-        case = session.get_one(Case, case_id)
-        case.status = CaseStatus.running
-        gate.revision += 1
-        return True, gate.model_mode, project_env, left
-
-    try:
-        go_on, model_mode, project_env, left = _write(ctx, job, mark_running)
-    except DeadlinePassed:
-        job.halt.set()  # the gate's other cases do not start either
-        raise
-    if not go_on:
+    start = _mark_running(ctx, job, case_id)
+    if start is None:
         return False
     s = ctx.settings
-    # The project's secrets and the GATE_CASE_ENV values: handed to the runner on its stdin
-    # and given only to invocation processes (gate_runner/case_env.py). Every one of them is
-    # redacted from all that is stored for the case.
-    env = {**case_environment(s), **project_env}
-    redactor = Redactor(env)
     # Each invocation: the agent's timeout_s, then a builder cleanup's own budget (the runner
     # gives it timeout_s, at most 120 s), then forking and judging.
     per_invocation = timeout_s + min(timeout_s, 120) + PER_INVOCATION_SLACK_SECONDS
     wall = runs * per_invocation + s.case_deadline_slack_seconds
     # No case container outlives the gate's deadline: its wall limit is at most the time left.
-    cut_by_deadline = wall > int(left)
-    wall = min(wall, int(left))
-    limits = RunLimits(
-        memory_mb=s.case_memory_mb,
-        cpus=s.case_cpus,
-        pids=s.case_pids_limit,
-        wall_seconds=wall,
-        tmpfs_mb=s.case_tmpfs_mb,
-        output_limit_bytes=s.case_output_limit_bytes,
-        network=s.case_network,
-    )
+    cut_by_deadline = wall > int(start.seconds_left)
+    wall = min(wall, int(start.seconds_left))
     # Only the runner can read this (see gate_runner/case_env.py); a result without it is forged.
     nonce = secrets.token_hex(32)
     try:
         result = ctx.sandbox.run(
             image,
-            runner_argv(s, suite, test_name, model_mode),
-            stdin=handoff.encode(env, nonce),
-            limits=limits,
+            runner_argv(s, suite, test_name, start.model_mode),
+            stdin=handoff.encode(start.env, nonce),
+            limits=RunLimits(
+                memory_mb=s.case_memory_mb,
+                cpus=s.case_cpus,
+                pids=s.case_pids_limit,
+                wall_seconds=wall,
+                tmpfs_mb=s.case_tmpfs_mb,
+                output_limit_bytes=s.case_output_limit_bytes,
+                network=s.case_network,
+            ),
             labels={
                 "gate.gate_id": str(job.gate_id),
                 "gate.case_id": str(case_id),
@@ -494,84 +474,92 @@ def _run_case(
             return False
         raise
     ctx.metrics.container_started(result.start_ms)
+    # Every value that reached the case is redacted from all that is stored for it.
+    redactor = Redactor(start.env)
+    facts = CaseFacts(
+        suite=suite,
+        test_name=test_name,
+        nonce=nonce,
+        runs=runs,
+        success_threshold=success_threshold,
+        wall_seconds=wall,
+        cut_by_deadline=cut_by_deadline,
+        gate_deadline_seconds=s.gate_deadline_seconds,
+        memory_mb=s.case_memory_mb,
+        output_limit_bytes=s.case_output_limit_bytes,
+        reference=incidents.new_reference(),
+    )
+    outcome = case_outcome(result, facts, redactor.text)
+    _store(ctx, job, case_id, outcome, redactor, result.duration_ms)
+    if isinstance(outcome, NotJudged) and outcome.ends_gate:
+        job.halt.set()
+        raise DeadlinePassed(s.gate_deadline_seconds)
+    return True
+
+
+def _mark_running(ctx: WorkerContext, job: ClaimedJob, case_id: uuid.UUID) -> _CaseStart | None:
+    """Mark the case running and decrypt what it gets; None when the gate was cancelled."""
+
+    def mark(session: Session, gate: Gate) -> _CaseStart | None:
+        # Read before the case is marked, from the gate this transaction already holds: none
+        # starts once the gate's deadline has passed.
+        left = time_left(ctx.settings, gate.started_at)
+        if gate.cancel_requested:
+            return None
+        # Decrypted before the case is marked: a key that does not fit fails the attempt
+        # (an infrastructure error of the gate) with the case still queued.
+        project_env = project_secrets(session, ctx.box(), gate.project_id)
+        case = session.get_one(Case, case_id)
+        case.status = CaseStatus.running
+        gate.revision += 1
+        # The project's secrets and the GATE_CASE_ENV values: handed to the runner on its
+        # stdin and given only to invocation processes (gate_runner/case_env.py).
+        env = {**case_environment(ctx.settings), **project_env}
+        return _CaseStart(gate.model_mode, env, left)
+
+    try:
+        return _write(ctx, job, mark)
+    except DeadlinePassed:
+        job.halt.set()  # the gate's other cases do not start either
+        raise
+
+
+def _store(
+    ctx: WorkerContext,
+    job: ClaimedJob,
+    case_id: uuid.UUID,
+    outcome: Outcome,
+    redactor: Redactor,
+    duration_ms: int,
+) -> None:
+    """Write the case's outcome (see outcome.py) in one fenced transaction."""
 
     def store(session: Session, gate: Gate) -> None:
         case = session.get_one(Case, case_id)
-        if result.timed_out and cut_by_deadline:
-            service.save_case_outcome(
-                gate,
-                case,
-                status=CaseStatus.error,
-                duration_ms=result.duration_ms,
-                reason="the gate reached its deadline of "
-                f"{s.gate_deadline_seconds} s while this case ran; its container was stopped",
-            )
-        elif result.timed_out:
-            service.save_case_outcome(
-                gate,
-                case,
-                status=CaseStatus.failed,
-                duration_ms=result.duration_ms,
-                reason=f"the case container ran past its hard deadline of {wall} s and was killed",
-            )
-        elif result.oom_killed:
-            service.save_case_outcome(
-                gate,
-                case,
-                status=CaseStatus.failed,
-                duration_ms=result.duration_ms,
-                reason=f"the case container ran out of memory (limit {s.case_memory_mb} MB)",
-            )
-        else:
+        written = outcome
+        if isinstance(written, Judged):
             try:
-                if result.output_truncated:
-                    raise UntrustedResult(
-                        "the container printed more than its output limit "
-                        f"({s.case_output_limit_bytes} bytes), so its result is incomplete"
-                    )
-                if result.exit_code != 0 and result_blocks(result.stdout):
-                    raise UntrustedResult(
-                        f"the container exited with code {result.exit_code}, so its result "
-                        "block is not the runner's verdict"
-                    )
-                parsed = parse_runner_output(
-                    result.stdout, nonce=nonce, suite=suite, test_name=test_name
-                )
-                # Redacted first, then cut (in save_case_result): a cut made first could leave
-                # part of a secret behind.
-                cap = service.run_cap(session, s, gate.project_id)
-                service.save_case_result(session, gate, case, redact_result(parsed, redactor), cap)
-            except UntrustedResult as exc:
-                service.save_case_outcome(
+                # Redacted first, then cut (in save_case_result): a cut made first could
+                # leave part of a secret behind.
+                service.save_case_result(
+                    session,
                     gate,
                     case,
-                    status=CaseStatus.failed,
-                    duration_ms=result.duration_ms,
-                    reason=redactor.text(f"the case's result was not trusted: {exc}"),
+                    redact_result(written.result, redactor),
+                    service.run_cap(session, ctx.settings, gate.project_id),
+                    status=written.status,
+                    successes=written.successes,
+                    passed=written.passed,
                 )
-            except RunnerOutputError as exc:
-                # Redacted whole, then cut: a cut first could leave part of a secret behind.
-                stderr = redactor.text(result.stderr.decode("utf-8", "replace").replace("\x00", ""))
-                tail = stderr[-1500:].strip()
-                # The stderr tail goes to the log under a reference, not into the reason.
-                reference = incidents.new_reference()
-                log.error(
-                    "case %s: the runner failed (exit code %s, reference %s): %s; stderr: %s",
-                    case_id,
-                    result.exit_code,
-                    reference,
-                    redactor.text(str(exc)),
-                    tail or "(empty)",
-                )
-                service.save_case_outcome(
-                    gate,
-                    case,
-                    status=CaseStatus.error,
-                    duration_ms=result.duration_ms,
-                    reason=f"the runner failed (exit code {result.exit_code}): "
-                    + incidents.public(redactor.text(str(exc)), reference),
-                )
-        ctx.metrics.case_judged(session, case.status, result.duration_ms)
+            except UntrustedResult as exc:  # it nests too deeply to redact or store
+                written = untrusted(redactor.text(str(exc)))
+        if isinstance(written, NotJudged):
+            if written.log:
+                log.error("case %s: %s", case_id, written.log)
+            service.save_case_outcome(
+                gate, case, status=written.status, duration_ms=duration_ms, reason=written.reason
+            )
+        ctx.metrics.case_judged(session, case.status, duration_ms)
 
     def store_refused(refused: StorageRefused, session: Session, gate: Gate) -> None:
         case = session.get_one(Case, case_id)
@@ -579,17 +567,13 @@ def _run_case(
             gate,
             case,
             status=CaseStatus.error,
-            duration_ms=result.duration_ms,
+            duration_ms=duration_ms,
             reason=f"the case's result could not be stored: {refused.reason}; not retried, "
             "since the same result would be refused again",
         )
-        ctx.metrics.case_judged(session, case.status, result.duration_ms)
+        ctx.metrics.case_judged(session, case.status, duration_ms)
 
     try:
         _write(ctx, job, store)
     except StorageRefused as refused:
         _write(ctx, job, partial(store_refused, refused))
-    if result.timed_out and cut_by_deadline:
-        job.halt.set()
-        raise DeadlinePassed(s.gate_deadline_seconds)
-    return True
