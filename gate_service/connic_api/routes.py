@@ -20,7 +20,8 @@ from ..auth.deps import Reader, Submitter
 from ..deps import SessionDep, SessionFactoryDep, SettingsDep
 from ..errors import PayloadTooLarge, UnsupportedMediaType, error_responses
 from ..gates import service as gates
-from ..gates.routes import check_idempotency_key, store_upload
+from ..gates.routes import check_idempotency_key
+from ..gates.submission import submit_bundle
 from ..gates.upload import MinimumRate, paced_body
 from . import service
 from .schemas import ConnicEnvironment, ConnicRun, ConnicTestRun, ConnicTestRunSubmit
@@ -145,7 +146,7 @@ async def create_test_run(
         del raw  # the decoded archive is all that is needed from here on
         try:
             view, created = await run_in_threadpool(
-                store_upload, factory, who, upload, key, settings
+                submit_bundle, factory, who, upload, key, settings
             )
         finally:
             upload.close()

@@ -1,8 +1,9 @@
 """Connic's test-run vocabulary mapped onto gates and runs; no state of its own.
 
-A test run *is* a gate: its id is the gate's id, it is created by the same `store_upload`
-as POST /v1/gates and read by the same `read_gate`/`get_run`, so caps, idempotency, the
-audit trail and project scoping are the gates' own. This module only translates.
+A test run *is* a gate: its id is the gate's id, it is created by the same
+`gates.submission.submit_bundle` as POST /v1/gates and read by the same `read_gate`/`get_run`,
+so caps, idempotency, the audit trail and project scoping are the gates' own. This module
+only translates.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pydantic import ValidationError
 from ..auth.service import Principal
 from ..errors import BadRequest, NotFound, PayloadTooLarge
 from ..gates.schemas import GateRead, RunRead
-from ..gates.upload import Upload
+from ..gates.submission import Upload
 from ..models import GateStatus
 from .schemas import (
     DEFAULT_ENVIRONMENT_ID,
@@ -80,7 +81,7 @@ def parse_submission(raw: bytes | bytearray, *, upload_limit_bytes: int) -> Uplo
 
     Everything wrong with the JSON itself is 400: the CLI prints a 400's detail as
     "Test request rejected: <detail>" and exits 1. An archive over the upload limit is 413,
-    as on POST /v1/gates. The archive's own checks follow in `store_upload`.
+    as on POST /v1/gates. The archive's own checks follow in `gates.submission.submit_bundle`.
     """
     try:
         body = ConnicTestRunSubmit.model_validate_json(raw)

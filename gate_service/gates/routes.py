@@ -14,7 +14,6 @@ import psycopg
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..admission import long_poll_slots, upload_slots
@@ -28,24 +27,22 @@ from ..auth.deps import (
 )
 from ..auth.service import Principal, last_use_due, record_by, token_refusal
 from ..auth.tokens import Scope, digests_match, token_digest
-from ..bundles.archive import read_archive
-from ..config import Settings
 from ..db import session_scope
 from ..deps import SessionDep, SessionFactoryDep, SettingsDep, get_sessionmaker, get_settings
 from ..errors import BadRequest, NotFound, error_responses
 from ..models import GateStatus, utcnow
 from ..text import unstorable
 from . import service
-from .labels import parse_label_filter, parse_labels
+from .labels import parse_label_filter
 from .notify import GateBodies, GateChanges
 from .schemas import GateList, GateRead, RunRead
 from .status_reads import StatusReads
-from .upload import MinimumRate, Upload, receive_upload
+from .submission import MODEL_MODES, submit_bundle
+from .upload import MinimumRate, receive_upload
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1")
 
-MODEL_MODES = ("scripted", "replay", "live")
 ERRORS = error_responses(
     {
         400: "Bad request (or a Host not in GATE_TRUSTED_HOSTS)",
@@ -66,10 +63,6 @@ ERRORS = error_responses(
 
 def _etag(gate_id: uuid.UUID, revision: int) -> str:
     return f'W/"{gate_id}.{revision}"'
-
-
-def _parse_labels(raw: str | None) -> dict[str, Any]:
-    return parse_labels(raw)  # bounded depth and size, storable text (see labels.py)
 
 
 MAX_IDEMPOTENCY_KEY_CHARS = 200
@@ -125,53 +118,6 @@ UPLOAD_SCHEMA: dict[str, Any] = {
 }
 
 
-def store_upload(
-    factory: sessionmaker[Session],
-    who: Principal,
-    upload: Upload,
-    idempotency_key: str | None,
-    settings: Settings | None = None,
-) -> tuple[GateRead, bool]:
-    """Check the archive, then create (or find, by key) the gate and audit it; (gate, created).
-
-    Shared by every way a bundle arrives (multipart here, base64 JSON in connic_api), so all
-    of them pass the same archive checks, admission caps, idempotency and audit record.
-    """
-    labels = _parse_labels(upload.fields.get("labels"))
-    model_mode = upload.fields.get("model_mode") or None
-    if model_mode not in (None, *MODEL_MODES):
-        raise BadRequest(f"model_mode must be one of {', '.join(MODEL_MODES)}, got {model_mode!r}")
-    data = upload.read()
-    manifest = read_archive(data)
-
-    def create() -> tuple[GateRead, bool]:
-        with session_scope(factory) as session:
-            gate, created = service.create_gate(
-                session,
-                project_id=who.project_id,
-                sha256=upload.sha256,
-                data=data,
-                manifest=manifest,
-                name_filter=upload.fields.get("filter"),
-                model_mode=model_mode,
-                labels=labels,
-                idempotency_key=idempotency_key,
-                caps=settings,
-                project_name=who.project_name,
-            )
-            if created:
-                record_by(session, who, "gate.submitted", gate=str(gate.id), sha256=upload.sha256)
-            return service.read_gate(session, gate.id, who.project_id), created
-
-    try:
-        return create()
-    except IntegrityError:
-        if not idempotency_key:
-            raise
-        # A concurrent request with the same key won the insert; now the key finds its gate.
-        return create()
-
-
 @router.post(
     "/gates",
     status_code=202,
@@ -205,7 +151,7 @@ async def create_gate(
         try:
             # Archive scanning and the database are blocking work: keep them off the loop.
             view, created = await run_in_threadpool(
-                store_upload, factory, who, upload, idempotency_key, settings
+                submit_bundle, factory, who, upload, idempotency_key, settings
             )
         finally:
             upload.close()
@@ -262,15 +208,6 @@ def _look(
         return etag, body
 
 
-# The token and the gate's revision in one autocommit query: a status poll's whole database
-# work when the token needs no write and the body of that revision is cached.
-_TOKEN_AND_REVISION = (
-    "SELECT t.id, t.project_id, p.name, t.scopes, t.token_sha256, t.revoked_at, t.expires_at,"
-    " t.last_used_at, g.revision"
-    " FROM api_tokens t JOIN projects p ON p.id = t.project_id"
-    " LEFT JOIN gates g ON g.id = %(gate)s AND g.project_id = t.project_id"
-    " WHERE t.token_sha256 = %(digest)s"
-)
 _READ = require(Scope.read)
 
 
@@ -305,7 +242,7 @@ async def _quick_read(request: Request) -> GateReader | None:
     digest = token_digest(token)
     reads: StatusReads = request.app.state.status_reads
     try:
-        row = await reads.fetch_one(_TOKEN_AND_REVISION, {"gate": gate_id, "digest": digest})
+        row = await reads.token_and_revision(gate_id, digest)
     except psycopg.Error:
         log.debug("status read: falling back to the ordinary path", exc_info=True)
         return None
@@ -405,19 +342,16 @@ async def get_gate(
             return _answer(etag, body)
 
 
-_REVISION = "SELECT revision FROM gates WHERE id = %(gate)s AND project_id = %(project)s"
-
-
 async def _unchanged(request: Request, who: Principal, gate_id: uuid.UUID, etag: str) -> bool:
     """True when the gate still has this ETag; False when it changed, is gone, or the quick
     query failed (the caller then reads it the ordinary way)."""
     reads: StatusReads = request.app.state.status_reads
     try:
-        row = await reads.fetch_one(_REVISION, {"gate": gate_id, "project": who.project_id})
+        revision = await reads.revision(gate_id, who.project_id)
     except psycopg.Error:
         log.debug("status re-check: falling back to the ordinary path", exc_info=True)
         return False
-    return row is not None and _etag(gate_id, row.revision) == etag
+    return revision is not None and _etag(gate_id, revision) == etag
 
 
 def _answer(etag: str, body: bytes | None) -> Response:

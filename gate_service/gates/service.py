@@ -45,8 +45,10 @@ STATUS_CHARS = 32  # Run.status is String(32); the runner's status words are sho
 
 def create_gate(
     session: Session,
+    caps: Settings,
     *,
     project_id: uuid.UUID,
+    project_name: str,
     sha256: str,
     data: bytes,
     manifest: Manifest,
@@ -54,16 +56,13 @@ def create_gate(
     model_mode: str | None = None,
     labels: dict[str, Any],
     idempotency_key: str | None,
-    caps: Settings | None = None,
-    project_name: str = "",
 ) -> tuple[Gate, bool]:
     """Store the bundle (once per hash), the gate and its job; returns (gate, created).
 
-    With ``caps``, a new gate over the admission caps is refused (429/503); a repeated
+    A new gate over the admission caps of ``caps`` is refused (429/503); a repeated
     idempotency key still finds its gate, whatever the queue holds now.
     """
-    if caps is not None:
-        lock_project(session, project_id)  # held to the commit: the project's caps are exact
+    lock_project(session, project_id)  # held to the commit: the project's caps are exact
     if idempotency_key:
         existing = session.scalar(
             select(Gate)
@@ -77,15 +76,14 @@ def create_gate(
                     f"(gate {existing.id})"
                 )
             return existing, False
-    if caps is not None:
-        admit_submission(
-            session,
-            caps,
-            project_id=project_id,
-            project_name=project_name,
-            sha256=sha256,
-            size_bytes=len(data),
-        )
+    admit_submission(
+        session,
+        caps,
+        project_id=project_id,
+        project_name=project_name,
+        sha256=sha256,
+        size_bytes=len(data),
+    )
     store_bundle = (
         insert(Bundle)
         .values(

@@ -1,16 +1,18 @@
 """A few autocommit connections on the event loop, for the one query of a status poll.
 
 ``GET /v1/gates/{id}`` is what every pipeline polls. Its common case needs one query (the
-token and the gate's revision, see routes.py) and then answers 304 or a cached body. Running
-that query here, with psycopg's async API on the event loop, costs no threadpool hop, no
-pooled-connection ping and no transaction round trips. Anything unusual (an error, a
-connection lost to a Postgres restart) makes the caller fall back to the ordinary path.
+token and the gate's revision, ``token_and_revision``) and then answers 304 or a cached
+body. Running that query here, with psycopg's async API on the event loop, costs no
+threadpool hop, no pooled-connection ping and no transaction round trips. Anything unusual
+(an error, a connection lost to a Postgres restart) makes the caller fall back to the
+ordinary path.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +24,17 @@ from ..listen import libpq_conninfo
 log = logging.getLogger(__name__)
 
 CONNECTIONS = 4
+
+# The token and the gate's revision in one autocommit query: a status poll's whole database
+# work when the token needs no write and the body of that revision is cached.
+_TOKEN_AND_REVISION = (
+    "SELECT t.id, t.project_id, p.name, t.scopes, t.token_sha256, t.revoked_at, t.expires_at,"
+    " t.last_used_at, g.revision"
+    " FROM api_tokens t JOIN projects p ON p.id = t.project_id"
+    " LEFT JOIN gates g ON g.id = %(gate)s AND g.project_id = t.project_id"
+    " WHERE t.token_sha256 = %(digest)s"
+)
+_REVISION = "SELECT revision FROM gates WHERE id = %(gate)s AND project_id = %(project)s"
 
 
 class StatusReads:
@@ -59,6 +72,17 @@ class StatusReads:
                     self._idle.append(conn)
                 return row
         raise AssertionError("unreachable")
+
+    async def token_and_revision(self, gate_id: uuid.UUID, digest: str) -> Any:
+        """The token of ``digest`` (id, project, scopes, revocation, expiry, last use) and the
+        revision of ``gate_id`` if it is that project's (else None), in one query; None when
+        no token has that digest."""
+        return await self.fetch_one(_TOKEN_AND_REVISION, {"gate": gate_id, "digest": digest})
+
+    async def revision(self, gate_id: uuid.UUID, project_id: uuid.UUID) -> int | None:
+        """The gate's revision, or None when the project has no such gate."""
+        row = await self.fetch_one(_REVISION, {"gate": gate_id, "project": project_id})
+        return None if row is None else int(row.revision)
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         return await psycopg.AsyncConnection.connect(

@@ -13,7 +13,7 @@ import hashlib
 import tempfile
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING
 
 import anyio
@@ -33,6 +33,7 @@ from ..errors import (
     RequestTimeout,
     UnsupportedMediaType,
 )
+from .submission import Upload
 
 FILE_FIELD = "bundle"
 TEXT_FIELDS = ("filter", "labels", "model_mode")
@@ -130,22 +131,6 @@ async def paced_body(request: Request, rate: MinimumRate) -> AsyncIterator[bytes
         in_window += len(chunk)
         total += len(chunk)
         yield chunk
-
-
-@dataclass
-class Upload:
-    file: IO[bytes]
-    size: int
-    sha256: str
-    filename: str | None
-    fields: dict[str, str] = field(default_factory=dict)
-
-    def read(self) -> bytes:
-        self.file.seek(0)
-        return self.file.read()
-
-    def close(self) -> None:
-        self.file.close()
 
 
 class _Collector:

@@ -80,9 +80,7 @@ def untrusted(why: object) -> NotJudged:
     return NotJudged(CaseStatus.failed, f"the case's result was not trusted: {why}")
 
 
-def case_outcome(
-    run: RunResult, facts: CaseFacts, redact: Callable[[str], str] = str
-) -> Outcome:
+def case_outcome(run: RunResult, facts: CaseFacts, redact: Callable[[str], str] = str) -> Outcome:
     """What to store for a case whose container ended as ``run`` says (see the module).
 
     ``redact`` is applied to everything of the bundle's that a reason or log line quotes,
@@ -141,8 +139,7 @@ def _runner_broke(
     tail = stderr[-STDERR_TAIL_CHARS:].strip() or "(empty)"
     return NotJudged(
         CaseStatus.error,
-        f"the runner failed (exit code {run.exit_code}): "
-        + incidents.public(why, facts.reference),
+        f"the runner failed (exit code {run.exit_code}): " + incidents.public(why, facts.reference),
         log=f"the runner failed (exit code {run.exit_code}, reference {facts.reference}): "
         f"{why}; stderr: {tail}",
     )

@@ -370,7 +370,9 @@ def test_a_bundle_of_an_upload_in_flight_is_kept(
     try:
         gate, created = gates.create_gate(
             upload,
+            settings,
             project_id=long_id,
+            project_name="long",
             sha256=sha,
             data=data,
             manifest=read_archive(data),

@@ -1,0 +1,89 @@
+"""A bundle as it arrived, and the one use case that makes it a gate.
+
+Every way a bundle arrives (the multipart form of POST /v1/gates, the base64 JSON of the
+connic `test-runs` route) becomes an ``Upload`` and goes through ``submit_bundle``, so all of
+them pass the same archive checks, model mode and labels rules, admission caps, idempotency
+and audit record. No HTTP here: the routes receive, this decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import IO
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from ..auth.service import Principal, record_by
+from ..bundles.archive import read_archive
+from ..config import Settings
+from ..db import session_scope
+from ..errors import BadRequest
+from . import service
+from .labels import parse_labels
+from .schemas import GateRead
+
+MODEL_MODES = ("scripted", "replay", "live")
+
+
+@dataclass
+class Upload:
+    file: IO[bytes]
+    size: int
+    sha256: str
+    filename: str | None
+    fields: dict[str, str] = field(default_factory=dict)
+
+    def read(self) -> bytes:
+        self.file.seek(0)
+        return self.file.read()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def submit_bundle(
+    sessions: sessionmaker[Session],
+    who: Principal,
+    upload: Upload,
+    idempotency_key: str | None,
+    settings: Settings,
+) -> tuple[GateRead, bool]:
+    """Check the archive, then create (or find, by key) the gate and audit it; (gate, created).
+
+    The transaction is this function's own (one per attempt): a concurrent request with the
+    same idempotency key that wins the insert makes the second attempt find its gate.
+    """
+    # Bounded depth and size, storable text (see labels.py).
+    labels = parse_labels(upload.fields.get("labels"))
+    model_mode = upload.fields.get("model_mode") or None
+    if model_mode not in (None, *MODEL_MODES):
+        raise BadRequest(f"model_mode must be one of {', '.join(MODEL_MODES)}, got {model_mode!r}")
+    data = upload.read()
+    manifest = read_archive(data)
+
+    def create() -> tuple[GateRead, bool]:
+        with session_scope(sessions) as session:
+            gate, created = service.create_gate(
+                session,
+                settings,
+                project_id=who.project_id,
+                project_name=who.project_name,
+                sha256=upload.sha256,
+                data=data,
+                manifest=manifest,
+                name_filter=upload.fields.get("filter"),
+                model_mode=model_mode,
+                labels=labels,
+                idempotency_key=idempotency_key,
+            )
+            if created:
+                record_by(session, who, "gate.submitted", gate=str(gate.id), sha256=upload.sha256)
+            return service.read_gate(session, gate.id, who.project_id), created
+
+    try:
+        return create()
+    except IntegrityError:
+        if not idempotency_key:
+            raise
+        return create()
