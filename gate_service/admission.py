@@ -1,6 +1,6 @@
 """Admission control: caps that answer at once instead of letting one client exhaust the service.
 
-- per API process: concurrent uploads and long-polls (``Slots``, built in ``create_app``),
+- per API process: concurrent uploads and long-polls (``Slots``, built in the app's lifespan),
   and each project's share of them;
 - per project at submission: queued gates, stored bundle bytes and stored result bytes
   (``admit_submission``);
@@ -18,7 +18,6 @@ from collections import Counter
 from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 
-from fastapi import FastAPI, Request
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
@@ -226,33 +225,3 @@ def admit_submission(
             f"{settings.max_queued_gates} (GATE_MAX_QUEUED_GATES). Try again later",
             retry_after_s=QUEUE_RETRY_AFTER_SECONDS,
         )
-
-
-def upload_slots(request: Request) -> Slots:
-    """This API process's upload slots (built by ``create_app``)."""
-    slots: Slots = request.app.state.upload_slots
-    return slots
-
-
-def long_poll_slots(request: Request) -> Slots:
-    """This API process's long-poll slots (built by ``create_app``)."""
-    slots: Slots = request.app.state.long_poll_slots
-    return slots
-
-
-def install_slots(app: FastAPI, settings: Settings) -> None:
-    """Per-process counters, made with the app (never at import, so each app has its own)."""
-    app.state.upload_slots = Slots(
-        settings.max_concurrent_uploads,
-        "uploads",
-        "GATE_MAX_CONCURRENT_UPLOADS",
-        per_project=settings.max_concurrent_uploads_per_project,
-        per_project_setting="GATE_MAX_CONCURRENT_UPLOADS_PER_PROJECT",
-    )
-    app.state.long_poll_slots = Slots(
-        settings.max_concurrent_long_polls,
-        "long-polls",
-        "GATE_MAX_CONCURRENT_LONG_POLLS",
-        per_project=settings.max_concurrent_long_polls_per_project,
-        per_project_setting="GATE_MAX_CONCURRENT_LONG_POLLS_PER_PROJECT",
-    )

@@ -1,4 +1,4 @@
-"""Request-scoped dependencies built from what the lifespan put on app.state."""
+"""Request-scoped dependencies, from the app's state (app_state.py, built in the lifespan)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,17 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 
+from .app_state import state_of
 from .config import Settings
 from .db import session_scope
 
 
 def get_settings(request: Request) -> Settings:
-    settings: Settings = request.app.state.settings
-    return settings
+    return state_of(request).settings
 
 
 def get_sessionmaker(request: Request) -> sessionmaker[Session]:
-    factory: sessionmaker[Session] = request.app.state.sessionmaker
-    return factory
+    return state_of(request).sessions
 
 
 def get_session(request: Request) -> Iterator[Session]:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
@@ -17,8 +18,10 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from . import __version__
-from .admission import install_slots
-from .auth.deps import AuditBudget, FailureLimiter
+from .admission import Slots
+from .app_state import ATTRIBUTE as STATE_ATTRIBUTE
+from .app_state import AppState
+from .auth.brakes import AuditBudget, FailureLimiter
 from .auth.routes import router as auth_router
 from .auth.service import ensure_bootstrap
 from .config import Settings
@@ -28,6 +31,7 @@ from .db import make_engine, make_sessionmaker, session_scope
 from .deps import SessionFactoryDep
 from .errors import Conflict, ServiceUnavailable, error_body, error_responses
 from .gates.notify import GateBodies, GateChanges
+from .gates.routes import STATUS_READ_THREADS
 from .gates.routes import router as gates_router
 from .gates.status_reads import StatusReads
 from .http_errors import install_handlers
@@ -133,25 +137,51 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:
         raise ValueError("create_app needs settings.database_url (gate serve provides one)")
     database_url = settings.database_url
 
+    registry = metrics or Metrics()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = make_engine(database_url)
-        app.state.settings = settings
-        app.state.engine = engine
-        app.state.sessionmaker = make_sessionmaker(engine)
-        # Built here, not at import: the key may be made on first start under GATE_DATA_DIR.
-        app.state.secret_box = SecretBox.from_settings(settings)
-        bootstrap_admin(settings, app.state.sessionmaker)
-        # Long-polls wait on one LISTEN connection of this process (gates/notify.py).
-        app.state.gate_bodies = GateBodies()
-        app.state.gate_changes = GateChanges(database_url)
-        app.state.gate_changes.start()
-        app.state.status_reads = StatusReads(database_url)
+        sessions = make_sessionmaker(engine)
+        bootstrap_admin(settings, sessions)
+        state = AppState(
+            settings=settings,
+            engine=engine,
+            sessions=sessions,
+            secret_box=SecretBox.from_settings(settings),
+            metrics=registry,
+            auth_failures=FailureLimiter(
+                settings.auth_failure_limit, settings.auth_failure_window_seconds
+            ),
+            auth_failure_audits=AuditBudget(
+                settings.auth_failure_audit_limit, settings.auth_failure_window_seconds
+            ),
+            upload_slots=Slots(
+                settings.max_concurrent_uploads,
+                "uploads",
+                "GATE_MAX_CONCURRENT_UPLOADS",
+                per_project=settings.max_concurrent_uploads_per_project,
+                per_project_setting="GATE_MAX_CONCURRENT_UPLOADS_PER_PROJECT",
+            ),
+            long_poll_slots=Slots(
+                settings.max_concurrent_long_polls,
+                "long-polls",
+                "GATE_MAX_CONCURRENT_LONG_POLLS",
+                per_project=settings.max_concurrent_long_polls_per_project,
+                per_project_setting="GATE_MAX_CONCURRENT_LONG_POLLS_PER_PROJECT",
+            ),
+            gate_bodies=GateBodies(),
+            gate_changes=GateChanges(database_url),
+            status_reads=StatusReads(database_url),
+            status_read_threads=anyio.CapacityLimiter(STATUS_READ_THREADS),
+        )
+        setattr(app.state, STATE_ATTRIBUTE, state)
+        state.gate_changes.start()
         try:
             yield
         finally:
-            await app.state.gate_changes.stop()
-            await app.state.status_reads.close()
+            await state.gate_changes.stop()
+            await state.status_reads.close()
             engine.dispose()
 
     app = FastAPI(
@@ -160,19 +190,12 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:
         lifespan=lifespan,
         description="Judges agent-project bundles against their Connic-format test suites.",
     )
-    app.state.auth_failures = FailureLimiter(
-        settings.auth_failure_limit, settings.auth_failure_window_seconds
-    )
-    app.state.auth_failure_audits = AuditBudget(
-        settings.auth_failure_audit_limit, settings.auth_failure_window_seconds
-    )
-    install_slots(app, settings)  # concurrent uploads and long-polls of this process
     install_handlers(app)
     app.include_router(gates_router)
     app.include_router(auth_router)
     app.include_router(secrets_router)
     app.include_router(connic_router)
-    install_metrics(app, settings, metrics or Metrics())
+    install_metrics(app, settings, registry)
     app.add_middleware(
         DeclaredSizeLimit,
         limit_bytes=settings.upload_limit_bytes + MULTIPART_OVERHEAD_BYTES,

@@ -19,6 +19,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from .app_state import state_of
 from .auth.deps import bearer_token, principal
 from .db import session_scope
 from .errors import Forbidden, error_responses
@@ -129,8 +130,14 @@ METRICS_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 def install_metrics(app: FastAPI, settings: Settings, metrics: Metrics) -> None:
     """`/metrics` over ``metrics`` (one app per Metrics), with the database collector."""
-    app.state.metrics = metrics
-    metrics.registry.register(DatabaseCollector(lambda: getattr(app.state, "sessionmaker", None)))
+
+    def sessions() -> sessionmaker[Session] | None:
+        try:
+            return state_of(app).sessions
+        except RuntimeError:  # scraped before the lifespan has run
+            return None
+
+    metrics.registry.register(DatabaseCollector(sessions))
     check = metrics_reader(settings)
 
     @app.get(

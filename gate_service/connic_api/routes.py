@@ -15,7 +15,7 @@ from fastapi import APIRouter, Header, Path, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from ..admission import upload_slots
+from ..app_state import state_of
 from ..auth.deps import Reader, Submitter
 from ..deps import SessionDep, SessionFactoryDep, SettingsDep
 from ..errors import PayloadTooLarge, UnsupportedMediaType, error_responses
@@ -134,7 +134,7 @@ async def create_test_run(
         )
     # Held before a byte is read, as for multipart uploads: at most N bodies in memory, of
     # which at most the project's share are this project's.
-    with upload_slots(request).hold(who.project_id, who.project_name):
+    with state_of(request).upload_slots.hold(who.project_id, who.project_name):
         raw = await _read_body(
             request,
             service.body_limit_bytes(settings.upload_limit_bytes),

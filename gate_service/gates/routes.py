@@ -16,9 +16,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session, sessionmaker
 
-from ..admission import long_poll_slots, upload_slots
+from ..app_state import state_of
 from ..auth.deps import (
-    FailureLimiter,
     Reader,
     Submitter,
     bearer_token,
@@ -28,15 +27,14 @@ from ..auth.deps import (
 from ..auth.service import Principal, last_use_due, record_by, token_refusal
 from ..auth.tokens import Scope, digests_match, token_digest
 from ..db import session_scope
-from ..deps import SessionDep, SessionFactoryDep, SettingsDep, get_sessionmaker, get_settings
+from ..deps import SessionDep, SessionFactoryDep, SettingsDep
 from ..errors import BadRequest, NotFound, error_responses
 from ..models import GateStatus, utcnow
 from ..text import unstorable
 from . import service
 from .labels import parse_label_filter
-from .notify import GateBodies, GateChanges
+from .notify import GateBodies
 from .schemas import GateList, GateRead, RunRead
-from .status_reads import StatusReads
 from .submission import MODEL_MODES, submit_bundle
 from .upload import MinimumRate, receive_upload
 
@@ -144,7 +142,7 @@ async def create_gate(
     # token named the project): when the project holds its share the answer is 429, when
     # every slot is in use 503, at once, so waiting uploads never pile up in memory. A body
     # arriving slower than GATE_UPLOAD_MIN_BYTES_PER_SECOND is cut (408), freeing the slot.
-    with upload_slots(request).hold(who.project_id, who.project_name):
+    with state_of(request).upload_slots.hold(who.project_id, who.project_name):
         upload = await receive_upload(
             request, limit_bytes=settings.upload_limit_bytes, rate=MinimumRate.of(settings)
         )
@@ -229,7 +227,7 @@ async def _quick_read(request: Request) -> GateReader | None:
     read scope or has a last_used_at due, or the query failed; ``require`` then decides
     (401/403/429, audit rows, last_used_at), exactly as for every other route.
     """
-    limiter: FailureLimiter = request.app.state.auth_failures
+    limiter = state_of(request).auth_failures
     if limiter.retry_after(client_address(request)) is not None:
         return None
     token = bearer_token(request)
@@ -240,7 +238,7 @@ async def _quick_read(request: Request) -> GateReader | None:
     if token is None:
         return None
     digest = token_digest(token)
-    reads: StatusReads = request.app.state.status_reads
+    reads = state_of(request).status_reads
     try:
         row = await reads.token_and_revision(gate_id, digest)
     except psycopg.Error:
@@ -258,17 +256,9 @@ async def _quick_read(request: Request) -> GateReader | None:
     return GateReader(who, -1 if row.revision is None else row.revision)
 
 
-# Status reads in threads at once, per process: fewer than the engine's pool (10), so a burst
-# of polls queues here instead of opening and closing overflow connections for each read.
+# Status reads in threads at once, per process (AppState.status_read_threads): fewer than the
+# engine's pool (10), so a burst of polls queues instead of opening overflow connections.
 STATUS_READ_THREADS = 8
-
-
-def _status_read_limiter(request: Request) -> anyio.CapacityLimiter:
-    limiter: anyio.CapacityLimiter | None = getattr(request.app.state, "status_reads_limiter", None)
-    if limiter is None:  # made on the event loop, by the first status read
-        limiter = anyio.CapacityLimiter(STATUS_READ_THREADS)
-        request.app.state.status_reads_limiter = limiter
-    return limiter
 
 
 async def gate_reader(request: Request) -> GateReader:
@@ -276,7 +266,9 @@ async def gate_reader(request: Request) -> GateReader:
     quick = await _quick_read(request)
     if quick is not None:
         return quick
-    who = await anyio.to_thread.run_sync(_READ, request, limiter=_status_read_limiter(request))
+    who = await anyio.to_thread.run_sync(
+        _READ, request, limiter=state_of(request).status_read_threads
+    )
     return GateReader(who)
 
 
@@ -293,10 +285,10 @@ async def get_gate(
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
     """Read a gate; with ?wait=N and If-None-Match, wait for it to change."""
-    # app.state read here, not through sync dependencies: each of those is a threadpool hop.
-    factory, settings = get_sessionmaker(request), get_settings(request)
-    bodies: GateBodies = request.app.state.gate_bodies
-    limiter = _status_read_limiter(request)
+    # The app's state read here, not through sync dependencies: each is a threadpool hop.
+    state = state_of(request)
+    factory, settings = state.sessions, state.settings
+    bodies, limiter = state.gate_bodies, state.status_read_threads
     who = reader.who
     if wait <= 0:
         if reader.revision == -1:
@@ -313,10 +305,10 @@ async def get_gate(
             _look, factory, bodies, who, gate_id, if_none_match, limiter=limiter
         )
         return _answer(etag, body)
-    changes: GateChanges = request.app.state.gate_changes
+    changes = state_of(request).gate_changes
     # Only a waiting request holds a slot, of its project's share: past the share 429, when
     # all are taken 503, at once.
-    with long_poll_slots(request).hold(who.project_id, who.project_name):
+    with state_of(request).long_poll_slots.hold(who.project_id, who.project_name):
         deadline = time.monotonic() + min(wait, settings.long_poll_max_seconds)
         # Subscribed before the first read, and cleared before each re-check: a change
         # committed while reading wakes the waiter again instead of being missed.
@@ -345,7 +337,7 @@ async def get_gate(
 async def _unchanged(request: Request, who: Principal, gate_id: uuid.UUID, etag: str) -> bool:
     """True when the gate still has this ETag; False when it changed, is gone, or the quick
     query failed (the caller then reads it the ordinary way)."""
-    reads: StatusReads = request.app.state.status_reads
+    reads = state_of(request).status_reads
     try:
         revision = await reads.revision(gate_id, who.project_id)
     except psycopg.Error:

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
 
+from ..app_state import state_of
 from ..auth import service as auth
 from ..auth.deps import Admin
 from ..deps import SessionDep
@@ -29,8 +30,7 @@ ERRORS = error_responses(
 
 
 def get_secret_box(request: Request) -> SecretBox:
-    box: SecretBox = request.app.state.secret_box
-    return box
+    return state_of(request).secret_box
 
 
 SecretBoxDep = Annotated[SecretBox, Depends(get_secret_box)]

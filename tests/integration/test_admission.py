@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gate_service import jobs
 from gate_service.admission import Slots
+from gate_service.app_state import state_of
 from gate_service.config import Settings
 from gate_service.db import session_scope
 from gate_service.main import create_app
@@ -440,7 +441,7 @@ def test_uploads_over_the_process_cap_get_503_at_once(
 ) -> None:
     data, _ = bundles
     with serving(settings, max_concurrent_uploads=3) as c:
-        slots: Slots = c.app.state.upload_slots  # type: ignore[attr-defined]
+        slots: Slots = state_of(c.app).upload_slots
         holders = hold_all(slots)
         assert len(holders) == 3  # three uploads in progress
         refused = post(c, data)
@@ -460,9 +461,10 @@ def test_uploads_over_the_process_cap_get_503_at_once(
 def test_each_app_has_its_own_slots(settings: Settings) -> None:
     one = create_app(settings.model_copy(update={"max_concurrent_uploads": 4}))
     two = create_app(settings.model_copy(update={"max_concurrent_uploads": 4}))
-    assert one.state.upload_slots is not two.state.upload_slots
-    assert len(hold_all(one.state.upload_slots)) == 4
-    assert two.state.upload_slots.in_use == 0
+    with TestClient(one), TestClient(two):  # each lifespan builds its app's state
+        assert state_of(one).upload_slots is not state_of(two).upload_slots
+        assert len(hold_all(state_of(one).upload_slots)) == 4
+        assert state_of(two).upload_slots.in_use == 0
 
 
 def test_long_polls_over_the_process_cap_get_503_plain_reads_do_not(
@@ -471,7 +473,7 @@ def test_long_polls_over_the_process_cap_get_503_plain_reads_do_not(
     data, _ = bundles
     with serving(settings, max_concurrent_long_polls=2) as c:
         gate_id = post(c, data).json()["id"]
-        slots: Slots = c.app.state.long_poll_slots  # type: ignore[attr-defined]
+        slots: Slots = state_of(c.app).long_poll_slots
         first = c.get(f"/v1/gates/{gate_id}?wait=1")  # changed since nothing: answers at once
         assert first.status_code == 200
         assert slots.in_use == 0  # given back

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gate_service.auth.deps import AuditBudget
+from gate_service.auth.brakes import AuditBudget
 from tests.e2e.conftest import start, stop, wait_ready
 from tests.fixtures.auth import ADMIN_TOKEN, bearer
 from tests.fixtures.ports import free_port

@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import event, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from gate_service.app_state import state_of
 from gate_service.auth.tokens import token_digest
 from gate_service.db import session_scope
 from gate_service.gates.notify import GateChanges
@@ -33,7 +34,7 @@ WAIT = 60  # longer than any test waits for an answer: a 304 means nobody woke t
 
 @pytest.fixture
 def changes(client: TestClient) -> GateChanges:
-    hub: GateChanges = client.app.state.gate_changes  # type: ignore[attr-defined]
+    hub: GateChanges = state_of(client.app).gate_changes
     # Only a notification (or a reconnect) can wake a waiter within these tests.
     hub.recheck_seconds = 3600
     wait_until(lambda: hub.listening, "the listener listens")
@@ -104,7 +105,7 @@ def test_idle_waiters_issue_no_queries_and_one_change_answers_them_all(
     def count(*args: Any) -> None:
         statements.append(args[2])
 
-    engine = client.app.state.engine  # type: ignore[attr-defined]
+    engine = state_of(client.app).engine
     event.listen(engine, "before_cursor_execute", count)
     try:
         waiters = [long_poll(pool, client, gate_id, etag) for _ in range(20)]
@@ -198,7 +199,7 @@ def test_shutdown_stops_the_listener_and_closes_its_connection(
     from tests.fixtures.auth import ADMIN_TOKEN, bearer
 
     with TestClient(create_app(settings), headers=bearer(ADMIN_TOKEN)) as c:
-        hub: GateChanges = c.app.state.gate_changes  # type: ignore[attr-defined]
+        hub: GateChanges = state_of(c.app).gate_changes
         wait_until(lambda: hub.listening, "the listener listens")
         pid = hub.backend_pid
     assert not hub.listening

@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
+from gate_service.app_state import state_of
 from gate_service.config import Settings
 from gate_service.db import make_engine, make_sessionmaker
 from gate_service.main import create_app
@@ -60,7 +61,7 @@ def submit(client: TestClient, data: bytes) -> str:
 @pytest.fixture
 def shared(client: TestClient, worker: Worker) -> Worker:
     """The worker observes into the app's registry, as `gate serve` wires them."""
-    metrics = client.app.state.metrics  # type: ignore[attr-defined]
+    metrics = state_of(client.app).metrics
     assert isinstance(metrics, Metrics)
     worker.ctx.metrics = metrics
     return worker
@@ -194,10 +195,12 @@ def test_a_lifespan_run_twice_registers_the_database_collector_once(settings: Se
 def test_each_app_has_its_own_registry(settings: Settings) -> None:
     """Built with the app, never at import: observations of one app never show in another."""
     first, second = create_app(settings), create_app(settings)
-    first.state.metrics.image_lookup(hit=True)
-    assert first.state.metrics.registry is not second.state.metrics.registry
-    assert b'gate_image_cache_lookups_total{result="hit"} 1.0' in first.state.metrics.exposition()
-    assert b"gate_image_cache_lookups_total{" not in second.state.metrics.exposition()
+    with TestClient(first), TestClient(second):  # each lifespan builds its app's state
+        one, two = state_of(first).metrics, state_of(second).metrics
+        one.image_lookup(hit=True)
+        assert one.registry is not two.registry
+        assert b'gate_image_cache_lookups_total{result="hit"} 1.0' in one.exposition()
+        assert b"gate_image_cache_lookups_total{" not in two.exposition()
 
 
 def test_a_standalone_worker_serves_its_own_registry(settings: Settings) -> None:
