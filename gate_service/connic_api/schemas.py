@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..gates.upload import MAX_TEXT_FIELD_BYTES
+from ..gates.submission import MAX_TEXT_FIELD_BYTES
 from ..text import StorableStr
 
 # The one environment this service has; the CLI resolves it from GET .../environments.

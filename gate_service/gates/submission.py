@@ -24,6 +24,9 @@ from .labels import parse_labels
 from .schemas import GateRead
 
 MODEL_MODES = ("scripted", "replay", "live")
+# The text fields a submission may carry beside the bundle, each at most this long.
+TEXT_FIELDS = ("filter", "labels", "model_mode")
+MAX_TEXT_FIELD_BYTES = 16 * 1024
 
 
 @dataclass

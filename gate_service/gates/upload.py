@@ -33,11 +33,9 @@ from ..errors import (
     RequestTimeout,
     UnsupportedMediaType,
 )
-from .submission import Upload
+from .submission import MAX_TEXT_FIELD_BYTES, TEXT_FIELDS, Upload
 
 FILE_FIELD = "bundle"
-TEXT_FIELDS = ("filter", "labels", "model_mode")
-MAX_TEXT_FIELD_BYTES = 16 * 1024
 # Kept in memory up to this size, then on disk.
 SPOOL_MEMORY_BYTES = 1024 * 1024
 # Room for part headers, boundaries and the small text fields around the file.
