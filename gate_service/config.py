@@ -22,12 +22,6 @@ def default_case_concurrency() -> int:
     return os.cpu_count() or 1
 
 
-class Environment(StrEnum):
-    development = "development"
-    testing = "testing"
-    production = "production"
-
-
 class BaseImageSource(StrEnum):
     auto = "auto"  # use GATE_BASE_IMAGE if present or pullable, else bootstrap one
     pull = "pull"  # GATE_BASE_IMAGE must be present or pullable
@@ -44,7 +38,6 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="GATE_", extra="ignore")
 
-    env: Environment = Environment.development
     database_url: str | None = Field(
         default=None,
         description="PostgreSQL URL; unset means an embedded server under GATE_DATA_DIR.",
@@ -164,7 +157,9 @@ class Settings(BaseSettings):
     case_cpus: float = 1.0
     case_pids_limit: int = 256
     case_tmpfs_mb: int = 64
-    # Added to runs * timeout_s for container start and verdict writing.
+    # A case container's hard deadline is runs * (timeout_s + min(timeout_s, 120) + 5) plus
+    # this: each invocation's own limit, its builder cleanup's budget and 5 s to fork and
+    # judge it (worker/handler.py), then the container's start and the verdict's writing.
     case_deadline_slack_seconds: int = 60
     case_output_limit_bytes: int = 32 * MIB
     case_invocation_output_limit_bytes: int = Field(

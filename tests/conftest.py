@@ -1,7 +1,14 @@
-import os
+"""The tiers: each test is marked by what it needs, from the fixtures it uses.
 
-# Before anything reads settings: tests run in the testing environment.
-os.environ.setdefault("GATE_ENV", "testing")
+- ``docker``: a real Docker engine (the ``docker_engine`` fixture, a module marked so, or the
+  deploy tier under tests/deploy: the wheel in a fresh venv, `docker compose up`);
+- ``postgres``: a real PostgreSQL server (any of the database fixtures);
+- neither: the fast inner loop, ``python -m pytest -m "not docker and not postgres" -n 2``.
+"""
+
+from __future__ import annotations
+
+import pytest
 
 pytest_plugins = [
     "tests.fixtures.db",
@@ -9,3 +16,15 @@ pytest_plugins = [
     "tests.fixtures.fake_llm",
     "tests.fixtures.live",
 ]
+
+POSTGRES_FIXTURES = {"pg_server_url", "empty_database_url", "database_url", "sessions"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        deploy = item.path.parent.name == "deploy"
+        if ("docker_engine" in fixtures or deploy) and not item.get_closest_marker("docker"):
+            item.add_marker(pytest.mark.docker)
+        if fixtures & POSTGRES_FIXTURES and not item.get_closest_marker("postgres"):
+            item.add_marker(pytest.mark.postgres)

@@ -315,5 +315,10 @@ def validate_project(root: Path, name_filter: str | None = None) -> ProjectRepor
                 )
             )
     if not report.problems and not report.cases:
-        report.add("tests/", f"no case name contains the filter {name_filter!r}")
+        report.add(
+            "tests/",
+            f"no case name contains the filter {name_filter!r}"
+            if name_filter
+            else "the bundle holds no test case: no suite under tests/ lists one under `tests:`",
+        )
     return report

@@ -206,7 +206,6 @@ def test_the_installed_wheel_builds_its_images_and_passes_a_gate(
 def serve_a_gate(gate: Path, data_dir: Path, tmp_path: Path) -> None:
     settings = {
         "GATE_DATA_DIR": str(data_dir),
-        "GATE_ENV": "testing",
         "GATE_BOOTSTRAP_TOKEN": ADMIN_TOKEN,
     }
     out = run([gate, "images"], timeout=IMAGES_SECONDS, cwd=data_dir, env=clean_env(**settings))

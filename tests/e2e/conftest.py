@@ -26,7 +26,6 @@ def start(command: str, data_dir: Path, **settings: str) -> tuple[subprocess.Pop
     env.update(
         {
             "GATE_DATA_DIR": str(data_dir),
-            "GATE_ENV": "testing",
             "GATE_BOOTSTRAP_TOKEN": ADMIN_TOKEN,
             **settings,
         }

@@ -111,6 +111,10 @@ class RestartingSandbox(FakeSandbox):
         return result
 
 
+# Its own PostgreSQL server, started and restarted with pg_ctl.
+pytestmark = pytest.mark.postgres
+
+
 def judge_until_terminal(
     client: TestClient, worker_run_once: object, gate_id: str, seconds: float = 180
 ) -> dict[str, object]:

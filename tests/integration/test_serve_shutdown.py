@@ -63,6 +63,7 @@ def run_api(data_dir: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
     return proc, url, log_path
 
 
+@pytest.mark.postgres  # gate api's embedded server
 def test_sigterm_stops_the_embedded_postgres(data_dir: Path) -> None:
     pgdata = data_dir / "postgres"
     proc, _url, log_path = run_api(data_dir)
@@ -74,6 +75,7 @@ def test_sigterm_stops_the_embedded_postgres(data_dir: Path) -> None:
     assert postgres_pids(pgdata) == [], log_path.read_text()[-3000:]
 
 
+@pytest.mark.postgres  # gate api's embedded server
 def test_sigint_stops_the_embedded_postgres(data_dir: Path) -> None:
     pgdata = data_dir / "postgres"
     proc, _url, log_path = run_api(data_dir)
@@ -84,6 +86,7 @@ def test_sigint_stops_the_embedded_postgres(data_dir: Path) -> None:
     assert postgres_pids(pgdata) == [], log_path.read_text()[-3000:]
 
 
+@pytest.mark.postgres  # gate api's embedded server
 def test_a_restart_adopts_the_orphan_of_a_killed_gate(data_dir: Path) -> None:
     pgdata = data_dir / "postgres"
     proc, _url, _log = run_api(data_dir)
@@ -104,6 +107,7 @@ def test_a_restart_adopts_the_orphan_of_a_killed_gate(data_dir: Path) -> None:
     assert postgres_pids(pgdata) == [], log_path.read_text()[-3000:]
 
 
+@pytest.mark.postgres  # gate api's embedded server
 def test_a_restart_replaces_a_dead_server_and_a_foreign_pidfile(data_dir: Path) -> None:
     pgdata = data_dir / "postgres"
     proc, _url, _log = run_api(data_dir)

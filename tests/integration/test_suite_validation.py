@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gate_service.config import Settings
 from gate_service.worker.handler import WorkerContext
 from gate_service.worker.loop import Worker
-from tests.fixtures.projects import AGENTS, bundle_of, write
+from tests.fixtures.projects import AGENTS, bundle_of, calculator_project, write
 from tests.fixtures.sandbox import FakeSandbox
 
 
@@ -270,3 +270,19 @@ def test_one_bad_case_does_not_hide_the_other_cases_problems(judge: Any) -> None
     assert ("b", "builder tests/builders/nob.py") in messages
     assert any(c == "d" and "agent 'ghost'" in m for _, c, m in found)
     assert any(c == "c" and "`payload` or `builder`" in m for _, c, m in found)
+
+
+def test_a_filter_that_selects_no_case_names_the_filter(
+    client: TestClient, settings: Settings, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    worker = Worker(
+        WorkerContext(
+            settings=settings, sessions=sessions, sandbox=FakeSandbox(), stop=threading.Event()
+        )
+    )
+    data = bundle_of(calculator_project(tmp_path / "p", failing=False))
+    response = client.post("/v1/gates", files={"bundle": ("b.tgz", data)}, data={"filter": "zzz"})
+    assert response.status_code == 202, response.text
+    worker.run_once()
+    gate = client.get(f"/v1/gates/{response.json()['id']}").json()
+    assert problems(gate) == [("tests/", None, "no case name contains the filter 'zzz'")]
