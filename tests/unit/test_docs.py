@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from gate_runner import SCHEMA_VERSION as RUNNER_SCHEMA_VERSION
-from gate_runner.__main__ import BEGIN_MARKER, END_MARKER
+from gate_runner.contract import BEGIN_MARKER, END_MARKER
+from gate_runner.contract import SCHEMA_VERSION as RUNNER_SCHEMA_VERSION
 from gate_service import runner_contract
 from gate_service.config import Settings
 
