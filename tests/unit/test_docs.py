@@ -23,3 +23,12 @@ def test_runner_and_service_share_the_contract_version_and_markers() -> None:
     assert RUNNER_SCHEMA_VERSION == runner_contract.SCHEMA_VERSION
     assert BEGIN_MARKER.encode() == runner_contract.BEGIN_MARKER
     assert END_MARKER.encode() == runner_contract.END_MARKER
+
+
+def test_the_readme_and_the_service_name_the_contracts_version() -> None:
+    # runner_contract.py once said v1 while the schema was 2.
+    def words(text: str | None) -> str:
+        return " ".join((text or "").split())
+
+    assert f"contract v{RUNNER_SCHEMA_VERSION}" in words(README)
+    assert f"schema v{RUNNER_SCHEMA_VERSION}" in words(runner_contract.__doc__)
