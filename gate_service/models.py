@@ -231,7 +231,12 @@ class Case(Base):
 
 
 class Run(Base):
-    """One invocation of a case: what went in, what came out, and its trace."""
+    """One invocation of a case: what went in, what came out, and its trace.
+
+    Its columns are the fields of the runner's ``gate_runner.contract.Invocation``, the JSON
+    ones as ``stored_runs.pack_run`` stores them (storable, shared, capped), so they are
+    plain JSON here, not the runner's types.
+    """
 
     __tablename__ = "runs"
     __table_args__ = (UniqueConstraint("case_id", "index"),)

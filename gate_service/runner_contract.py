@@ -1,70 +1,33 @@
-"""The pydantic mirror of the runner's result document (runner_image/gate_runner, v1).
+"""What the worker believes of a case container's output: the trust checks and the parsing.
 
-The runner never imports this package, so the two are kept in step by a contract test that
-runs the real runner and validates its output here.
+The result's shape is the runner's own, defined once in ``gate_runner.contract`` (schema
+v2): the document is validated against those same dataclasses with pydantic, which refuses
+a field they do not declare and a value not of its field's type. What is checked here on
+top: exactly one result block between the markers, the worker's nonce, the suite and case it
+was started for, and the verdict recomputed from the suite the worker validated.
+
+May import ``gate_runner.contract`` and ``gate_runner.verdict`` (plain code the runner
+shares), never the worker, the database or the sandbox.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
-from typing import Any, Literal
+from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import TypeAdapter
 
+from gate_runner import contract
+from gate_runner.contract import SCHEMA_VERSION, CaseResult
 from gate_runner.verdict import case_passes
 
-SCHEMA_VERSION = 2
-BEGIN_MARKER = b"===GATE-RUNNER-RESULT-BEGIN==="
-END_MARKER = b"===GATE-RUNNER-RESULT-END==="
+# The runner's markers as the lines of its stdout, which is read as bytes.
+BEGIN_MARKER: Final = contract.BEGIN_MARKER.encode()
+END_MARKER: Final = contract.END_MARKER.encode()
 
-
-class SpanResult(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    span_id: str
-    parent_span_id: str | None
-    span_order: int
-    type: str
-    name: str
-    status: str
-    duration_ms: int
-    metadata: dict[str, Any]
-
-
-class InvocationResult(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    index: int
-    status: str
-    passed: bool
-    input: Any
-    output: Any
-    error: str | None
-    failure_reason: str | None
-    failed_assertions: list[str]
-    run_context: dict[str, Any]
-    duration_ms: int
-    traces: list[SpanResult]
-
-
-class CaseResult(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    schema_version: Literal[2]
-    suite: str
-    test_name: str
-    agent_name: str | None
-    runs: int
-    success_threshold: int
-    successes: int
-    passed: bool
-    case_error: str | None
-    failure_reason: str | None
-    duration_ms: int
-    invocations: list[InvocationResult]
-    # The worker's per-container nonce, which user code never sees; None in-process.
-    nonce: str | None = None
+# Built once per process: pydantic compiles the dataclasses' validator here.
+_CASE_RESULT: Final = TypeAdapter(CaseResult)
 
 
 def without_nul(value: Any) -> Any:
@@ -76,6 +39,16 @@ def without_nul(value: Any) -> Any:
     if isinstance(value, dict):
         return {without_nul(k): without_nul(v) for k, v in value.items()}
     return value
+
+
+def validate_result(data: Any) -> CaseResult:
+    """Decoded JSON as the runner's result: every field of the contract there, each of its
+    type, no other (pydantic's ValidationError, a ValueError, otherwise).
+
+    Lax mode, pydantic's default, as the service always read results: JSON's 1.0 or "1"
+    is read as the int 1, say; "soon" for an int or a list for a dict is refused.
+    """
+    return _CASE_RESULT.validate_python(without_nul(data))
 
 
 class RunnerOutputError(Exception):
@@ -113,9 +86,11 @@ def parse_runner_output(
         raise UntrustedResult("the result block is not one line between its markers")
     body = lines[begins[0] + 1]
     try:
-        result = CaseResult.model_validate(without_nul(json.loads(body)))
+        result = validate_result(json.loads(body))
     except (ValueError, RecursionError) as exc:
-        raise RunnerOutputError(f"the runner's result does not match contract v2: {exc}") from None
+        raise RunnerOutputError(
+            f"the runner's result does not match contract v{SCHEMA_VERSION}: {exc}"
+        ) from None
     if nonce is not None and not hmac.compare_digest((result.nonce or "").encode(), nonce.encode()):
         raise UntrustedResult("the result does not carry the nonce handed to this container")
     if (suite is not None and result.suite != suite) or (

@@ -21,6 +21,9 @@ first: a cut made before it could leave part of a secret behind), ``pack_run`` m
    items), containers keep their first items and end in that mark (a list as an item, an
    object under the key ``…``, the spans as a last span of type ``cut``). The run's
    ``failure_reason`` then says how many bytes were cut and which limit cut them.
+
+Plain values in, plain values out: of the project it imports only the runner's contract
+(``gate_runner.contract``: the span shape a cut span takes, and the cut mark).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from gate_runner.contract import Span, cut_mark
 
 REF = "$gate.value"
 ESCAPED = "$gate.escaped"
@@ -64,8 +69,8 @@ _SCALARS = frozenset({int, float, bool, type(None)})
 FLAT_MIN_ITEMS = 32
 
 
-def mark(cut_bytes: int) -> str:
-    return f"…[{cut_bytes} bytes cut]"
+# The runner's mark: a run counts its cut bytes the same whoever cut it.
+mark = cut_mark
 
 
 # -- 1. storable ---------------------------------------------------------------------------
@@ -370,16 +375,17 @@ CUT_SPAN_TYPE = "cut"
 
 
 def _cut_span(cut_bytes: int, spans: int) -> dict[str, Any]:
-    return {
-        "span_id": "cut",
-        "parent_span_id": None,
-        "span_order": 0,
-        "type": CUT_SPAN_TYPE,
-        "name": mark(cut_bytes),
-        "status": "cut",
-        "duration_ms": 0,
-        "metadata": {"spans_cut": spans},
-    }
+    """The span that stands for the spans cut away: a Span, so the API answers it as one."""
+    return Span(
+        span_id="cut",
+        parent_span_id=None,
+        span_order=0,
+        type=CUT_SPAN_TYPE,
+        name=mark(cut_bytes),
+        status="cut",
+        duration_ms=0,
+        metadata={"spans_cut": spans},
+    ).as_dict()
 
 
 class _Fitter:

@@ -1,4 +1,9 @@
-"""The REST shapes of gates, cases and runs (design: REST contract v1)."""
+"""The REST shapes of gates, cases and runs (design: REST contract v1).
+
+A run's spans are answered in the runner's own shape (``gate_runner.contract.Span``); a run
+holds the fields of the runner's ``Invocation`` and its ids (a unit test holds the two to
+the same fields: tests/unit/test_result_contract.py).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+
+from gate_runner.contract import Span
 
 
 class Schema(BaseModel):
@@ -73,17 +80,6 @@ class GateList(Schema):
     offset: int
 
 
-class SpanRead(Schema):
-    span_id: str
-    parent_span_id: str | None
-    span_order: int
-    type: str
-    name: str
-    status: str
-    duration_ms: int
-    metadata: dict[str, Any]
-
-
 class RunRead(Schema):
     id: uuid.UUID
     case_id: uuid.UUID
@@ -97,4 +93,4 @@ class RunRead(Schema):
     failed_assertions: list[str]
     run_context: dict[str, Any]
     duration_ms: int
-    traces: list[SpanRead]
+    traces: list[Span]

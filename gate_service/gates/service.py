@@ -14,6 +14,8 @@ from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from gate_runner.contract import CaseResult, Invocation
+
 from .. import jobs
 from ..admission import admit_submission, lock_project, stored_result_bytes
 from ..bundles.archive import Manifest
@@ -21,7 +23,7 @@ from ..bundles.suites import CaseRef
 from ..config import Settings
 from ..errors import Conflict, NotFound
 from ..models import Bundle, Case, CaseStatus, Gate, GateStatus, Phase, Run, utcnow
-from ..runner_contract import CaseResult, InvocationResult, UntrustedResult
+from ..runner_contract import UntrustedResult
 from ..stored_runs import (
     MIN_STORED_RUN_BYTES,
     PackedRun,
@@ -405,7 +407,7 @@ def save_case_result(
     UntrustedResult when the result nests too deeply to store; nothing is changed then.
     """
     try:
-        packed = [(inv, pack_run(inv.model_dump(), cap)) for inv in result.invocations]
+        packed = [(inv, pack_run(inv.as_dict(), cap)) for inv in result.invocations]
     except RecursionError:
         raise UntrustedResult("the result nests too deeply to store") from None
     replaced = session.scalar(
@@ -432,7 +434,7 @@ def _case_reason(reason: str | None) -> str | None:
     return cut_text(reason, MAX_CASE_REASON_BYTES - 64)
 
 
-def _run_row(case: Case, inv: InvocationResult, run: PackedRun) -> Run:
+def _run_row(case: Case, inv: Invocation, run: PackedRun) -> Run:
     return Run(
         case_id=case.id,
         index=inv.index,

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import fields, replace
+from typing import Any, TypeVar
 
 from ahocorasick_rs import AhoCorasick, MatchKind
 
-from ..runner_contract import CaseResult, InvocationResult, SpanResult, UntrustedResult
+from gate_runner.contract import CaseResult, Invocation, Span
+
+from ..runner_contract import UntrustedResult
 
 # Values shorter than this are passed to the case but not redacted: replacing "1", "on" or
 # "eu" everywhere would garble every output and trace while hiding nothing worth hiding (a
@@ -97,9 +100,16 @@ def redact(value: Any, secrets: Mapping[str, str]) -> Any:
     return Redactor(secrets)(value)
 
 
-def _fields(redactor: Redactor, data: dict[str, Any]) -> dict[str, Any]:
-    """A model's fields redacted, its field names kept (a secret must not rename `status`)."""
-    return {field: redactor(value) for field, value in data.items()}
+_Shape = TypeVar("_Shape", Span, Invocation, CaseResult)
+
+
+def _redacted(redactor: Redactor, shape: _Shape, *, keep: tuple[str, ...] = ()) -> _Shape:
+    """``shape`` with every field but ``keep`` redacted, its field names kept (a secret must
+    not rename `status`)."""
+    changes = {
+        f.name: redactor(getattr(shape, f.name)) for f in fields(shape) if f.name not in keep
+    }
+    return replace(shape, **changes)
 
 
 def redact_result(result: CaseResult, redactor: Redactor) -> CaseResult:
@@ -111,15 +121,14 @@ def redact_result(result: CaseResult, redactor: Redactor) -> CaseResult:
     if not redactor:
         return result
     try:
-        invocations = []
-        for inv in result.invocations:
-            data = _fields(redactor, inv.model_dump(exclude={"traces"}))
-            data["traces"] = [
-                SpanResult.model_validate(_fields(redactor, span.model_dump()))
-                for span in inv.traces
-            ]
-            invocations.append(InvocationResult.model_validate(data))
-        data = _fields(redactor, result.model_dump(exclude={"invocations", "nonce"}))
+        invocations = [
+            replace(
+                _redacted(redactor, inv, keep=("traces",)),
+                traces=[_redacted(redactor, span) for span in inv.traces],
+            )
+            for inv in result.invocations
+        ]
+        redacted = _redacted(redactor, result, keep=("invocations", "nonce"))
     except RecursionError:
         raise UntrustedResult("the result nests too deeply to redact its secrets") from None
-    return CaseResult.model_validate({**data, "invocations": invocations, "nonce": result.nonce})
+    return replace(redacted, invocations=invocations)

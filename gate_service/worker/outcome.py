@@ -18,10 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gate_runner.contract import CaseResult
+
 from .. import incidents
 from ..models import CaseStatus
 from ..runner_contract import (
-    CaseResult,
     RunnerOutputError,
     UntrustedResult,
     parse_runner_output,

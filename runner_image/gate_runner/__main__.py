@@ -1,9 +1,9 @@
 """Entry point: ``python -I -m gate_runner run-case --project DIR --suite PATH --case NAME``.
 
 Exit codes: 0 means the case was judged (the verdict is in the JSON, pass or fail); 2 means
-the command line was wrong; 70 means the runner itself broke. The JSON document is written to
-stdout between the marker lines, and nothing else writes to the runner's stdout: invocations
-print into pipes the runner reads.
+the command line was wrong; 70 means the runner itself broke. The JSON document (contract.py)
+is written to stdout between the marker lines, and nothing else writes to the runner's stdout:
+invocations print into pipes the runner reads.
 
 The worker hands the runner the case's environment and a nonce that the result must carry on
 its standard input (``--handoff``; see case_env.py), never in the container's environment: the
@@ -22,14 +22,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pathlib import Path
 
-BEGIN_MARKER = "===GATE-RUNNER-RESULT-BEGIN==="
-END_MARKER = "===GATE-RUNNER-RESULT-END==="
-
 
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
     import argparse
-    import json
+    import dataclasses
     import traceback
     from pathlib import Path
 
@@ -75,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from . import case_env
         from .case import run_case
+        from .contract import framed
 
         if args.invocation_uid is not None:
             make_undumpable()  # before the handoff is read: no /proc/<pid>/fd/0 for anyone
@@ -86,12 +84,12 @@ def main(argv: list[str] | None = None) -> int:
             env=env,
         )
         result = run_case(args.project, args.suite, args.case, isolation, args.model_mode)
-        result["nonce"] = case_env.read_nonce() if args.handoff else None
-        text = json.dumps(result, default=repr)
+        nonce = case_env.read_nonce() if args.handoff else None
+        text = dataclasses.replace(result, nonce=nonce).to_json()
     except Exception:
         traceback.print_exc()
         return 70
-    sys.stdout.write(f"{BEGIN_MARKER}\n{text}\n{END_MARKER}\n")
+    sys.stdout.write(framed(text))
     sys.stdout.flush()
     return 0
 
@@ -122,11 +120,11 @@ def _record(project: Path, only_suite: str | None, name_filter: str | None) -> i
             if name_filter and name_filter not in name:
                 continue
             result = run_case(project, rel, name)
-            mark = "PASS" if result["passed"] else "FAIL"
-            failures += 0 if result["passed"] else 1
+            mark = "PASS" if result.passed else "FAIL"
+            failures += 0 if result.passed else 1
             print(
-                f"{mark}  {rel}::{name}  {result['successes']}/{result['runs']}"
-                + (f"  {result['failure_reason']}" if result["failure_reason"] else "")
+                f"{mark}  {rel}::{name}  {result.successes}/{result.runs}"
+                + (f"  {result.failure_reason}" if result.failure_reason else "")
             )
     print(f"recordings written under {project / 'tests' / 'recordings'}; {failures} case(s) failed")
     return 0

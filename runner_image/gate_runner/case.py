@@ -4,6 +4,10 @@ The parent never imports user code. Each invocation forks a child that loads the
 afresh (so module state never carries over between invocations), runs the agent, and reports
 plain data over a pipe (see invocations.py); the parent kills the child's whole process group
 at `timeout_s` and forms every assertion itself.
+
+What a child reports, and what the parent adds to it (durations, limits, the builder's
+context), stays plain data checked against reports.py: it is the runner's own channel. The
+result of the case is built from it as the typed document of contract.py.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import yaml
 from connic.test_schema import TestFile
 from pydantic import ValidationError
 
-from . import BUNDLE_DEPS_DIR, SCHEMA_VERSION, typed_json
+from . import BUNDLE_DEPS_DIR, typed_json
 from .assertions import (
     CompiledAssertions,
     calls_in_scope,
@@ -34,6 +38,7 @@ from .assertions import (
     compile_assertions,
     decode_output,
 )
+from .contract import SCHEMA_VERSION, CaseResult, Invocation, Span, cut_mark
 from .expr import ExpressionError
 from .invocations import MAX_REPORT_BYTES, Channel, Isolation, Proc, Supervisor
 from .reports import BuilderReport, CleanupReport, InvocationReport, checked
@@ -50,15 +55,15 @@ KEPT_STRING_CHARS = 1024
 def compact(value: Any) -> Any:
     """Shorten long strings (base64 fixtures, huge outputs) for the stored result.
 
-    The mark is the one the service cuts with (gate_service.stored_runs), so a stored run
-    says the same thing, and counts the same bytes, whoever cut it.
+    The mark is the contract's, which the service cuts with too, so a stored run says the
+    same thing, and counts the same bytes, whoever cut it.
     """
     if isinstance(value, str) and len(value) > MAX_STORED_STRING_CHARS:
         head = value[:KEPT_STRING_CHARS]
         cut = len(value.encode("utf-8", "surrogatepass")) - len(
             head.encode("utf-8", "surrogatepass")
         )
-        return f"{head}…[{cut} bytes cut]"
+        return f"{head}{cut_mark(cut)}"
     if isinstance(value, list):
         return [compact(v) for v in value]
     if isinstance(value, dict):
@@ -674,24 +679,28 @@ def judge_invocation(prepared: PreparedCase, data: Mapping[str, Any]) -> list[st
     return failures
 
 
-def _judged(prepared: PreparedCase, index: int, data: Mapping[str, Any]) -> dict[str, Any]:
-    """One invocation of the result document: judged on the full data, stored compacted."""
+def _judged(prepared: PreparedCase, index: int, data: Mapping[str, Any]) -> Invocation:
+    """One invocation of the result document: judged on the full data, stored compacted.
+
+    ``data`` is the invocation process's report (checked against reports.py) with what the
+    runner adds to it; the result document is built from it here, typed.
+    """
     failures = judge_invocation(prepared, data)
     # Compacted, so that fixtures echoed into input, context and spans cannot blow the result
     # past the container's output cap.
-    return {
-        "index": index,
-        "status": data["status"],
-        "passed": not failures,
-        "input": compact(data.get("input", prepared.payload)),
-        "output": compact(data.get("output")),
-        "error": compact(data.get("error")),
-        "failure_reason": "; ".join(failures) if failures else None,
-        "failed_assertions": failures,
-        "run_context": compact(data.get("run_context") or {}),
-        "duration_ms": data["duration_ms"],
-        "traces": compact(data["traces"]),
-    }
+    return Invocation(
+        index=index,
+        status=data["status"],
+        passed=not failures,
+        input=compact(data.get("input", prepared.payload)),
+        output=compact(data.get("output")),
+        error=compact(data.get("error")),
+        failure_reason="; ".join(failures) if failures else None,
+        failed_assertions=failures,
+        run_context=compact(data.get("run_context") or {}),
+        duration_ms=data["duration_ms"],
+        traces=[Span(**compact(span)) for span in data["traces"]],
+    )
 
 
 def run_case(
@@ -700,37 +709,33 @@ def run_case(
     case_name: str,
     isolation: Isolation | None = None,
     model_mode: str | None = None,
-) -> dict[str, Any]:
-    """Run a case and return the result document of the runner contract.
+) -> CaseResult:
+    """Run a case and return its result document (contract.py), without the worker's nonce.
 
     ``model_mode`` forces one mode on every LLM agent (the gate's); unset, GATE_MODEL_MODE of
     this process decides (`gate record`, in-process tests), else each agent's own.
     """
     started = time.monotonic()
-    base: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "suite": suite,
-        "test_name": case_name,
-    }
     try:
         prepared = prepare(project, suite, case_name)
     except CaseError as exc:
-        return {
-            **base,
-            "agent_name": None,
-            "runs": 0,
-            "success_threshold": 100,
-            "successes": 0,
-            "passed": False,
-            "case_error": str(exc),
-            "failure_reason": str(exc),
-            "duration_ms": int((time.monotonic() - started) * 1000),
-            "invocations": [],
-        }
+        return CaseResult(
+            schema_version=SCHEMA_VERSION,
+            suite=suite,
+            test_name=case_name,
+            agent_name=None,
+            runs=0,
+            success_threshold=100,
+            successes=0,
+            passed=False,
+            case_error=str(exc),
+            failure_reason=str(exc),
+            duration_ms=int((time.monotonic() - started) * 1000),
+            invocations=[],
+        )
     runs = int(prepared.resolved["runs"])
     threshold = int(prepared.resolved["success_threshold"])
-    invocations: list[dict[str, Any]] = []
-    reasons: list[str | None] = []
+    invocations: list[Invocation] = []
     all_data = _run_invocations(
         project,
         prepared,
@@ -759,20 +764,22 @@ def run_case(
                     "duration_ms": data.get("duration_ms", 0),
                 },
             )
-        reasons.append(invocation["failure_reason"])
         invocations.append(invocation)
+    reasons = [inv.failure_reason for inv in invocations]
     successes = sum(1 for r in reasons if r is None)
-    return {
-        **base,
-        "agent_name": prepared.agent_name,
-        "runs": runs,
-        "success_threshold": threshold,
-        "successes": successes,
-        "passed": case_passes(successes, runs, threshold),
-        "case_error": None,
-        "failure_reason": case_failure_reason(
+    return CaseResult(
+        schema_version=SCHEMA_VERSION,
+        suite=suite,
+        test_name=case_name,
+        agent_name=prepared.agent_name,
+        runs=runs,
+        success_threshold=threshold,
+        successes=successes,
+        passed=case_passes(successes, runs, threshold),
+        case_error=None,
+        failure_reason=case_failure_reason(
             runs=runs, success_threshold=threshold, invocation_reasons=reasons
         ),
-        "duration_ms": int((time.monotonic() - started) * 1000),
-        "invocations": invocations,
-    }
+        duration_ms=int((time.monotonic() - started) * 1000),
+        invocations=invocations,
+    )

@@ -3,6 +3,11 @@
 The reports come from the process that runs user code, so they are input, not ours: one
 that does not fit these shapes fails its invocation ("malformed report") instead of
 breaking the runner, which would turn a failed case into an error of the gate.
+
+This channel is the runner's own, between its processes; the case's result that leaves the
+container is contract.py's. A reported span becomes a contract ``Span`` as it is (case.py),
+so ``SpanReport`` has exactly its fields, checked strictly here; a unit test holds the two
+equal (tests/unit/test_result_contract.py).
 """
 
 from __future__ import annotations

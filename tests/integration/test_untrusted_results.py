@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from gate_runner.__main__ import BEGIN_MARKER, END_MARKER
+from gate_runner.contract import BEGIN_MARKER, END_MARKER
 from gate_service.worker.loop import Worker
 from tests.fixtures.projects import bundle_of, calculator_project
 from tests.fixtures.sandbox import FakeSandbox

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gate_service.runner_contract import CaseResult
+from gate_runner.contract import CaseResult
 from tests.fixtures.projects import builder_project
 from tests.fixtures.runner import judged as judge
 

@@ -4,12 +4,14 @@ In-process (no uid change): what a container adds (another uid, no capabilities,
 that uid) is attacked end to end in tests/e2e/test_trust.py.
 """
 
+import json
 import os
 from pathlib import Path
 
 from gate_runner.case import run_case
+from gate_runner.contract import CaseResult
 from gate_runner.invocations import Isolation
-from gate_service.runner_contract import CaseResult
+from gate_service.runner_contract import validate_result
 from tests.fixtures.projects import write
 
 TOOLS = {
@@ -108,7 +110,7 @@ TOOLS = {
 
 
 def judged(project: Path, suite: str, case: str, isolation: Isolation) -> CaseResult:
-    result = CaseResult.model_validate(run_case(project, suite, case, isolation))
+    result = validate_result(json.loads(run_case(project, suite, case, isolation).to_json()))
     assert result.case_error is None, result.case_error
     return result
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from gate_runner.contract import CaseResult
 from gate_runner.mocks import normalise
-from gate_service.runner_contract import CaseResult
 from tests.fixtures.projects import mock_project
 from tests.fixtures.runner import judged as judge
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from gate_service.runner_contract import CaseResult, UntrustedResult
+from gate_runner.contract import CaseResult
+from gate_service.runner_contract import UntrustedResult, validate_result
 from gate_service.secrets.redact import MIN_REDACTED_LENGTH, Redactor, redact, redact_result
 
 SECRETS = {"API_KEY": "sk-live-0123456789", "DB_PASSWORD": "hunter22"}
@@ -80,7 +83,7 @@ def result_with(secret: str) -> CaseResult:
         "duration_ms": 1,
         "traces": [span],
     }
-    return CaseResult.model_validate(
+    return validate_result(
         {
             "schema_version": 2,
             "suite": "tests/s.yaml",
@@ -104,7 +107,7 @@ def test_every_field_of_a_result_is_redacted_and_field_names_survive() -> None:
     # A secret whose value is a field name must not rename the field.
     redactor = Redactor({**SECRETS, "ODD": "status"})
     redacted = redact_result(result_with(secret), redactor)
-    dumped = redacted.model_dump_json()
+    dumped = redacted.to_json()
     assert secret not in dumped
     assert dumped.count("[REDACTED:API_KEY]") == 13
     inv = redacted.invocations[0]
@@ -119,7 +122,7 @@ def test_a_result_too_deep_to_walk_is_not_trusted() -> None:
     deep: object = "sk-live-0123456789"
     for _ in range(100_000):
         deep = [deep]
-    result.invocations[0].output = deep
+    result.invocations[0] = dataclasses.replace(result.invocations[0], output=deep)
     with pytest.raises(UntrustedResult, match="nests too deeply"):
         redact_result(result, Redactor(SECRETS))
 

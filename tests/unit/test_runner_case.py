@@ -117,7 +117,7 @@ def test_large_fixtures_are_shortened_in_the_stored_result(tmp_path: Path) -> No
     # Base64 of the fixture: its first 1 KiB kept, the rest counted in the service's mark.
     whole = base64.b64encode(b"\x01" * 300_000).decode()
     assert stored == f"{whole[:1024]}…[{len(whole) - 1024} bytes cut]"
-    assert len(result.model_dump_json()) < 200_000
+    assert len(result.to_json()) < 200_000
 
 
 def test_invocations_run_concurrently_up_to_max_concurrent_runs_without_sharing_state(
@@ -212,7 +212,7 @@ def test_a_marker_inside_a_result_string_is_not_a_block() -> None:
     # line, so the result stays one block (and is not refused as forged).
     import json
 
-    from gate_runner.__main__ import BEGIN_MARKER, END_MARKER
+    from gate_runner.contract import BEGIN_MARKER, END_MARKER
     from gate_service.runner_contract import result_blocks
 
     doc = {
