@@ -26,6 +26,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate_runner import case_env as handoff
+from gate_runner.contract import MAX_CLEANUP_SECONDS
 
 from .. import incidents
 from ..bundles.archive import read_archive
@@ -441,7 +442,7 @@ def _run_case(
     s = ctx.settings
     # Each invocation: the agent's timeout_s, then a builder cleanup's own budget (the runner
     # gives it timeout_s, at most 120 s), then forking and judging.
-    per_invocation = timeout_s + min(timeout_s, 120) + PER_INVOCATION_SLACK_SECONDS
+    per_invocation = timeout_s + min(timeout_s, MAX_CLEANUP_SECONDS) + PER_INVOCATION_SLACK_SECONDS
     wall = runs * per_invocation + s.case_deadline_slack_seconds
     # No case container outlives the gate's deadline: its wall limit is at most the time left.
     cut_by_deadline = wall > int(start.seconds_left)

@@ -38,7 +38,7 @@ from .assertions import (
     compile_assertions,
     decode_output,
 )
-from .contract import SCHEMA_VERSION, CaseResult, Invocation, Span, cut_mark
+from .contract import MAX_CLEANUP_SECONDS, SCHEMA_VERSION, CaseResult, Invocation, Span, cut_mark
 from .expr import ExpressionError
 from .invocations import MAX_REPORT_BYTES, Channel, Isolation, Proc, Supervisor
 from .reports import BuilderReport, CleanupReport, InvocationReport, checked
@@ -141,9 +141,6 @@ def effective_timeout(prepared: PreparedCase) -> tuple[int, str]:
     if isinstance(agent_limit, int) and agent_limit < case_limit:
         return agent_limit, "the agent's timeout"
     return case_limit, "timeout_s"
-
-
-MAX_CLEANUP_SECONDS = 120
 
 
 def cleanup_budget(prepared: PreparedCase) -> int:

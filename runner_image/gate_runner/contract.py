@@ -23,6 +23,9 @@ from typing import Any, ClassVar, Final, Literal
 
 SchemaVersion = Literal[2]
 SCHEMA_VERSION: Final[SchemaVersion] = 2
+# A builder's cleanup may run this long after its agent is done (timeout_s, at most this):
+# the runner enforces it, and the worker counts it into each case container's deadline.
+MAX_CLEANUP_SECONDS = 120
 # The document is one line between these two lines, alone on the runner's stdout.
 BEGIN_MARKER: Final = "===GATE-RUNNER-RESULT-BEGIN==="
 END_MARKER: Final = "===GATE-RUNNER-RESULT-END==="
