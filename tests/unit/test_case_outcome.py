@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gate_runner.__main__ import BEGIN_MARKER, END_MARKER
+from gate_runner.contract import BEGIN_MARKER, END_MARKER
 from gate_service.models import CaseStatus
 from gate_service.sandbox import RunResult
 from gate_service.worker.outcome import CaseFacts, Judged, NotJudged, case_outcome
