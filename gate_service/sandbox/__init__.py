@@ -102,15 +102,9 @@ class Sandbox(Protocol):
 
     def image_exists(self, tag: str) -> bool: ...
 
-    # ``halt``, on the three below: the job's halt event (queue.ClaimedJob.halt). Once set, the
-    # work stops (pip killed, the build cut, the case container removed or never created)
-    # and Halted is raised.
-
-    def download_wheels(
-        self, requirements: Sequence[str], dest: Path, *, halt: threading.Event | None = None
-    ) -> None:
-        """Fetch the wheels of these (already parsed) requirements into ``dest`` on the host."""
-        ...
+    # ``halt``, on the two below: the job's halt event (queue.ClaimedJob.halt). Once set, the
+    # work stops (the build cut, the case container removed or never created) and Halted is
+    # raised.
 
     def build_test_image(
         self, spec: TestImageSpec, *, halt: threading.Event | None = None

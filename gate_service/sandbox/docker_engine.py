@@ -5,13 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -27,6 +25,7 @@ import requests.exceptions
 from docker.types import LogConfig, Ulimit
 
 from ..bundles.requirements import read_requirements
+from ..bundles.wheels import WheelDownloadError, fetch_wheels
 from ..config import BaseImageSource, Settings
 from ..errors import SandboxError
 from ..scratch import scratch_dir
@@ -97,18 +96,12 @@ USER {runner_user}
 """
 BUNDLE_WHEELS_DIR = "/tmp/bundle-wheels"
 COMPILE_MAX_FILE_BYTES = 2 * MIB
-# Seconds between looks at a pip download's size and age (and at the job's halt event).
-PIP_POLL_SECONDS = 0.1
 # Seconds between looks at the job's halt event while an image builds or a case runs.
 HALT_POLL_SECONDS = 0.2
 # A cut or failed test-image build: how long to wait, at most, for the engine to remove its
 # last step's container, and the time between two looks (see DockerSandbox._settle_build).
 BUILD_SETTLE_SECONDS = 30.0
 SETTLE_LOOK_SECONDS = 0.5
-_NO_WHEEL = (
-    re.compile(r"No matching distribution found for ([A-Za-z0-9][A-Za-z0-9._-]*)"),
-    re.compile(r"satisfies the requirement ([A-Za-z0-9][A-Za-z0-9._-]*)"),
-)
 
 _DOCKER_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
 # A case container's exit codes that only a signal from outside it can cause: the runner runs
@@ -147,40 +140,6 @@ def apt_mirror() -> str:
     return "http://deb.debian.org/debian"
 
 
-def pip_environment() -> dict[str, str]:
-    """Only what pip needs: the service's secrets must never reach it (or its messages)."""
-    keep = {
-        "PATH", "HOME", "LANG", "LC_ALL", "SSL_CERT_FILE", "SSL_CERT_DIR",
-        "REQUESTS_CA_BUNDLE", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST",
-        "PIP_CERT", "PIP_CONFIG_FILE", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
-        "http_proxy", "https_proxy", "no_proxy",
-    }  # fmt: skip
-    return {k: v for k, v in os.environ.items() if k in keep}
-
-
-def pip_sources(settings: Settings) -> list[str]:
-    args: list[str] = []
-    if settings.wheelhouse_dir:
-        args += ["--find-links", str(settings.wheelhouse_dir)]
-    if settings.pip_offline:
-        args.append("--no-index")
-    elif settings.pip_index_url:
-        args += ["--index-url", settings.pip_index_url]
-    return args
-
-
-def _tree_bytes(path: Path) -> int:
-    """Bytes of the regular files under ``path`` (racing pip, which adds and moves them)."""
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                continue
-    return total
-
-
 def runner_digest(src: Path, base: str) -> str:
     """The runner image's tag: its base and the bytes of its build context under `src`.
 
@@ -201,102 +160,6 @@ def runner_digest(src: Path, base: str) -> str:
     return h.hexdigest()[:12]
 
 
-def fetch_wheels(
-    settings: Settings,
-    requirements: Sequence[str],
-    dest: Path,
-    halt: threading.Event | None = None,
-) -> None:
-    """Fetch the wheels of parsed requirements into ``dest`` on the host, within limits.
-
-    ``--only-binary=:all:`` means no package code runs here (a package with no wheel is
-    refused, never built), and pip sees none of the service's environment. The requirements
-    are separate arguments after ``--``, never a file pip would read as its own language.
-    pip runs in its own process group with its temporary files in a directory of ours, and is
-    killed (with anything it started) once it runs past GATE_PIP_DOWNLOAD_TIMEOUT_SECONDS or
-    what it fetched passes GATE_PIP_DOWNLOAD_MAX_BYTES, or at once when ``halt`` is set (the
-    job was cancelled or its lease lost), which raises Halted.
-    """
-    dest.mkdir(parents=True, exist_ok=True)
-    if not requirements:
-        return
-    timeout = settings.pip_download_timeout_seconds
-    budget = settings.pip_download_max_bytes
-    with scratch_dir(settings, "pip-") as scratch:
-        tmp, log_path = scratch / "tmp", scratch / "pip.log"
-        tmp.mkdir()
-        empty = scratch / "cwd"
-        empty.mkdir()
-        argv = [
-            # -I: not the working directory on sys.path (nor PYTHONPATH or user site).
-            sys.executable, "-I", "-m", "pip", "download",
-            "--disable-pip-version-check", "--no-input", "--no-cache-dir",
-            "--progress-bar", "off",
-            "--only-binary=:all:",
-            "--dest", str(dest),
-            *pip_sources(settings),
-            "--", *requirements,
-        ]  # fmt: skip
-        refused: str | None = None
-        halted = False
-        with log_path.open("wb") as out:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**pip_environment(), "TMPDIR": str(tmp)},
-                # An empty working directory: pip reads a requirement that names an existing
-                # path as a file, so nothing of the service's may be reachable relative to it.
-                cwd=empty,
-                start_new_session=True,  # its own process group, killed as one
-            )
-            deadline = time.monotonic() + timeout
-            try:
-                while True:
-                    try:
-                        proc.wait(timeout=PIP_POLL_SECONDS)
-                        break
-                    except subprocess.TimeoutExpired:
-                        pass
-                    if halt is not None and halt.is_set():
-                        halted = True
-                        break
-                    if time.monotonic() > deadline:
-                        refused = f"downloading requirements took longer than {timeout:g} s"
-                        break
-                    if _tree_bytes(dest) + _tree_bytes(tmp) > budget:
-                        refused = f"requirements' wheels exceed {budget} bytes"
-                        break
-            finally:
-                if proc.returncode is None:
-                    try:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    proc.wait()
-        if halted:
-            shutil.rmtree(dest, ignore_errors=True)
-            raise Halted("the job was halted while its requirements downloaded; pip was stopped")
-        if refused is None and _tree_bytes(dest) > budget:
-            refused = f"requirements' wheels exceed {budget} bytes"
-        if refused is not None:
-            shutil.rmtree(dest, ignore_errors=True)
-            raise WheelDownloadError(refused)
-        output = log_path.read_text(errors="replace")
-    if proc.returncode != 0:
-        for pattern in _NO_WHEEL:
-            match = pattern.search(output)
-            if match:
-                raise WheelDownloadError(
-                    f"no wheel for {match.group(1)}: only wheels are installed, never source "
-                    "distributions (check the name and version, and that the index or "
-                    "wheelhouse has a wheel for this platform and Python)"
-                )
-        raise WheelDownloadError(output.strip()[-2000:])
-
-
-# What a label key or value in our Dockerfiles may hold: ours only (tags, hex ids), never
 # the bundle's text, and nothing the Dockerfile parser would read as quoting or a variable.
 _LABEL_TEXT = re.compile(r"[A-Za-z0-9._:/@-]+")
 
@@ -474,12 +337,6 @@ class DockerSandbox:
             self._runner_tag = tag
             return tag
 
-    def download_wheels(
-        self, requirements: Sequence[str], dest: Path, *, halt: threading.Event | None = None
-    ) -> None:
-        """Fetch the wheels of parsed requirements on the host (see fetch_wheels)."""
-        fetch_wheels(self.settings, requirements, dest, halt)
-
     def _build_runner(self, base: str, tag: str) -> None:
         src = self.settings.runner_source_dir
         log.info("building runner image %s FROM %s", tag, base)
@@ -496,7 +353,7 @@ class DockerSandbox:
             if report.problems:
                 raise SandboxError(f"the runner's requirements.txt is invalid: {report.problems}")
             try:
-                self.download_wheels(report.requirements, ctx / "wheels")
+                fetch_wheels(self.settings, report.requirements, ctx / "wheels")
             except WheelDownloadError as exc:
                 raise SandboxError(f"cannot fetch the runner's wheels: {exc}") from None
             with _docker_errors(f"building {tag}"):
@@ -947,7 +804,3 @@ def _send_and_close(attached: Any, data: bytes, timeout_s: float) -> None:
         raw.shutdown(socket.SHUT_WR)
     except OSError as exc:
         raise SandboxError(f"handing the case its input failed: {exc}") from None
-
-
-class WheelDownloadError(Exception):
-    """pip could not fetch a bundle's or the runner's requirements as wheels."""

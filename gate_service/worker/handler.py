@@ -32,6 +32,7 @@ from ..bundles.archive import read_archive
 from ..bundles.requirements import FILE as REQUIREMENTS_FILE
 from ..bundles.requirements import read_requirements
 from ..bundles.suites import validate_project
+from ..bundles.wheels import WheelDownloadError, fetch_wheels
 from ..config import Settings
 from ..db import refused_write, session_scope
 from ..errors import GateError, SandboxError
@@ -54,7 +55,6 @@ from ..sandbox import (
     Sandbox,
     TestImageSpec,
 )
-from ..sandbox.docker_engine import WheelDownloadError
 from ..scratch import scratch_dir
 from ..secrets.crypto import SecretBox
 from ..secrets.redact import Redactor, redact_result
@@ -356,7 +356,7 @@ def _build_image(
         return tag
     if requirements:
         try:
-            sandbox.download_wheels(requirements, context_dir / "wheels", halt=halt)
+            fetch_wheels(ctx.settings, requirements, context_dir / "wheels", halt)
         except Halted:
             return None
         except WheelDownloadError as exc:

@@ -19,7 +19,7 @@ from gate_service.config import Settings
 from gate_service.sandbox import Halted
 from gate_service.worker.loop import Worker
 from tests.fixtures.projects import bundle_of, calculator_project
-from tests.fixtures.sandbox import FakeSandbox, fake_worker
+from tests.fixtures.sandbox import FakeSandbox, fake_wheels, fake_worker
 
 
 class SlowEngine(FakeSandbox):
@@ -60,6 +60,7 @@ def test_a_cancel_stops_the_download_or_build_and_no_case_runs(
     settings: Settings,
     sessions: sessionmaker[Session],
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     project = calculator_project(tmp_path / "p", failing=False)
     (project / "requirements.txt").write_text("gate-slow-dependency==1.0\n")
@@ -68,6 +69,7 @@ def test_a_cancel_stops_the_download_or_build_and_no_case_runs(
     gate_id = response.json()["id"]
 
     engine = SlowEngine(slow)
+    fake_wheels(monkeypatch, engine)
     worker: Worker = fake_worker(settings, sessions, engine)
     started = time.monotonic()
     thread = threading.Thread(target=worker.run_once, daemon=True)
