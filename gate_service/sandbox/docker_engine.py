@@ -27,9 +27,8 @@ from docker.types import LogConfig, Ulimit
 from ..bundles.requirements import read_requirements
 from ..bundles.wheels import WheelDownloadError, fetch_wheels
 from ..config import BaseImageSource, Settings
-from ..errors import SandboxError
 from ..scratch import scratch_dir
-from . import (
+from .port import (
     BUILD_ID_LABEL,
     BUILD_IMAGE_LABEL,
     BUILD_STAGE,
@@ -41,6 +40,7 @@ from . import (
     ImageInfo,
     RunLimits,
     RunResult,
+    SandboxError,
     TestImageSpec,
 )
 

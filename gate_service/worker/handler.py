@@ -35,7 +35,7 @@ from ..bundles.suites import validate_project
 from ..bundles.wheels import WheelDownloadError, fetch_wheels
 from ..config import Settings
 from ..db import refused_write, session_scope
-from ..errors import GateError, SandboxError
+from ..errors import GateError
 from ..gates import service
 from ..logs import bind_log_context
 from ..metrics import Metrics
@@ -53,6 +53,7 @@ from ..sandbox import (
     Halted,
     RunLimits,
     Sandbox,
+    SandboxError,
     TestImageSpec,
 )
 from ..scratch import scratch_dir

@@ -24,8 +24,7 @@ import docker
 import pytest
 
 from gate_service.config import Settings
-from gate_service.errors import SandboxError
-from gate_service.sandbox import RunLimits, RunResult
+from gate_service.sandbox import RunLimits, RunResult, SandboxError
 from gate_service.sandbox.docker_engine import DockerSandbox
 
 pytestmark = pytest.mark.docker

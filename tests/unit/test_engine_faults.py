@@ -21,8 +21,7 @@ import requests.exceptions
 from urllib3.exceptions import ProtocolError
 
 from gate_service.config import Settings
-from gate_service.errors import SandboxError
-from gate_service.sandbox import RunLimits, RunResult
+from gate_service.sandbox import RunLimits, RunResult, SandboxError
 from gate_service.sandbox.docker_engine import DockerSandbox
 
 LIMITS = RunLimits(
