@@ -160,6 +160,7 @@ def runner_digest(src: Path, base: str) -> str:
     return h.hexdigest()[:12]
 
 
+# What a label key or value in our Dockerfiles may hold: ours only (tags, hex ids), never
 # the bundle's text, and nothing the Dockerfile parser would read as quoting or a variable.
 _LABEL_TEXT = re.compile(r"[A-Za-z0-9._:/@-]+")
 
