@@ -1,5 +1,5 @@
 """The sandbox: the port (``port``), the factory that picks its backend (``factory``), and the
-backends themselves (``docker_engine`` today).
+backends themselves (``docker`` today).
 
 The worker and the rest of the service import this package root only, never a backend module:
 only a backend imports its engine library (``docker``), and only when the factory picks it.

@@ -15,7 +15,7 @@ from .port import Sandbox
 
 
 def _docker(settings: Settings) -> Sandbox:
-    from .docker_engine import DockerSandbox
+    from .docker import DockerSandbox
 
     return DockerSandbox(settings)
 

@@ -25,7 +25,7 @@ import pytest
 
 from gate_service.config import Settings
 from gate_service.sandbox import RunLimits, RunResult, SandboxError
-from gate_service.sandbox.docker_engine import DockerSandbox
+from gate_service.sandbox.docker import DockerSandbox
 
 pytestmark = pytest.mark.docker
 

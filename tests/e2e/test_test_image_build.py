@@ -21,7 +21,7 @@ from gate_service.sandbox import (
     Halted,
     SandboxError,
 )
-from gate_service.sandbox.docker_engine import DockerSandbox
+from gate_service.sandbox.docker import DockerSandbox
 from tests.fixtures.docker import reuse_a_runner
 from tests.fixtures.projects import make_wheel
 

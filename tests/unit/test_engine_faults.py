@@ -22,7 +22,7 @@ from urllib3.exceptions import ProtocolError
 
 from gate_service.config import Settings
 from gate_service.sandbox import RunLimits, RunResult, SandboxError
-from gate_service.sandbox.docker_engine import DockerSandbox
+from gate_service.sandbox.docker import DockerSandbox
 
 LIMITS = RunLimits(
     memory_mb=64, cpus=1, pids=32, wall_seconds=2, tmpfs_mb=8, output_limit_bytes=10_000

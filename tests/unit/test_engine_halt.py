@@ -16,7 +16,7 @@ import pytest
 from gate_service.bundles.wheels import fetch_wheels
 from gate_service.config import Settings
 from gate_service.sandbox import Halted
-from gate_service.sandbox.docker_engine import DockerSandbox
+from gate_service.sandbox.docker import DockerSandbox
 from tests.unit.test_engine_faults import LIMITS, StubClient, StubContainer
 
 
