@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import requests.exceptions
+import urllib3.exceptions
 from docker.types import LogConfig, Ulimit
 
 from ..port import LABEL, Halted, RunLimits, RunResult, SandboxError
@@ -167,23 +168,38 @@ class CaseContainers(DockerEngine):
             if halt is not None and halt.is_set():
                 raise Halted("the job was halted; its case container was removed")
             return False, int(status.get("StatusCode", -1))
-        except requests.exceptions.ReadTimeout as exc:
+        except DOCKER_ERRORS as exc:
+            if not _read_timed_out(exc):
+                if halt is not None and halt.is_set():
+                    raise Halted("the job was halted; its case container was removed") from None
+                raise SandboxError(
+                    f"lost the Docker engine while a case container ran ({exc}); "
+                    "the case was not judged"
+                ) from None
             if time.monotonic() - started < wall_seconds - 1:
                 raise SandboxError(
                     f"waiting for a case container failed early: {exc}; the case was not judged"
                 ) from None
-        except DOCKER_ERRORS as exc:
-            if halt is not None and halt.is_set():
-                raise Halted("the job was halted; its case container was removed") from None
-            raise SandboxError(
-                f"lost the Docker engine while a case container ran ({exc}); "
-                "the case was not judged"
-            ) from None
         finally:
             finished.set()
         with docker_errors("stopping a timed-out case container"):
             container.kill()
         return True, None
+
+
+def _read_timed_out(exc: BaseException) -> bool:
+    """Whether a failed wait is its own read timeout, in either shape requests gives it.
+
+    ReadTimeout when the engine sent nothing at all; but the engine answers a wait with its
+    headers at once and the body only when the container ends, so a wait cut at the wall
+    deadline times out reading the body, which requests raises as a ConnectionError around
+    urllib3's ReadTimeoutError (docker 7.1, requests 2.34).
+    """
+    if isinstance(exc, requests.exceptions.ReadTimeout):
+        return True
+    return isinstance(exc, requests.exceptions.ConnectionError) and any(
+        isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in exc.args
+    )
 
 
 def _send_and_close(attached: Any, data: bytes, timeout_s: float) -> None:
