@@ -3,6 +3,9 @@ backends themselves (``docker`` today).
 
 The worker and the rest of the service import this package root only, never a backend module:
 only a backend imports its engine library (``docker``), and only when the factory picks it.
+The package imports config, errors, scratch and gate_runner, and its backends what they
+build from (bundles: requirements and wheels, for the runner image); never the worker, the
+API, the CLI or the database.
 """
 
 from .factory import BACKENDS, open_sandbox
