@@ -3,7 +3,8 @@
 pip runs here, on the worker's host, never in the engine: the wheels it fetches go into a
 build context that the image builder then installs offline (``--no-index --find-links``).
 Only wheels are fetched (no package code runs on the host), pip sees none of the service's
-environment, and the job's halt event kills it at once.
+environment, and the job's halt event kills it at once. It imports nothing of the sandbox
+(whose Docker backend fetches the runner's wheels with it), so its errors are its own.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..config import Settings
-from ..sandbox import Halted
 from ..scratch import scratch_dir
 
 # Seconds between looks at a pip download's size and age (and at the job's halt event).
@@ -33,6 +33,14 @@ _NO_WHEEL = (
 
 class WheelDownloadError(Exception):
     """pip could not fetch a bundle's or the runner's requirements as wheels."""
+
+
+class DownloadHalted(Exception):
+    """The job's halt event was set while pip ran: pip was killed and nothing was kept.
+
+    The download's counterpart of the sandbox's Halted: the worker treats both alike (the
+    gate was cancelled or the job's lease lost, so nothing is judged and nothing retried).
+    """
 
 
 def pip_environment() -> dict[str, str]:
@@ -83,7 +91,7 @@ def fetch_wheels(
     pip runs in its own process group with its temporary files in a directory of ours, and is
     killed (with anything it started) once it runs past GATE_PIP_DOWNLOAD_TIMEOUT_SECONDS or
     what it fetched passes GATE_PIP_DOWNLOAD_MAX_BYTES, or at once when ``halt`` is set (the
-    job was cancelled or its lease lost), which raises Halted.
+    job was cancelled or its lease lost), which raises DownloadHalted.
     """
     dest.mkdir(parents=True, exist_ok=True)
     if not requirements:
@@ -145,7 +153,9 @@ def fetch_wheels(
                     proc.wait()
         if halted:
             shutil.rmtree(dest, ignore_errors=True)
-            raise Halted("the job was halted while its requirements downloaded; pip was stopped")
+            raise DownloadHalted(
+                "the job was halted while its requirements downloaded; pip was stopped"
+            )
         if refused is None and _tree_bytes(dest) > budget:
             refused = f"requirements' wheels exceed {budget} bytes"
         if refused is not None:

@@ -32,7 +32,7 @@ from ..bundles.archive import read_archive
 from ..bundles.requirements import FILE as REQUIREMENTS_FILE
 from ..bundles.requirements import read_requirements
 from ..bundles.suites import validate_project
-from ..bundles.wheels import WheelDownloadError, fetch_wheels
+from ..bundles.wheels import DownloadHalted, WheelDownloadError, fetch_wheels
 from ..config import Settings
 from ..db import refused_write, session_scope
 from ..errors import GateError
@@ -358,7 +358,7 @@ def _build_image(
     if requirements:
         try:
             fetch_wheels(ctx.settings, requirements, context_dir / "wheels", halt)
-        except Halted:
+        except DownloadHalted:
             return None
         except WheelDownloadError as exc:
             raise BundleRejected(

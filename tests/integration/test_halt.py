@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate_service import sandbox as port
+from gate_service.bundles.wheels import DownloadHalted
 from gate_service.config import Settings
 from gate_service.sandbox import Halted
 from gate_service.worker.loop import Worker
@@ -31,18 +32,20 @@ class SlowEngine(FakeSandbox):
         self.started = threading.Event()
         self.halted: list[str] = []
 
-    def _hang(self, what: str, halt: threading.Event | None) -> None:
+    def _hang(
+        self, what: str, halt: threading.Event | None, error: type[Exception] = Halted
+    ) -> None:
         self.started.set()
         assert halt is not None, f"{what} was not given the job's halt event"
         if halt.wait(60):
             self.halted.append(what)
-            raise Halted(f"the job was halted during the {what}")
+            raise error(f"the job was halted during the {what}")
 
     def download_wheels(
         self, requirements: Sequence[str], dest: Path, *, halt: threading.Event | None = None
     ) -> None:
         if self.slow == "download":
-            self._hang("download", halt)
+            self._hang("download", halt, DownloadHalted)  # as bundles.wheels raises it
         super().download_wheels(requirements, dest, halt=halt)
 
     def build_test_image(
