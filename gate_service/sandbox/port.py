@@ -125,7 +125,7 @@ class ImageBuilder(Protocol):
     def build_test_image(self, spec: TestImageSpec, *, halt: threading.Event | None = None) -> str:
         """Build ``spec.tag`` from the runner image and ``spec.context_dir``; return the tag.
 
-        ``halt``: the job's halt event (queue.ClaimedJob.halt). Set before or during the
+        ``halt``: the job's halt event (ClaimedJob.halt). Set before or during the
         build, the build stops, nothing is tagged, and Halted is raised.
         """
         ...
