@@ -28,6 +28,12 @@ class BaseImageSource(StrEnum):
     debootstrap = "debootstrap"  # always build the base from Debian packages
 
 
+class SandboxBackend(StrEnum):
+    """The engines that can build images and run case containers (gate_service.sandbox)."""
+
+    docker = "docker"
+
+
 class LogFormat(StrEnum):
     text = "text"  # one human line per record
     json = "json"  # one JSON object per line, with gate_id, case and worker where known
@@ -58,7 +64,11 @@ class Settings(BaseSettings):
         "from, without credentials. Empty: no CORS headers at all.",
     )
 
-    # Images
+    # Sandbox and images
+    sandbox_backend: SandboxBackend = Field(
+        default=SandboxBackend.docker,
+        description="The engine that builds test images and runs case containers.",
+    )
     base_image: str = "python:3.11-slim"
     base_image_source: BaseImageSource = BaseImageSource.auto
     debootstrap_mirror: str | None = Field(
@@ -312,6 +322,17 @@ class Settings(BaseSettings):
         default="0.0.0.0",
         description="Address GATE_WORKER_METRICS_PORT listens on.",
     )
+
+    @field_validator("sandbox_backend", mode="before")
+    @classmethod
+    def _known_backend(cls, value: object) -> object:
+        # Named here, at start-up, with the choices: a typo must not wait for the first build.
+        choices = [backend.value for backend in SandboxBackend]
+        if isinstance(value, str) and value not in choices:
+            raise ValueError(
+                f"GATE_SANDBOX_BACKEND is {value!r}; the choices are: {', '.join(choices)}"
+            )
+        return value
 
     @field_validator("case_env")
     @classmethod

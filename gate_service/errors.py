@@ -110,12 +110,6 @@ class UnsafeArchive(GateError):
     status_code = 422
 
 
-class SandboxError(GateError):
-    """Docker failed underneath us: an infrastructure error, never the bundle's fault."""
-
-    status_code = 502
-
-
 class SecretUnreadable(GateError):
     """A stored secret does not decrypt with this process's GATE_SECRETS_KEY.
 

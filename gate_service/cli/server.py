@@ -81,9 +81,9 @@ def _lifetime() -> Iterator[ExitStack]:
 
 
 def _prepare_images(settings: Settings) -> None:
-    from ..sandbox.docker_engine import DockerSandbox
+    from ..sandbox import open_sandbox
 
-    sandbox = DockerSandbox(settings)
+    sandbox = open_sandbox(settings)
     try:
         log.info("preparing the runner image (the first time builds it; later starts reuse it)")
         tag = sandbox.runner_image()
@@ -97,7 +97,7 @@ def _start_workers(
 ) -> list[threading.Thread]:
     """The worker threads, and the thread of their shared job wake-up (it ends on stop too)."""
     from ..db import make_engine, make_sessionmaker
-    from ..sandbox.docker_engine import DockerSandbox
+    from ..sandbox import open_sandbox
     from ..worker.handler import WorkerContext
     from ..worker.loop import Worker
     from ..worker.wakeup import JobWakeup
@@ -114,7 +114,7 @@ def _start_workers(
         ctx = WorkerContext(
             settings=settings,
             sessions=sessions,
-            sandbox=DockerSandbox(settings),
+            sandbox=open_sandbox(settings),
             stop=stop,
             metrics=metrics,  # one registry per process, shared by its workers
             jobs=jobs,

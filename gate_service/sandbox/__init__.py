@@ -1,153 +1,52 @@
-"""The typed port to the container engine. Only this package imports `docker`."""
+"""The sandbox: the port (``port``), the factory that picks its backend (``factory``), and the
+backends themselves (``docker`` today).
 
-from __future__ import annotations
+The worker and the rest of the service import this package root only, never a backend module:
+only a backend imports its engine library (``docker``), and only when the factory picks it.
+The package imports config, errors, scratch and gate_runner, and its backends what they
+build from (bundles: requirements and wheels, for the runner image); never the worker, the
+API, the CLI or the database.
+"""
 
-import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
+from .factory import BACKENDS, open_sandbox
+from .port import (
+    BUILD_ID_LABEL,
+    BUILD_IMAGE_LABEL,
+    BUILD_STAGE,
+    BUNDLE_DEPS_DIR,
+    INVOCATION_UID,
+    LABEL,
+    SCRATCH_DIR,
+    BuildRefused,
+    CaseRunner,
+    Halted,
+    ImageBuilder,
+    ImageInfo,
+    RunLimits,
+    RunResult,
+    Sandbox,
+    SandboxError,
+    TestImageSpec,
+)
 
-# Where a test image holds the bundle's dependencies: root-owned, outside the runner's venv,
-# and put on sys.path after the runner's own paths (the runner owns that name), so no wheel
-# can replace runner modules or add a .pth startup hook to the runner's interpreter.
-from gate_runner import BUNDLE_DEPS_DIR as BUNDLE_DEPS_DIR
-
-from ..errors import SandboxError
-
-LABEL = "gate.managed"  # every container and image we create carries it, for the reaper
-# Every image a test-image build makes besides the test image (the dependency stage, every
-# intermediate step) carries LABEL=BUILD_STAGE, the bundle's gate.bundle, the tag it was
-# building (BUILD_IMAGE_LABEL) and that one build's id (BUILD_ID_LABEL): the build removes
-# its own by the id when it ends, and garbage collection finds what a crashed one left.
-BUILD_STAGE = "build"
-BUILD_ID_LABEL = "gate.build"
-BUILD_IMAGE_LABEL = "gate.image"
-# The runner starts as root with only SETUID, SETGID and KILL, and runs every invocation
-# (all user code) under this uid, which holds no capability at all.
-INVOCATION_UID = 10001
-SCRATCH_DIR = "/tmp"  # the case's only writable place, a size-capped tmpfs
-
-
-@dataclass(frozen=True)
-class RunLimits:
-    memory_mb: int
-    cpus: float
-    pids: int
-    wall_seconds: float
-    tmpfs_mb: int
-    output_limit_bytes: int
-    network: str = "none"
-
-
-@dataclass(frozen=True)
-class RunResult:
-    exit_code: int | None
-    stdout: bytes
-    stderr: bytes
-    duration_ms: int
-    timed_out: bool
-    oom_killed: bool
-    output_truncated: bool
-    # Milliseconds from asking the engine for the container until it was running.
-    start_ms: int | None = None
-
-
-@dataclass(frozen=True)
-class TestImageSpec:
-    """What goes into a bundle's test image."""
-
-    tag: str
-    context_dir: Path  # holds bundle/ and, when there are requirements, wheels/
-    # Canonical PEP 508 strings (gate_service.bundles.requirements), installed from wheels/
-    # into BUNDLE_DEPS_DIR; never a requirements file.
-    requirements: tuple[str, ...] = ()
-    labels: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ImageInfo:
-    """One image on the engine, as garbage collection sees it."""
-
-    id: str
-    tags: tuple[str, ...]
-    labels: Mapping[str, str]
-    created: float  # Unix time
-    # Bytes of the image's own layers (shared with no other image): what removing it frees.
-    unique_bytes: int
-    parent_id: str = ""  # the image it was built on ("" when the engine does not say)
-    containers: int = 0  # containers (running or not) made from it
-
-
-class BuildRefused(Exception):
-    """A test image build went past its time limit or output cap.
-
-    Not a SandboxError: the build steps are ours and fixed, so what makes one slow or loud is
-    the bundle (its files, its wheels); a retry would hit the same limit.
-    """
-
-
-class Halted(SandboxError):
-    """The job's halt event was set (the gate was cancelled, or the job's lease was lost) while
-    the engine worked for it: the download, build or case container was stopped and nothing
-    was judged. A SandboxError, so a halted case is skipped like one whose container the
-    heartbeat removed; the handler reads the halt itself and never retries for it.
-    """
-
-
-class Sandbox(Protocol):
-    def runner_image(self) -> str:
-        """Make sure the runner base image exists (building it if needed); return its tag."""
-        ...
-
-    def image_exists(self, tag: str) -> bool: ...
-
-    # ``halt``, on the three below: the job's halt event (jobs.ClaimedJob.halt). Once set, the
-    # work stops (pip killed, the build cut, the case container removed or never created)
-    # and Halted is raised.
-
-    def download_wheels(
-        self, requirements: Sequence[str], dest: Path, *, halt: threading.Event | None = None
-    ) -> None:
-        """Fetch the wheels of these (already parsed) requirements into ``dest`` on the host."""
-        ...
-
-    def build_test_image(
-        self, spec: TestImageSpec, *, halt: threading.Event | None = None
-    ) -> str: ...
-
-    def run(
-        self,
-        image: str,
-        argv: Sequence[str],
-        *,
-        limits: RunLimits,
-        labels: Mapping[str, str],
-        stdin: bytes = b"",
-        halt: threading.Event | None = None,
-    ) -> RunResult:
-        """One case container, to its end or ``limits.wall_seconds``.
-
-        ``stdin``: what the runner reads on its standard input, then end of file (the case's
-        environment and nonce, gate_runner/case_env.py). The container itself gets no
-        environment from the worker: only its image's, so nothing a project controls
-        reaches the runner's own process.
-        """
-        ...
-
-    def reap(
-        self,
-        labels: Mapping[str, str],
-        *,
-        keep: Callable[[Mapping[str, str]], bool] | None = None,
-    ) -> int:
-        """Remove our containers carrying these labels (except those ``keep`` spares)."""
-        ...
-
-    def list_images(self) -> list[ImageInfo]:
-        """Every image on the engine, untagged ones included (they link children to parents)."""
-        ...
-
-    def remove_image(self, ref: str) -> bool:
-        """Remove an image reference, never by force; False when it is gone or still in use."""
-        ...
+__all__ = [
+    "BACKENDS",
+    "BUILD_ID_LABEL",
+    "BUILD_IMAGE_LABEL",
+    "BUILD_STAGE",
+    "BUNDLE_DEPS_DIR",
+    "INVOCATION_UID",
+    "LABEL",
+    "SCRATCH_DIR",
+    "BuildRefused",
+    "CaseRunner",
+    "Halted",
+    "ImageBuilder",
+    "ImageInfo",
+    "RunLimits",
+    "RunResult",
+    "Sandbox",
+    "SandboxError",
+    "TestImageSpec",
+    "open_sandbox",
+]

@@ -45,7 +45,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ..config import Settings
 from ..db import session_scope
 from ..models import GateStatus
-from ..sandbox import BUILD_IMAGE_LABEL, LABEL, ImageInfo, Sandbox
+from ..sandbox import BUILD_IMAGE_LABEL, LABEL, ImageBuilder, ImageInfo
 from ..scratch import clean_scratch
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ def _usage(session: Session, shas: list[str]) -> dict[str, tuple[float, bool]]:
 
 
 def _remove_test_image(
-    sandbox: Sandbox, sessions: sessionmaker[Session], candidate: _TestImage
+    sandbox: ImageBuilder, sessions: sessionmaker[Session], candidate: _TestImage
 ) -> bool:
     """Remove one test image unless a queued or running gate needs it now.
 
@@ -207,7 +207,7 @@ def _descendants_in_use(
 
 
 def _collect_build_leftovers(
-    sandbox: Sandbox, images: list[ImageInfo], policy: GcPolicy, now: float, report: GcReport
+    sandbox: ImageBuilder, images: list[ImageInfo], policy: GcPolicy, now: float, report: GcReport
 ) -> None:
     """Remove what test-image builds left (see the module's docstring); each goes with its
     untagged parents, which the engine prunes with it."""
@@ -226,7 +226,7 @@ def _collect_build_leftovers(
 
 
 def collect_images(
-    sandbox: Sandbox,
+    sandbox: ImageBuilder,
     sessions: sessionmaker[Session],
     policy: GcPolicy,
     current_runner: str,

@@ -33,9 +33,10 @@ from ..bundles.archive import read_archive
 from ..bundles.requirements import FILE as REQUIREMENTS_FILE
 from ..bundles.requirements import read_requirements
 from ..bundles.suites import validate_project
+from ..bundles.wheels import DownloadHalted, WheelDownloadError, fetch_wheels
 from ..config import Settings
 from ..db import refused_write, session_scope
-from ..errors import GateError, SandboxError
+from ..errors import GateError
 from ..gates import service
 from ..jobs import ClaimedJob, LeaseLost
 from ..logs import bind_log_context
@@ -49,9 +50,9 @@ from ..sandbox import (
     Halted,
     RunLimits,
     Sandbox,
+    SandboxError,
     TestImageSpec,
 )
-from ..sandbox.docker_engine import WheelDownloadError
 from ..scratch import scratch_dir
 from ..secrets.crypto import SecretBox
 from ..secrets.redact import Redactor, redact_result
@@ -351,8 +352,8 @@ def _build_image(
         return tag
     if requirements:
         try:
-            sandbox.download_wheels(requirements, context_dir / "wheels", halt=halt)
-        except Halted:
+            fetch_wheels(ctx.settings, requirements, context_dir / "wheels", halt)
+        except DownloadHalted:
             return None
         except WheelDownloadError as exc:
             raise BundleRejected(

@@ -10,7 +10,7 @@ invocation.
 
 In-process use (tests, `gate record` on a developer machine) runs the same code with no uid
 change: isolation needs the runner to start as root in a container with only the SETUID,
-SETGID and KILL capabilities (see gate_service/sandbox/docker_engine.py).
+SETGID and KILL capabilities (see gate_service/sandbox/docker/cases.py).
 """
 
 from __future__ import annotations

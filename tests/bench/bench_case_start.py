@@ -22,7 +22,7 @@ from gate_service.bundles.archive import read_archive
 from gate_service.config import Settings
 from gate_service.runner_contract import parse_runner_output
 from gate_service.sandbox import INVOCATION_UID, RunLimits, TestImageSpec
-from gate_service.sandbox.docker_engine import DockerSandbox
+from gate_service.sandbox.docker import DockerSandbox
 from gate_service.worker.handler import runner_argv
 from tests.fixtures.projects import AGENTS, LLM_PROJECT, bundle_of, write
 

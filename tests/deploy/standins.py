@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gate_service.sandbox.docker_engine import apt_mirror
+from gate_service.sandbox.docker.runner_image import apt_mirror
 
 STANDIN_LABEL = "gate.standin"
 SUITE = "bookworm"

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from gate_service.client.api import GateClient
-from gate_service.sandbox.docker_engine import runner_digest
+from gate_service.sandbox.docker.recipes import runner_digest
 from tests.e2e.conftest import free_port, wait_ready
 from tests.fixtures.auth import ADMIN_TOKEN
 from tests.fixtures.projects import bundle_of, calculator_project
@@ -153,7 +153,7 @@ def installed(venv: Path) -> dict[str, str]:
         import json, gate_runner, gate_service
         from gate_service.config import Settings
         from gate_service.resources import migrations_dir
-        from gate_service.sandbox.docker_engine import runner_digest
+        from gate_service.sandbox.docker.recipes import runner_digest
         context = Settings().runner_source_dir
         print(json.dumps({
             "gate_service": gate_service.__file__,

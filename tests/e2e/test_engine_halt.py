@@ -12,7 +12,7 @@ import pytest
 
 from gate_service.config import Settings
 from gate_service.sandbox import Halted
-from gate_service.sandbox.docker_engine import DockerSandbox
+from gate_service.sandbox.docker import DockerSandbox
 from tests.e2e.test_engine_restart import IMAGE, LIMITS, PrivateDaemon, private_daemon
 
 __all__ = ["private_daemon"]  # the fixture, used by name below

@@ -24,9 +24,8 @@ import docker
 import pytest
 
 from gate_service.config import Settings
-from gate_service.errors import SandboxError
-from gate_service.sandbox import RunLimits, RunResult
-from gate_service.sandbox.docker_engine import DockerSandbox
+from gate_service.sandbox import RunLimits, RunResult, SandboxError
+from gate_service.sandbox.docker import DockerSandbox
 
 pytestmark = pytest.mark.docker
 

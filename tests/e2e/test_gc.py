@@ -22,7 +22,7 @@ from gate_service import sandbox as port
 from gate_service.config import Settings
 from gate_service.models import GateStatus
 from gate_service.sandbox import BUILD_ID_LABEL, BUILD_IMAGE_LABEL, BUILD_STAGE, LABEL
-from gate_service.sandbox.docker_engine import DockerSandbox
+from gate_service.sandbox.docker import DockerSandbox
 from gate_service.worker.gc import GcPolicy, collect_images
 from tests.fixtures.docker import reuse_a_runner
 from tests.fixtures.gates import add_gate

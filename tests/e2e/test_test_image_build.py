@@ -13,9 +13,15 @@ import pytest
 
 from gate_service import sandbox as port
 from gate_service.config import Settings
-from gate_service.errors import SandboxError
-from gate_service.sandbox import BUILD_IMAGE_LABEL, BUNDLE_DEPS_DIR, LABEL, BuildRefused, Halted
-from gate_service.sandbox.docker_engine import DockerSandbox
+from gate_service.sandbox import (
+    BUILD_IMAGE_LABEL,
+    BUNDLE_DEPS_DIR,
+    LABEL,
+    BuildRefused,
+    Halted,
+    SandboxError,
+)
+from gate_service.sandbox.docker import DockerSandbox
 from tests.fixtures.docker import reuse_a_runner
 from tests.fixtures.projects import make_wheel
 

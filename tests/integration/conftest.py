@@ -9,7 +9,7 @@ from gate_service.config import Settings
 from gate_service.main import create_app
 from gate_service.worker.loop import Worker
 from tests.fixtures.auth import ADMIN_TOKEN, bearer
-from tests.fixtures.sandbox import FakeSandbox, fake_worker
+from tests.fixtures.sandbox import FakeSandbox, fake_wheels, fake_worker
 
 
 @pytest.fixture
@@ -39,5 +39,11 @@ def sandbox() -> FakeSandbox:
 
 
 @pytest.fixture
-def worker(settings: Settings, sessions: sessionmaker[Session], sandbox: FakeSandbox) -> Worker:
+def worker(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    sandbox: FakeSandbox,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Worker:
+    fake_wheels(monkeypatch, sandbox)
     return fake_worker(settings, sessions, sandbox)

@@ -15,11 +15,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate_service import sandbox as port
+from gate_service.bundles.wheels import DownloadHalted
 from gate_service.config import Settings
 from gate_service.sandbox import Halted
 from gate_service.worker.loop import Worker
 from tests.fixtures.projects import bundle_of, calculator_project
-from tests.fixtures.sandbox import FakeSandbox, fake_worker
+from tests.fixtures.sandbox import FakeSandbox, fake_wheels, fake_worker
 
 
 class SlowEngine(FakeSandbox):
@@ -31,18 +32,20 @@ class SlowEngine(FakeSandbox):
         self.started = threading.Event()
         self.halted: list[str] = []
 
-    def _hang(self, what: str, halt: threading.Event | None) -> None:
+    def _hang(
+        self, what: str, halt: threading.Event | None, error: type[Exception] = Halted
+    ) -> None:
         self.started.set()
         assert halt is not None, f"{what} was not given the job's halt event"
         if halt.wait(60):
             self.halted.append(what)
-            raise Halted(f"the job was halted during the {what}")
+            raise error(f"the job was halted during the {what}")
 
     def download_wheels(
         self, requirements: Sequence[str], dest: Path, *, halt: threading.Event | None = None
     ) -> None:
         if self.slow == "download":
-            self._hang("download", halt)
+            self._hang("download", halt, DownloadHalted)  # as bundles.wheels raises it
         super().download_wheels(requirements, dest, halt=halt)
 
     def build_test_image(
@@ -60,6 +63,7 @@ def test_a_cancel_stops_the_download_or_build_and_no_case_runs(
     settings: Settings,
     sessions: sessionmaker[Session],
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     project = calculator_project(tmp_path / "p", failing=False)
     (project / "requirements.txt").write_text("gate-slow-dependency==1.0\n")
@@ -68,6 +72,7 @@ def test_a_cancel_stops_the_download_or_build_and_no_case_runs(
     gate_id = response.json()["id"]
 
     engine = SlowEngine(slow)
+    fake_wheels(monkeypatch, engine)
     worker: Worker = fake_worker(settings, sessions, engine)
     started = time.monotonic()
     thread = threading.Thread(target=worker.run_once, daemon=True)

@@ -1,6 +1,6 @@
 """Fetching a bundle's wheels with the real pip: wheels only, in time, within a byte budget.
 
-These call the function DockerSandbox.download_wheels delegates to, so they need no engine.
+These call gate_service.bundles.wheels, which the worker calls before a build: no engine.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from gate_service.bundles.wheels import WheelDownloadError, fetch_wheels
 from gate_service.config import Settings
-from gate_service.sandbox.docker_engine import WheelDownloadError, fetch_wheels
 from tests.fixtures.projects import make_wheel
 
 

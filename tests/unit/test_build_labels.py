@@ -8,7 +8,7 @@ import pytest
 
 from gate_service import sandbox as port
 from gate_service.sandbox import LABEL
-from gate_service.sandbox.docker_engine import build_labels, bundle_dockerfile
+from gate_service.sandbox.docker.recipes import build_labels, bundle_dockerfile
 
 SPEC = port.TestImageSpec(
     tag="gate-test:abc-123", context_dir=Path("/x"), labels={"gate.bundle": "abc"}

@@ -18,12 +18,11 @@ import docker.errors
 import pytest
 import requests
 import requests.exceptions
-from urllib3.exceptions import ProtocolError
+from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 from gate_service.config import Settings
-from gate_service.errors import SandboxError
-from gate_service.sandbox import RunLimits, RunResult
-from gate_service.sandbox.docker_engine import DockerSandbox
+from gate_service.sandbox import RunLimits, RunResult, SandboxError
+from gate_service.sandbox.docker import DockerSandbox
 
 LIMITS = RunLimits(
     memory_mb=64, cpus=1, pids=32, wall_seconds=2, tmpfs_mb=8, output_limit_bytes=10_000
@@ -122,6 +121,32 @@ def test_only_a_wait_of_the_whole_deadline_is_a_timeout() -> None:
     result = run(container)
     assert result.timed_out and result.exit_code is None
     assert container.killed and container.removed
+
+
+def body_read_timeout() -> requests.exceptions.ConnectionError:
+    """What a real engine's wait raises at its timeout: the engine sent its headers at once,
+    and requests wraps urllib3's timeout reading the body (tests/contract checks it for real)."""
+    return requests.exceptions.ConnectionError(
+        ReadTimeoutError(None, "/containers/c0ffee/wait", "Read timed out.")  # type: ignore[arg-type]
+    )
+
+
+def test_a_body_read_timeout_of_the_whole_deadline_is_a_timeout() -> None:
+    def slow(timeout: float) -> dict[str, Any]:
+        time.sleep(timeout)
+        raise body_read_timeout()
+
+    container = StubContainer(slow)
+    result = run(container)
+    assert result.timed_out and result.exit_code is None
+    assert container.killed and container.removed
+
+
+def test_an_early_body_read_timeout_is_not_the_case_running_long() -> None:
+    container = StubContainer(body_read_timeout())
+    with pytest.raises(SandboxError, match="failed early"):
+        run(container)
+    assert not container.killed
 
 
 def test_an_early_read_timeout_is_not_the_case_running_long() -> None:

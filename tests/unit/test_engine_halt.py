@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
+from gate_service.bundles.wheels import DownloadHalted, fetch_wheels
 from gate_service.config import Settings
 from gate_service.sandbox import Halted
-from gate_service.sandbox.docker_engine import DockerSandbox, fetch_wheels
+from gate_service.sandbox.docker import DockerSandbox
 from tests.unit.test_engine_faults import LIMITS, StubClient, StubContainer
 
 
@@ -121,7 +122,7 @@ def test_a_halt_kills_a_running_pip_download(silent_index: str, tmp_path: Path) 
     halt = threading.Event()
     threading.Timer(2.0, halt.set).start()
     started = time.monotonic()
-    with pytest.raises(Halted):
+    with pytest.raises(DownloadHalted):
         fetch_wheels(settings, ["gate-never-served==1.0"], dest, halt)
     assert time.monotonic() - started < 10  # at the halt, not at pip's own timeouts
     assert pip_processes(dest) == []

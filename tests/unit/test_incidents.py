@@ -4,8 +4,8 @@ the host's paths, SQL, addresses or Docker socket (those stay in the log)."""
 import pytest
 import sqlalchemy.exc
 
-from gate_service.errors import SandboxError
 from gate_service.incidents import new_reference, public, scrub, summary
+from gate_service.sandbox import SandboxError
 
 HOST_DETAILS = (
     "/var/lib/gate",

@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 
 from gate_service.resources import runner_image_dir
-from gate_service.sandbox import docker_engine
+from gate_service.sandbox.docker import recipes
 
 
 def test_the_digest_changes_with_the_base_and_with_each_test_image_recipe(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     src = runner_image_dir()
-    digest = docker_engine.runner_digest(src, "python:3.11-slim")
-    assert docker_engine.runner_digest(src, "python:3.11-slim") == digest
-    assert docker_engine.runner_digest(src, "other:1") != digest
+    digest = recipes.runner_digest(src, "python:3.11-slim")
+    assert recipes.runner_digest(src, "python:3.11-slim") == digest
+    assert recipes.runner_digest(src, "other:1") != digest
     for recipe in ("TEST_DOCKERFILE", "TEST_DOCKERFILE_DEPS"):
         with monkeypatch.context() as m:
-            m.setattr(docker_engine, recipe, getattr(docker_engine, recipe) + "# changed\n")
-            assert docker_engine.runner_digest(src, "python:3.11-slim") != digest
+            m.setattr(recipes, recipe, getattr(recipes, recipe) + "# changed\n")
+            assert recipes.runner_digest(src, "python:3.11-slim") != digest

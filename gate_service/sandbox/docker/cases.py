@@ -1,0 +1,218 @@
+"""Case containers: one hardened container per case, its stdin handoff through an attach made
+before it starts, the wait for its end or its wall deadline, and its removal when the job
+halts."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import requests.exceptions
+import urllib3.exceptions
+from docker.types import LogConfig, Ulimit
+
+from ..port import LABEL, Halted, RunLimits, RunResult, SandboxError
+from .engine import DOCKER_ERRORS, HALT_POLL_SECONDS, MIB, DockerEngine, docker_errors
+
+log = logging.getLogger(__name__)
+
+# A case container's exit codes that only a signal from outside it can cause: the runner runs
+# under an init as root, which nothing in the case can signal, and an out-of-memory kill is
+# reported as OOMKilled. The engine's own stop (SIGTERM, then SIGKILL) when it shuts down or
+# restores its containers after a crash ends a case this way.
+STOPPED_FROM_OUTSIDE = frozenset({128 + signal.SIGKILL, 128 + signal.SIGTERM})
+
+
+class CaseContainers(DockerEngine):
+    """Runs one case container, to its end or its wall deadline (CaseRunner.run)."""
+
+    def run(
+        self,
+        image: str,
+        argv: Sequence[str],
+        *,
+        limits: RunLimits,
+        labels: Mapping[str, str],
+        stdin: bytes = b"",
+        halt: threading.Event | None = None,
+    ) -> RunResult:
+        """One case container, to its end or its wall deadline (see CaseRunner.run).
+
+        ``halt`` (the job's: set when it is cancelled or its lease is lost, before the
+        heartbeat removes the gate's containers) is read before the container is created and
+        again once it exists, before it starts: a container created after the removal pass
+        is removed here instead of running to completion. Set while the container runs, it
+        is removed within HALT_POLL_SECONDS. Each raises Halted.
+        """
+        if halt is not None and halt.is_set():
+            raise Halted("the job was halted; no case container was created")
+        kwargs: dict[str, Any] = {
+            "command": list(argv),
+            # The runner starts as root with only what it needs to run each invocation under
+            # INVOCATION_UID (which then holds no capability) and to kill what it leaves.
+            "user": "0:0",
+            "cap_drop": ["ALL"],
+            "cap_add": ["SETUID", "SETGID", "KILL"],
+            "security_opt": ["no-new-privileges"],
+            "init": True,  # reaps the orphans that invocations leave and the runner kills
+            "ulimits": [
+                Ulimit(name="nofile", soft=1024, hard=1024),
+                Ulimit(name="core", soft=0, hard=0),
+                Ulimit(name="fsize", soft=limits.tmpfs_mb * MIB, hard=limits.tmpfs_mb * MIB),
+            ],
+            "read_only": True,
+            "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={limits.tmpfs_mb}m,mode=1777"},
+            "pids_limit": limits.pids,
+            "mem_limit": f"{limits.memory_mb}m",
+            "memswap_limit": f"{limits.memory_mb}m",
+            "nano_cpus": int(limits.cpus * 1e9),
+            "network_mode": limits.network,
+            # With no network the engine need not join one: NetworkDisabled gives the
+            # container a fresh namespace with only loopback, as "none" does, but skips
+            # libnetwork's sandbox and the prestart hook that re-executes dockerd once per
+            # container, which was half the CPU of a case container's start (Docker 20.10).
+            "network_disabled": limits.network == "none",
+            "labels": {LABEL: "case", **labels},
+            # No environment of ours: the image's alone reaches the runner's process. What a
+            # case needs (its environment, the nonce) goes to the runner's stdin, read once.
+            # With stdin_open the SDK also sets StdinOnce (it creates attached containers):
+            # the engine closes the container's stdin when our attach ends, an end of file.
+            "stdin_open": True,
+            "working_dir": "/bundle",
+            # Rotation keeps the tail, which is where the runner's result is.
+            "log_config": LogConfig(
+                type="json-file",
+                config={"max-size": str(limits.output_limit_bytes), "max-file": "1"},
+            ),
+        }
+        started = time.monotonic()
+        with docker_errors(f"running a case container from {image}"):
+            container = self.client.containers.create(image, **kwargs)
+        timed_out = False
+        try:
+            if halt is not None and halt.is_set():
+                raise Halted("the job was halted; the case container was removed unstarted")
+            with docker_errors("starting a case container"):
+                # Attached before the start, so nothing the runner reads can be missed.
+                handoff = container.attach_socket(params={"stdin": 1, "stream": 1})
+                try:
+                    container.start()
+                    start_ms = int((time.monotonic() - started) * 1000)
+                    _send_and_close(handoff, stdin, limits.wall_seconds)
+                finally:
+                    handoff.close()
+            timed_out, exit_code = self._wait(container, limits.wall_seconds, halt)
+            duration_ms = int((time.monotonic() - started) * 1000)
+            with docker_errors("reading a case container's output"):
+                container.reload()
+                oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
+                stdout = container.logs(stdout=True, stderr=False)
+                stderr = container.logs(stdout=False, stderr=True, tail=200)
+            if not timed_out and not oom and exit_code in STOPPED_FROM_OUTSIDE:
+                raise SandboxError(
+                    f"the case container was stopped from outside (exit code {exit_code}): the "
+                    "Docker engine restarted or stopped, or someone stopped the container; "
+                    "the case was not judged"
+                )
+        finally:
+            try:
+                container.remove(force=True)
+            except DOCKER_ERRORS as exc:
+                log.warning("could not remove container %s: %s", container.id, exc)
+        truncated = len(stdout) > limits.output_limit_bytes
+        return RunResult(
+            exit_code=exit_code,
+            stdout=stdout[-limits.output_limit_bytes :],
+            stderr=stderr[-64_000:],
+            duration_ms=duration_ms,
+            timed_out=timed_out,
+            oom_killed=oom,
+            output_truncated=truncated,
+            start_ms=start_ms,
+        )
+
+    @staticmethod
+    def _wait(
+        container: Any, wall_seconds: float, halt: threading.Event | None = None
+    ) -> tuple[bool, int | None]:
+        """(timed_out, exit code): the container's end, or its kill at the wall deadline.
+
+        Only a read that ran the whole deadline is a timeout (the case's fault, judged
+        failed). The connection breaking before that (the engine restarted, crashed or
+        stopped) says nothing about the case: it is a SandboxError, an infrastructure fault
+        that the job is retried for, never a case that "ran past its hard deadline".
+        ``halt`` set meanwhile removes the container and raises Halted.
+        """
+        started = time.monotonic()
+        finished = threading.Event()
+
+        def watch_halt() -> None:
+            assert halt is not None
+            while not finished.wait(HALT_POLL_SECONDS):
+                if halt.is_set():
+                    try:
+                        container.remove(force=True)
+                    except DOCKER_ERRORS as exc:
+                        log.debug("removing a halted case container: %s", exc)
+                    return
+
+        if halt is not None:
+            threading.Thread(target=watch_halt, name="gate-case-halt", daemon=True).start()
+        try:
+            status = container.wait(timeout=wall_seconds)
+            if halt is not None and halt.is_set():
+                raise Halted("the job was halted; its case container was removed")
+            return False, int(status.get("StatusCode", -1))
+        except DOCKER_ERRORS as exc:
+            if not _read_timed_out(exc):
+                if halt is not None and halt.is_set():
+                    raise Halted("the job was halted; its case container was removed") from None
+                raise SandboxError(
+                    f"lost the Docker engine while a case container ran ({exc}); "
+                    "the case was not judged"
+                ) from None
+            if time.monotonic() - started < wall_seconds - 1:
+                raise SandboxError(
+                    f"waiting for a case container failed early: {exc}; the case was not judged"
+                ) from None
+        finally:
+            finished.set()
+        with docker_errors("stopping a timed-out case container"):
+            container.kill()
+        return True, None
+
+
+def _read_timed_out(exc: BaseException) -> bool:
+    """Whether a failed wait is its own read timeout, in either shape requests gives it.
+
+    ReadTimeout when the engine sent nothing at all; but the engine answers a wait with its
+    headers at once and the body only when the container ends, so a wait cut at the wall
+    deadline times out reading the body, which requests raises as a ConnectionError around
+    urllib3's ReadTimeoutError (docker 7.1, requests 2.34).
+    """
+    if isinstance(exc, requests.exceptions.ReadTimeout):
+        return True
+    return isinstance(exc, requests.exceptions.ConnectionError) and any(
+        isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in exc.args
+    )
+
+
+def _send_and_close(attached: Any, data: bytes, timeout_s: float) -> None:
+    """Write ``data`` to a container's stdin through its attach socket, then end the stream.
+
+    The attach is a hijacked HTTP connection; closing its write half tells the engine the
+    input has ended, and with ``stdin_once`` it closes the container's stdin. The runner
+    reads the environment at once, and the rest (the nonce) waits in the engine's pipe.
+    """
+    raw: socket.socket = getattr(attached, "_sock", attached)
+    raw.settimeout(timeout_s)
+    try:
+        raw.sendall(data)
+        raw.shutdown(socket.SHUT_WR)
+    except OSError as exc:
+        raise SandboxError(f"handing the case its input failed: {exc}") from None

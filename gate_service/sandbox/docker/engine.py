@@ -1,0 +1,52 @@
+"""The Docker backend's connection to the engine, and how the engine's failures surface.
+
+Every part of the backend works through one ``DockerEngine``: the settings and one docker SDK
+client (its HTTP session is not safely shared between threads, so one per worker).
+``docker_errors`` turns any failure of the engine or of the connection to it into the port's
+SandboxError, an infrastructure error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from ...config import Settings
+from ..port import SandboxError
+
+MIB = 1024 * 1024
+# Seconds between looks at the job's halt event while an image builds or a case runs.
+HALT_POLL_SECONDS = 0.2
+
+DOCKER_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
+
+
+@contextmanager
+def docker_errors(action: str) -> Iterator[None]:
+    """Every engine failure surfaces as SandboxError, an infrastructure error."""
+    try:
+        yield
+    except docker.errors.BuildError as exc:
+        tail = "".join(
+            str(chunk.get("stream") or chunk.get("error") or "") for chunk in exc.build_log
+        )[-2000:]
+        raise SandboxError(f"{action} failed: {exc.msg}\n{tail}") from None
+    except DOCKER_ERRORS as exc:
+        raise SandboxError(f"{action} failed: {exc}") from None
+
+
+class DockerEngine:
+    """The settings and the engine client that each part of the backend works through."""
+
+    def __init__(self, settings: Settings, client: docker.DockerClient | None = None) -> None:
+        self.settings = settings
+        with docker_errors("connecting to the Docker engine"):
+            self.client = client or docker.from_env(timeout=120)
+            self.client.ping()
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,186 @@
+"""The sandbox port: what the worker asks of a container engine, whatever the engine is.
+
+Two protocols, because building images and running cases are separate jobs that a backend
+may do with separate machinery (a Kubernetes backend would build with kaniko and push to a
+registry, and run each case as a Job): ``ImageBuilder`` makes the runner image and one test
+image per bundle and keeps the inventory garbage collection reads; ``CaseRunner`` runs one
+hardened container per case and removes leftovers by label. ``Sandbox`` is both, as one
+backend object serves a worker. The port also declares the values that cross it and its own
+errors. It imports no engine library: gate_service.sandbox.factory picks the backend
+(GATE_SANDBOX_BACKEND), and tests/contract/test_sandbox_port.py is what every backend must
+pass.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+# Where a test image holds the bundle's dependencies: root-owned, outside the runner's venv,
+# and put on sys.path after the runner's own paths (the runner owns that name), so no wheel
+# can replace runner modules or add a .pth startup hook to the runner's interpreter.
+from gate_runner import BUNDLE_DEPS_DIR as BUNDLE_DEPS_DIR
+
+from ..errors import GateError
+
+LABEL = "gate.managed"  # every container and image we create carries it, for the reaper
+# Every image a test-image build makes besides the test image (the dependency stage, every
+# intermediate step) carries LABEL=BUILD_STAGE, the bundle's gate.bundle, the tag it was
+# building (BUILD_IMAGE_LABEL) and that one build's id (BUILD_ID_LABEL): the build removes
+# its own by the id when it ends, and garbage collection finds what a crashed one left.
+BUILD_STAGE = "build"
+BUILD_ID_LABEL = "gate.build"
+BUILD_IMAGE_LABEL = "gate.image"
+# The runner starts as root with only SETUID, SETGID and KILL, and runs every invocation
+# (all user code) under this uid, which holds no capability at all.
+INVOCATION_UID = 10001
+SCRATCH_DIR = "/tmp"  # the case's only writable place, a size-capped tmpfs
+
+
+@dataclass(frozen=True)
+class RunLimits:
+    memory_mb: int
+    cpus: float
+    pids: int
+    wall_seconds: float
+    tmpfs_mb: int
+    output_limit_bytes: int
+    network: str = "none"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    duration_ms: int
+    timed_out: bool
+    oom_killed: bool
+    output_truncated: bool
+    # Milliseconds from asking the engine for the container until it was running.
+    start_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class TestImageSpec:
+    """What goes into a bundle's test image."""
+
+    tag: str
+    context_dir: Path  # holds bundle/ and, when there are requirements, wheels/
+    # Canonical PEP 508 strings (gate_service.bundles.requirements), installed from wheels/
+    # into BUNDLE_DEPS_DIR; never a requirements file.
+    requirements: tuple[str, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """One image on the engine, as garbage collection sees it."""
+
+    id: str
+    tags: tuple[str, ...]
+    labels: Mapping[str, str]
+    created: float  # Unix time
+    # Bytes of the image's own layers (shared with no other image): what removing it frees.
+    unique_bytes: int
+    parent_id: str = ""  # the image it was built on ("" when the engine does not say)
+    containers: int = 0  # containers (running or not) made from it
+
+
+class SandboxError(GateError):
+    """The engine failed underneath us: an infrastructure error, never the bundle's fault."""
+
+    status_code = 502
+
+
+class BuildRefused(Exception):
+    """A test image build went past its time limit or output cap.
+
+    Not a SandboxError: the build steps are ours and fixed, so what makes one slow or loud is
+    the bundle (its files, its wheels); a retry would hit the same limit.
+    """
+
+
+class Halted(SandboxError):
+    """The job's halt event was set (the gate was cancelled, or the job's lease was lost) while
+    the engine worked for it: the download, build or case container was stopped and nothing
+    was judged. A SandboxError, so a halted case is skipped like one whose container the
+    heartbeat removed; the handler reads the halt itself and never retries for it.
+    """
+
+
+class ImageBuilder(Protocol):
+    """The images cases run from: the runner image, a test image per bundle, and their
+    inventory for garbage collection (gate_service.worker.gc uses only this side)."""
+
+    def runner_image(self) -> str:
+        """Make sure the runner base image exists (building it if needed); return its tag."""
+        ...
+
+    def image_exists(self, tag: str) -> bool: ...
+
+    def build_test_image(self, spec: TestImageSpec, *, halt: threading.Event | None = None) -> str:
+        """Build ``spec.tag`` from the runner image and ``spec.context_dir``; return the tag.
+
+        ``halt``: the job's halt event (ClaimedJob.halt). Set before or during the
+        build, the build stops, nothing is tagged, and Halted is raised.
+        """
+        ...
+
+    def list_images(self) -> list[ImageInfo]:
+        """Every image on the engine, untagged ones included (they link children to parents)."""
+        ...
+
+    def remove_image(self, ref: str) -> bool:
+        """Remove an image reference, never by force; False when it is gone or still in use."""
+        ...
+
+
+class CaseRunner(Protocol):
+    """One hardened container per case, and the removal of those no worker judges any more."""
+
+    def run(
+        self,
+        image: str,
+        argv: Sequence[str],
+        *,
+        limits: RunLimits,
+        labels: Mapping[str, str],
+        stdin: bytes = b"",
+        halt: threading.Event | None = None,
+    ) -> RunResult:
+        """One case container, to its end or ``limits.wall_seconds``.
+
+        ``stdin``: what the runner reads on its standard input, then end of file (the case's
+        environment and nonce, gate_runner/case_env.py). The container itself gets no
+        environment from the worker: only its image's, so nothing a project controls
+        reaches the runner's own process.
+
+        ``halt``: the job's halt event. Set before the container exists, none is created;
+        set while it runs, it is removed. Either raises Halted.
+        """
+        ...
+
+    def reap(
+        self,
+        labels: Mapping[str, str],
+        *,
+        keep: Callable[[Mapping[str, str]], bool] | None = None,
+    ) -> int:
+        """Remove our containers carrying these labels (except those ``keep`` spares).
+
+        A case whose container is removed while it runs ends its ``run`` with SandboxError.
+        Returns how many were removed.
+        """
+        ...
+
+
+class Sandbox(ImageBuilder, CaseRunner, Protocol):
+    """A backend as a worker holds it: both sides, over one connection to the engine."""
+
+    def close(self) -> None:
+        """Release the connection to the engine."""
+        ...

@@ -1,0 +1,337 @@
+"""The sandbox port's contract: what every backend must do, run against each of them.
+
+Each test runs once per backend: the fake (tests/fixtures/sandbox.py, the real runner
+in-process) and the Docker backend on the real engine (marked `docker`; skipped only where no
+engine answers outside CI, see tests/fixtures/docker.py), chosen through the factory as the
+service chooses it. A new backend passes when it is added to BACKEND_NAMES and these pass.
+
+Only the port is used, never a backend's own means: a container is seen through ``reap``
+with a ``keep`` that spares everything (the port's one way to list them), and a case run's
+output is read by the worker's own reader (runner_contract), with the worker's own argv.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from gate_runner import case_env
+from gate_service import sandbox as port
+from gate_service.config import Settings
+from gate_service.runner_contract import UntrustedResult, parse_runner_output, result_blocks
+from gate_service.sandbox import (
+    LABEL,
+    CaseRunner,
+    Halted,
+    ImageBuilder,
+    RunLimits,
+    RunResult,
+    Sandbox,
+    SandboxError,
+    open_sandbox,
+)
+from gate_service.worker.handler import runner_argv
+from tests.fixtures.projects import write
+from tests.fixtures.sandbox import FakeSandbox
+
+SUITE = "tests/contract.yaml"
+REPORTS = "reports_its_environment"
+NAPS = "naps"  # long enough to be reaped, halted or cut off while it runs
+PROBE_VARIABLE = "CONTRACT_PROBE"
+PROJECT = {
+    "agents/probe.yaml": """
+        version: "1.0"
+        name: probe
+        description: Reports what its invocation was handed, after a nap when asked.
+        type: tool
+        tool_name: probe.look
+    """,
+    "tools/probe.py": f"""
+        import os
+        import time
+
+
+        def look(payload: dict) -> dict:
+            time.sleep(payload.get("sleep", 0))
+            return {{"seen": os.environ.get({PROBE_VARIABLE!r})}}
+    """,
+    SUITE: f"""
+        agent: probe
+        tests:
+          - name: {REPORTS}
+            payload: '{{}}'
+            expected_result: output.seen != None
+          - name: {NAPS}
+            payload: '{{"sleep": 20}}'
+            timeout_s: 30
+    """,
+}
+SETTLE_SECONDS = 60  # longest wait for a container to appear or a run to end on a busy engine
+BACKEND_NAMES = ["fake", pytest.param("docker", marks=pytest.mark.docker)]
+
+
+@dataclass
+class Backend:
+    """One backend under test, with the contract project's test image built on it."""
+
+    name: str
+    sandbox: Sandbox
+    settings: Settings
+    workdir: Path
+    image: str = ""
+    built: list[str] = field(default_factory=list)
+    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(8))
+
+    def spec(self, **labels: str) -> port.TestImageSpec:
+        """A build of the contract project under a tag no other test (or run) uses."""
+        context = self.workdir / uuid.uuid4().hex
+        write(context / "bundle", PROJECT)
+        tag = f"gate-contract:{uuid.uuid4().hex[:16]}"
+        self.built.append(tag)
+        return port.TestImageSpec(tag=tag, context_dir=context, labels=labels)
+
+    def run(
+        self,
+        case: str,
+        *,
+        labels: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        nonce: str = "",
+        wall_seconds: float = SETTLE_SECONDS,
+        halt: threading.Event | None = None,
+    ) -> RunResult:
+        """One case of the contract project, as the worker starts it."""
+        return self.sandbox.run(
+            self.image,
+            runner_argv(self.settings, SUITE, case),
+            stdin=case_env.encode(env or {}, nonce or secrets.token_hex(32)),
+            limits=RunLimits(
+                memory_mb=256,
+                cpus=1,
+                pids=64,
+                wall_seconds=wall_seconds,
+                tmpfs_mb=16,
+                output_limit_bytes=1_000_000,
+            ),
+            labels=labels or contract_labels(),
+            halt=halt,
+        )
+
+    def start(self, case: str, **kwargs: object) -> Future[RunResult]:
+        """``run`` in the background, for what must happen while a case runs."""
+        return self.pool.submit(self.run, case, **kwargs)  # type: ignore[arg-type]
+
+
+def contract_labels(**more: str) -> dict[str, str]:
+    # A gate id no database holds: other installations' reapers on a shared engine keep it.
+    return {"gate.contract": uuid.uuid4().hex, "gate.gate_id": str(uuid.uuid4()), **more}
+
+
+def present(sandbox: CaseRunner, labels: Mapping[str, str]) -> list[dict[str, str]]:
+    """The labels of the containers carrying ``labels``: seen by ``keep``, removed by none."""
+    seen: list[dict[str, str]] = []
+
+    def spare(found: Mapping[str, str]) -> bool:
+        seen.append(dict(found))
+        return True
+
+    assert sandbox.reap(labels, keep=spare) == 0
+    return seen
+
+
+def wait_until(condition: Callable[[], object], what: str) -> None:
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {SETTLE_SECONDS} s: {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module", params=BACKEND_NAMES)
+def backend(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Backend]:
+    workdir = tmp_path_factory.mktemp(f"contract-{request.param}")
+    settings = Settings(data_dir=workdir / "data")
+    sandbox: Sandbox
+    if request.param == "docker":
+        request.getfixturevalue("docker_engine")
+        sandbox = open_sandbox(settings)
+    else:
+        fake = FakeSandbox()
+        fake.apply_env = True  # as the real runner gives each invocation the case's environment
+        sandbox = fake
+    backend = Backend(request.param, sandbox, settings, workdir)
+    try:
+        backend.image = sandbox.build_test_image(backend.spec(**{"gate.bundle": "contract"}))
+        yield backend
+    finally:
+        backend.pool.shutdown(wait=True, cancel_futures=True)
+        for tag in backend.built:
+            with suppress(SandboxError):
+                sandbox.remove_image(tag)
+        sandbox.close()
+
+
+# -- the port itself ----------------------------------------------------------------------
+
+
+def test_the_backend_has_every_method_of_the_port(backend: Backend) -> None:
+    names = {
+        name
+        for protocol in (ImageBuilder, CaseRunner, Sandbox)
+        for name in vars(protocol)
+        if not name.startswith("_")
+    }
+    assert names >= {"runner_image", "build_test_image", "run", "reap", "close"}
+    assert {name for name in names if not callable(getattr(backend.sandbox, name, None))} == set()
+
+
+# -- ImageBuilder -------------------------------------------------------------------------
+
+
+def test_the_runner_image_exists(backend: Backend) -> None:
+    tag = backend.sandbox.runner_image()
+    assert tag and backend.sandbox.image_exists(tag)
+
+
+def test_a_built_test_image_exists_and_is_listed_with_its_labels(backend: Backend) -> None:
+    spec = backend.spec(**{"gate.bundle": "listed"})
+    assert not backend.sandbox.image_exists(spec.tag)
+    assert backend.sandbox.build_test_image(spec) == spec.tag
+    assert backend.sandbox.image_exists(spec.tag)
+    (info,) = [i for i in backend.sandbox.list_images() if spec.tag in i.tags]
+    assert (info.labels[LABEL], info.labels["gate.bundle"]) == ("test", "listed")
+    assert info.containers == 0 and info.unique_bytes >= 0
+
+
+def test_a_halt_before_a_build_raises_halted_and_builds_nothing(backend: Backend) -> None:
+    halt = threading.Event()
+    halt.set()
+    spec = backend.spec()
+    with pytest.raises(Halted):
+        backend.sandbox.build_test_image(spec, halt=halt)
+    assert not backend.sandbox.image_exists(spec.tag)
+
+
+def test_remove_image_removes_an_unused_image_once(backend: Backend) -> None:
+    tag = backend.sandbox.build_test_image(backend.spec())
+    assert backend.sandbox.remove_image(tag) is True
+    assert not backend.sandbox.image_exists(tag)
+    assert backend.sandbox.remove_image(tag) is False  # gone already
+
+
+def test_remove_image_refuses_an_image_a_container_uses(backend: Backend) -> None:
+    labels, halt = contract_labels(), threading.Event()
+    running = backend.start(NAPS, labels=labels, halt=halt)
+    try:
+        wait_until(lambda: present(backend.sandbox, labels), "the case container exists")
+        assert backend.sandbox.remove_image(backend.image) is False
+        assert backend.sandbox.image_exists(backend.image)
+    finally:
+        halt.set()
+        with suppress(Halted):
+            running.result(timeout=SETTLE_SECONDS)
+
+
+# -- CaseRunner ---------------------------------------------------------------------------
+
+
+def test_a_run_returns_the_runners_stdout_with_one_result_block(backend: Backend) -> None:
+    nonce = secrets.token_hex(32)
+    result = backend.run(REPORTS, env={PROBE_VARIABLE: "handed-in"}, nonce=nonce)
+    assert (result.exit_code, result.timed_out, result.oom_killed) == (0, False, False)
+    assert not result.output_truncated and result_blocks(result.stdout) == 1
+    parsed = parse_runner_output(result.stdout, nonce=nonce, suite=SUITE, test_name=REPORTS)
+    assert parsed.passed and len(parsed.invocations) == 1
+
+
+def test_the_stdin_handoff_reaches_the_runner_and_its_invocations(backend: Backend) -> None:
+    # Two runs, two handoffs: each result carries its own nonce back, and each invocation saw
+    # its own environment, so nothing is cached or shared between runs.
+    handed = {value: secrets.token_hex(32) for value in ("first", "second")}
+    stdout = {
+        value: backend.run(REPORTS, env={PROBE_VARIABLE: value}, nonce=nonce).stdout
+        for value, nonce in handed.items()
+    }
+    for value, nonce in handed.items():
+        parsed = parse_runner_output(stdout[value], nonce=nonce)
+        assert parsed.nonce == nonce
+        assert [invocation.output for invocation in parsed.invocations] == [{"seen": value}]
+    with pytest.raises(UntrustedResult, match="nonce"):
+        parse_runner_output(stdout["first"], nonce=handed["second"])
+
+
+def test_a_halt_before_a_run_raises_halted_and_leaves_no_container(backend: Backend) -> None:
+    labels, halt = contract_labels(), threading.Event()
+    halt.set()
+    started = time.monotonic()
+    with pytest.raises(Halted):
+        backend.run(NAPS, labels=labels, halt=halt)
+    assert time.monotonic() - started < 5
+    assert present(backend.sandbox, labels) == []
+
+
+def test_a_halt_while_a_case_runs_removes_it_and_raises_halted(backend: Backend) -> None:
+    labels, halt = contract_labels(), threading.Event()
+    running = backend.start(NAPS, labels=labels, halt=halt)
+    wait_until(lambda: present(backend.sandbox, labels), "the case container exists")
+    halt.set()
+    halted_at = time.monotonic()
+    with pytest.raises(Halted):
+        running.result(timeout=SETTLE_SECONDS)
+    assert time.monotonic() - halted_at < 10  # at the halt, not at the end of the nap
+    wait_until(lambda: not present(backend.sandbox, labels), "the halted container is gone")
+
+
+def test_the_wall_deadline_ends_a_case_timed_out(backend: Backend) -> None:
+    labels = contract_labels()
+    started = time.monotonic()
+    result = backend.run(NAPS, labels=labels, wall_seconds=3)
+    assert (result.timed_out, result.exit_code) == (True, None)
+    assert result_blocks(result.stdout) == 0
+    assert time.monotonic() - started < 3 + 15  # the nap takes 20 s
+    assert present(backend.sandbox, labels) == []
+
+
+def test_reap_removes_containers_by_label_and_spares_what_keep_keeps(backend: Backend) -> None:
+    run_id, gate, other_gate = uuid.uuid4().hex, str(uuid.uuid4()), str(uuid.uuid4())
+    ours = {"gate.contract": run_id}
+    running = {
+        case_id: backend.start(
+            NAPS, labels={**ours, "gate.gate_id": gate_id, "gate.case_id": case_id}
+        )
+        for case_id, gate_id in (("a", gate), ("b", gate), ("c", other_gate))
+    }
+
+    def case_ids() -> set[str]:
+        return {found["gate.case_id"] for found in present(backend.sandbox, ours)}
+
+    wait_until(lambda: case_ids() == {"a", "b", "c"}, "the three case containers exist")
+    kept: list[str] = []
+
+    def keep_b(found: Mapping[str, str]) -> bool:
+        kept.append(found["gate.case_id"])
+        return found["gate.case_id"] == "b"
+
+    # Both labels must match (c is of another gate), and keep spares b.
+    assert backend.sandbox.reap({**ours, "gate.gate_id": gate}, keep=keep_b) == 1
+    assert sorted(kept) == ["a", "b"]
+    with pytest.raises(SandboxError) as removed:
+        running["a"].result(timeout=SETTLE_SECONDS)
+    assert not isinstance(removed.value, Halted)  # removed from outside, not halted
+    assert case_ids() == {"b", "c"}
+    assert backend.sandbox.reap(ours) == 2
+    for case_id in ("b", "c"):
+        with pytest.raises(SandboxError):
+            running[case_id].result(timeout=SETTLE_SECONDS)
+    assert case_ids() == set()
