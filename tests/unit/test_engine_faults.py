@@ -229,3 +229,44 @@ def test_a_reap_still_reports_a_real_engine_error() -> None:
     sandbox = DockerSandbox(Settings(), client=client)  # type: ignore[arg-type]
     with pytest.raises(SandboxError):
         sandbox.reap({})
+
+
+class RemovedElsewhere(StubContainer):
+    """A container whose removal another thread began first (the heartbeat's reap on a
+    cancel): remove() answers 409, and the engine drops it a moment later."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.gone = threading.Event()
+        self.waited_for: list[str] = []
+
+    def remove(self, force: bool = False) -> None:
+        threading.Timer(0.2, self.gone.set).start()
+        raise api_error(409, "removal of container c0ffee is already in progress")
+
+    def wait(self, timeout: float, condition: str = "not-running") -> dict[str, Any]:
+        if condition == "removed":
+            self.waited_for.append(condition)
+            assert self.gone.wait(timeout)
+            return {"StatusCode": 0}
+        return super().wait(timeout)
+
+
+def test_a_run_returns_only_once_its_container_is_gone() -> None:
+    # Else a gate's verdict (written once its cases' runs return) could land while one of
+    # its containers still exists, as a cancel's did.
+    container = RemovedElsewhere()
+    run(container)
+    assert container.waited_for == ["removed"] and container.gone.is_set()
+
+
+def test_a_container_already_gone_is_not_waited_for() -> None:
+    class Gone(StubContainer):
+        def remove(self, force: bool = False) -> None:
+            raise docker.errors.NotFound("no such container")
+
+        def wait(self, timeout: float, condition: str = "not-running") -> dict[str, Any]:
+            assert condition != "removed", "a container already gone was waited for"
+            return super().wait(timeout)
+
+    assert run(Gone(0)).exit_code == 0

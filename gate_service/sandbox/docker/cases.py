@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import docker.errors
 import requests.exceptions
 import urllib3.exceptions
 from docker.types import LogConfig, Ulimit
@@ -26,6 +27,38 @@ log = logging.getLogger(__name__)
 # reported as OOMKilled. The engine's own stop (SIGTERM, then SIGKILL) when it shuts down or
 # restores its containers after a crash ends a case this way.
 STOPPED_FROM_OUTSIDE = frozenset({128 + signal.SIGKILL, 128 + signal.SIGTERM})
+
+
+# How long a run waits for a removal that another thread started (the heartbeat's reap, the
+# halt watch) to finish, before it leaves the rest to the orphan reaper.
+REMOVAL_WAIT_SECONDS = 60
+
+
+def remove_until_gone(container: Any) -> None:
+    """Remove a case container, and return only once the engine no longer has it.
+
+    A removal another thread started first (the heartbeat's reap on a cancel, the halt watch)
+    answers 409 "removal in progress": that one is waited for, so a gate's verdict, written
+    after its cases' runs return, never lands while a container of it still exists.
+    """
+    try:
+        container.remove(force=True)
+        return
+    except docker.errors.NotFound:
+        return
+    except docker.errors.APIError as exc:
+        if exc.status_code != 409:
+            log.warning("could not remove container %s: %s", container.id, exc)
+            return
+    except DOCKER_ERRORS as exc:
+        log.warning("could not remove container %s: %s", container.id, exc)
+        return
+    try:
+        container.wait(condition="removed", timeout=REMOVAL_WAIT_SECONDS)
+    except docker.errors.NotFound:
+        pass  # gone before the wait began
+    except DOCKER_ERRORS as exc:
+        log.warning("container %s: waiting for its removal failed: %s", container.id, exc)
 
 
 class CaseContainers(DockerEngine):
@@ -120,10 +153,7 @@ class CaseContainers(DockerEngine):
                     "the case was not judged"
                 )
         finally:
-            try:
-                container.remove(force=True)
-            except DOCKER_ERRORS as exc:
-                log.warning("could not remove container %s: %s", container.id, exc)
+            remove_until_gone(container)
         truncated = len(stdout) > limits.output_limit_bytes
         return RunResult(
             exit_code=exit_code,
