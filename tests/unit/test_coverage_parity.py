@@ -2,8 +2,8 @@
 
 Every project the tests build (the fixture builders, and any project kept on disk under
 tests/) and a set of edge-case projects made here are given to both: the format's CLI runs in
-a subprocess with the project as its working directory, ours runs in this process from
-another directory, and the two JSON documents must be equal.
+a process of its own (a fork of this one) with the project as its working directory, ours
+runs in this process from another directory, and the two JSON documents must be equal.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from rich.console import Console
 
 from gate_service.coverage import compute_coverage, render_coverage
 from tests.fixtures import leaky, outputs, projects, seed_bundle
+from tests.fixtures.forked import run_forked
 from tests.fixtures.projects import write
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,23 +33,19 @@ TESTS = REPO / "tests"
 def format_cli(
     project: Path, *, extra_env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """`connic test --coverage --json` run inside ``project`` by the installed format CLI."""
-    env = {**os.environ, "CONNIC_NO_UPDATE_CHECK": "1", **(extra_env or {})}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from connic.cli import main; main()",
-            "test",
-            "--coverage",
-            "--json",
-        ],
+    """`connic test --coverage --json` run inside ``project`` by the installed format CLI.
+
+    In a fork of this process (tests/fixtures/forked.py): a process of its own, with the
+    project as its working directory, without paying a new interpreter's start each time.
+    """
+    from connic.cli import main
+
+    argv = ["connic", "test", "--coverage", "--json"]
+    return run_forked(
+        lambda: main(argv[1:], prog_name="connic"),
         cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        env={**os.environ, "CONNIC_NO_UPDATE_CHECK": "1", **(extra_env or {})},
+        argv=argv,
     )
 
 

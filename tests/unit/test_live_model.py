@@ -11,6 +11,14 @@ from tests.fixtures.projects import live_project
 from tests.fixtures.runner import judged
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _litellm_imported_once() -> None:
+    """LiteLLM imported in this process before the runner forks invocations from it: each one
+    finds it loaded instead of paying seconds of CPU to import it again. What is tested (the
+    live path's requests, retries, timeouts and recordings) is the same either way."""
+    import litellm  # noqa: F401
+
+
 def test_a_429_is_retried_by_the_library_then_succeeds(
     fake_provider: FakeProvider, tmp_path: Path
 ) -> None:
