@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -65,22 +67,32 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
 
 
-@pytest.fixture(scope="session")
-def gate_url(docker_engine: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`gate serve` on its embedded default: its own Postgres, images, one worker."""
+@dataclass(frozen=True)
+class Running:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+
+@contextmanager
+def running(command: str, data_dir: Path, **settings: str) -> Iterator[Running]:
+    """`gate <command>` (see start) on a free port, ready when entered, stopped on leaving."""
     port = free_port()
-    wheelhouse = Path(tmp_path_factory.mktemp("wheelhouse"))
-    make_wheel(wheelhouse)
-    make_wheel(wheelhouse, "gate_takeover", extra_files=RUNNER_TAKEOVER_WHEEL)
-    proc, log_path = start(
-        "serve",
-        Path(tmp_path_factory.mktemp("serve")),
-        GATE_PORT=str(port),
-        GATE_WHEELHOUSE_DIR=str(wheelhouse),
-    )
+    proc, log_path = start(command, data_dir, GATE_PORT=str(port), **settings)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc, log_path)
-        yield url
+        yield Running(url, proc, log_path)
     finally:
         stop(proc)
+
+
+@pytest.fixture(scope="session")
+def gate_url(docker_engine: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`gate serve` on its embedded default: its own Postgres, images, one worker."""
+    wheelhouse = Path(tmp_path_factory.mktemp("wheelhouse"))
+    make_wheel(wheelhouse)
+    make_wheel(wheelhouse, "gate_takeover", extra_files=RUNNER_TAKEOVER_WHEEL)
+    serve_dir = Path(tmp_path_factory.mktemp("serve"))
+    with running("serve", serve_dir, GATE_WHEELHOUSE_DIR=str(wheelhouse)) as serve:
+        yield serve.url

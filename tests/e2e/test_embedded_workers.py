@@ -19,10 +19,9 @@ import httpx
 import pytest
 
 from gate_service.client.api import GateClient
-from tests.e2e.conftest import start, stop, wait_ready
+from tests.e2e.conftest import running, stop
 from tests.fixtures.auth import ADMIN_TOKEN, bearer
 from tests.fixtures.db import create_database, drop_database
-from tests.fixtures.ports import free_port
 from tests.fixtures.projects import bundle_of, calculator_project
 from tests.fixtures.waiting import wait_until
 
@@ -69,15 +68,12 @@ def serve(
 ) -> Iterator[dict[str, Any]]:
     """``gate_url`` first: its serve has prepared the images, so this one starts quickly."""
     database = create_database(pg_server_url)
-    port = free_port()
-    proc, log_path = start("serve", tmp_path, GATE_DATABASE_URL=database, GATE_PORT=str(port))
-    url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url, proc, log_path)
-        wait_until(lambda: worker_of(proc.pid) is not None, "serve starts its worker", seconds=60)
-        yield {"url": url, "proc": proc, "log": log_path}
+        with running("serve", tmp_path, GATE_DATABASE_URL=database) as serve:
+            pid = serve.proc.pid
+            wait_until(lambda: worker_of(pid) is not None, "serve starts its worker", seconds=60)
+            yield {"url": serve.url, "proc": serve.proc, "log": serve.log_path}
     finally:
-        stop(proc)
         drop_database(pg_server_url, database)
 
 

@@ -33,10 +33,9 @@ from gate_service.client.api import GateClient
 from gate_service.db import make_engine, make_sessionmaker, session_scope
 from gate_service.models import DEFAULT_PROJECT, Project, ProjectSecret
 from gate_service.secrets.crypto import SecretBox
-from tests.e2e.conftest import start, stop, wait_ready
+from tests.e2e.conftest import running
 from tests.fixtures.auth import ADMIN_TOKEN
 from tests.fixtures.db import create_database, drop_database
-from tests.fixtures.ports import free_port
 from tests.fixtures.projects import bundle_of, write
 
 pytestmark = pytest.mark.docker
@@ -216,23 +215,23 @@ def private_gate(
     """
     database = create_database(pg_server_url)
     key = Fernet.generate_key().decode()
-    port = free_port()
     data_dir = Path(tmp_path_factory.mktemp("serve-env"))
-    proc, log_path = start(
-        "serve",
-        data_dir,
-        GATE_DATABASE_URL=database,
-        GATE_PORT=str(port),
-        GATE_SECRETS_KEY=key,
-        GATE_CASE_ENV="OPERATOR_KEY",
-        OPERATOR_KEY=OPERATOR_VALUE,
-    )
-    url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url, proc, log_path)
-        yield {"url": url, "database": database, "box": SecretBox(key), "log": log_path}
+        with running(
+            "serve",
+            data_dir,
+            GATE_DATABASE_URL=database,
+            GATE_SECRETS_KEY=key,
+            GATE_CASE_ENV="OPERATOR_KEY",
+            OPERATOR_KEY=OPERATOR_VALUE,
+        ) as serve:
+            yield {
+                "url": serve.url,
+                "database": database,
+                "box": SecretBox(key),
+                "log": serve.log_path,
+            }
     finally:
-        stop(proc)
         drop_database(pg_server_url, database)
 
 

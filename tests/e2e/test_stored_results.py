@@ -24,7 +24,7 @@ from gate_service.db import make_engine, make_sessionmaker, session_scope
 from gate_service.models import utcnow
 from gate_service.stored_runs import MARK
 from gate_service.worker.retention import run_retention
-from tests.e2e.conftest import free_port, start, stop, wait_ready
+from tests.e2e.conftest import running
 from tests.fixtures.auth import ADMIN_TOKEN, bearer
 from tests.fixtures.db import create_database, drop_database
 from tests.fixtures.outputs import (
@@ -48,21 +48,16 @@ def served(
 ) -> Iterator[tuple[str, sessionmaker[Session]]]:
     """`gate serve` on its own database (gate_url first: the images are ready by then)."""
     database = create_database(pg_server_url)
-    port = free_port()
-    proc, log_path = start(
-        "serve",
-        tmp_path,
-        GATE_DATABASE_URL=database,
-        GATE_PORT=str(port),
-        GATE_MAX_RESULT_BYTES_PER_PROJECT=str(QUOTA),
-    )
     engine = make_engine(database)
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_ready(url, proc, log_path)
-        yield url, make_sessionmaker(engine)
+        with running(
+            "serve",
+            tmp_path,
+            GATE_DATABASE_URL=database,
+            GATE_MAX_RESULT_BYTES_PER_PROJECT=str(QUOTA),
+        ) as serve:
+            yield serve.url, make_sessionmaker(engine)
     finally:
-        stop(proc)
         engine.dispose()
         drop_database(pg_server_url, database)
 

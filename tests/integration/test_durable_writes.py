@@ -22,30 +22,20 @@ from sqlalchemy.orm import Session, sessionmaker
 from gate_service import deps
 from gate_service.config import Settings
 from gate_service.main import create_app
-from tests.e2e.conftest import start, stop, wait_ready
+from tests.e2e.conftest import running
 from tests.fixtures.auth import ADMIN_TOKEN, bearer
-from tests.fixtures.ports import free_port
 
 ROUNDS = 100
 
 
 @pytest.fixture
 def api(database_url: str, tmp_path: Path) -> Iterator[str]:
-    port = free_port()
     # Each use of a revoked token is a failed authentication: room for all of them.
-    proc, log_path = start(
-        "api",
-        tmp_path,
-        GATE_DATABASE_URL=database_url,
-        GATE_PORT=str(port),
-        GATE_AUTH_FAILURE_LIMIT=str(10 * ROUNDS),
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc, log_path)
-        yield url
-    finally:
-        stop(proc)
+    limit = str(10 * ROUNDS)
+    with running(
+        "api", tmp_path, GATE_DATABASE_URL=database_url, GATE_AUTH_FAILURE_LIMIT=limit
+    ) as api:
+        yield api.url
 
 
 def test_a_revoked_token_fails_at_once_and_a_new_one_works_at_once(api: str) -> None:
