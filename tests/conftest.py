@@ -23,6 +23,7 @@ pytest_plugins = [
     "tests.fixtures.db",
     "tests.fixtures.docker",
     "tests.fixtures.fake_llm",
+    "tests.fixtures.gateway",
     "tests.fixtures.live",
 ]
 
