@@ -227,13 +227,22 @@ class Channel:
             shutil.rmtree(self.folder, ignore_errors=True)
             raise
         self._server.channel = self
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.2},
-            name=f"gateway-{case_id}",
-            daemon=True,
-        )
+        self._thread = threading.Thread(target=self._serve, name=f"gateway-{case_id}", daemon=True)
         self._thread.start()
+
+    def _serve(self) -> None:
+        # An accept loop of its own rather than serve_forever(), whose shutdown() waits for
+        # its next poll: close() shuts the listener down, which wakes accept() at once.
+        listener = self._server.socket
+        while not self._closed.is_set():
+            try:
+                connection, address = listener.accept()
+            except OSError:
+                return
+            if self._closed.is_set():
+                connection.close()
+                return
+            self._server.process_request(connection, address)  # on a thread of its own
 
     @property
     def closed(self) -> bool:
@@ -285,8 +294,12 @@ class Channel:
                 return
             self._closed.set()
             connections = list(self._connections)
-        self._server.shutdown()
+        try:
+            self._server.socket.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # not listening any more
         self._server.server_close()
+        self._thread.join(timeout=5)
         for connection in connections:
             try:
                 connection.shutdown(socket.SHUT_RDWR)
