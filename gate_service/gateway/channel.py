@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -30,7 +31,6 @@ from gate_runner.gateway_wire import (
     ERROR_STATUS,
     MAX_REQUEST_BYTES,
     SOCKET_NAME,
-    CompletionReply,
     CompletionRequest,
 )
 
@@ -38,6 +38,8 @@ from .budget import Budget
 from .failure import Failure
 from .keys import ModelRoute
 from .records import CallRecord, Totals, export_recordings, safe_agent, totals
+
+log = logging.getLogger(__name__)
 
 # The longest path a Unix socket may be bound at (sun_path, with its terminating NUL).
 MAX_SOCKET_PATH = 107
@@ -101,7 +103,12 @@ class _Server(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
     # close() must not wait for a handler blocked on a provider: it cuts it instead.
     block_on_close = False
+    # Connections waiting to be accepted: a case's invocations may call at once.
+    request_queue_size = 64
     channel: Channel
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.exception("model gateway: case %s: a connection failed", self.channel.case_id)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -130,22 +137,36 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self) -> None:
         channel = self.server.channel
         try:
+            # The body is read before any answer, a refusal too: answering and closing while
+            # the runner still sends would cut its request with a broken pipe instead.
+            length = self.headers.get("Content-Length", "")
+            size = int(length) if length.isdigit() else None
+            body = b""
+            if size is not None and size <= MAX_REQUEST_BYTES:
+                try:
+                    body = self.rfile.read(size)
+                except OSError:
+                    return  # the runner went away, or sent nothing for IDLE_TIMEOUT_S
             channel.check_token(self.headers.get("Authorization"))
             if self.path != COMPLETE_PATH or self.command != "POST":
                 raise Failure("bad_request", f"the gateway answers POST {COMPLETE_PATH} only")
-            length = self.headers.get("Content-Length", "")
-            if not length.isdigit():
+            if size is None:
                 raise Failure("bad_request", "the request needs a Content-Length")
-            if int(length) > MAX_REQUEST_BYTES:
+            if size > MAX_REQUEST_BYTES:
                 raise Failure(
                     "bad_request",
-                    f"the request has {length} bytes; the gateway reads at most "
-                    f"{MAX_REQUEST_BYTES}",
+                    f"the request has {size} bytes; the gateway reads at most {MAX_REQUEST_BYTES}",
                 )
-            request = parse_request(self.rfile.read(int(length)))
-            record = channel.serve(request)
+            record = channel.serve(parse_request(body))
         except Failure as failure:
             self._send(failure.status, failure.error.to_json())
+            return
+        except Exception:
+            # A fault of the gateway itself: the agent gets a model error, the operator the
+            # traceback. The wire has no kind of its own for it; "provider" is the nearest.
+            log.exception("model gateway: a call of case %s failed in the gateway", channel.case_id)
+            fault = Failure("provider", "the model gateway failed on this call (see its log)")
+            self._send(fault.status, fault.error.to_json())
             return
         if channel.closed:
             # The case ended while its call was in flight: its answer goes nowhere.
@@ -153,18 +174,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(over.status, over.error.to_json())
         elif record.error is not None:
             self._send(ERROR_STATUS[record.error.kind], record.error.to_json())
-        else:
-            assert record.reply is not None
-            reply = CompletionReply(
-                content=record.reply.get("content"),
-                tool_calls=list(record.reply.get("tool_calls") or []),
-                usage=dict(record.reply.get("usage") or {}),
-                cost_usd=record.cost_usd,
-                latency_ms=record.latency_ms,
-                request_hash=record.request_hash,
-                attempts=record.attempts,
-            )
-            self._send(200, reply.to_json())
+        elif record.reply is not None:
+            self._send(200, record.reply.to_json())
+        else:  # a record is either answered or failed
+            raise AssertionError(f"call record with neither reply nor error: {record}")
 
     def _send(self, status: int, body: bytes) -> None:
         try:

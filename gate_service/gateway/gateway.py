@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gate_runner.gateway_wire import CompletionRequest
+from gate_runner.gateway_wire import CompletionReply, CompletionRequest
 from gate_runner.models import request_key
 from gate_service.config import Settings
 
@@ -184,7 +184,16 @@ class ModelGateway:
                 attempts=failure.attempts,
                 latency_ms=_ms_since(started),
             )
-        reply = _raw_reply(response, tokens_in, tokens_out)
+        content, tool_calls = _message_of(response)
+        reply = CompletionReply(
+            content=content,
+            tool_calls=tool_calls,
+            usage={"prompt_tokens": tokens_in, "completion_tokens": tokens_out},
+            cost_usd=cost,
+            latency_ms=_ms_since(started),
+            request_hash=key,
+            attempts=attempts,
+        )
         return CallRecord(
             request_hash=key,
             request=request.replay_request(),
@@ -195,7 +204,7 @@ class ModelGateway:
             tokens_in=tokens_in,
             tokens_out=tokens_out,
             cost_usd=cost,
-            latency_ms=_ms_since(started),
+            latency_ms=reply.latency_ms,
             attempts=attempts,
         )
 
@@ -326,17 +335,11 @@ def _usage(response: Any) -> tuple[int, int]:
     )
 
 
-def _raw_reply(response: Any, tokens_in: int, tokens_out: int) -> dict[str, Any]:
-    """The answer as gate_runner.models.parse_reply reads it (CompletionReply.raw())."""
+def _message_of(response: Any) -> tuple[str | None, list[dict[str, Any]]]:
+    """The answer's text and tool calls, as gate_runner.models.parse_reply reads them."""
     message = response.choices[0].message
     calls = [
         {"id": c.id, "name": c.function.name, "arguments": c.function.arguments or "{}"}
         for c in (getattr(message, "tool_calls", None) or [])
     ]
-    reply: dict[str, Any] = {
-        "content": message.content,
-        "usage": {"prompt_tokens": tokens_in, "completion_tokens": tokens_out},
-    }
-    if calls:
-        reply["tool_calls"] = calls
-    return reply
+    return message.content, calls

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gate_runner.gateway_wire import GatewayError
+from gate_runner.gateway_wire import CompletionReply, GatewayError
 
 # An agent's name as a recording folder: one plain path component.
 AGENT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
@@ -32,7 +32,7 @@ class CallRecord:
     request: dict[str, Any]  # CompletionRequest.replay_request()
     agent: str
     status: str  # "ok" or the GatewayError's kind
-    reply: dict[str, Any] | None  # CompletionReply.raw() when ok
+    reply: CompletionReply | None  # when ok; a recording stores its raw()
     error: GatewayError | None
     tokens_in: int = 0
     tokens_out: int = 0
@@ -76,7 +76,11 @@ def export_recordings(records: Iterable[CallRecord], directory: Path) -> list[Pa
         folder = directory / record.agent
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{record.request_hash[:24]}.json"
-        document = {"key": record.request_hash, "request": record.request, "response": record.reply}
+        document = {
+            "key": record.request_hash,
+            "request": record.request,
+            "response": record.reply.raw(),
+        }
         path.write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")
         written[path] = None
     return list(written)

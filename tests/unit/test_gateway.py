@@ -67,7 +67,8 @@ def test_a_call_reaches_the_provider_with_the_projects_key_and_is_recorded(
     assert record.request == request("hello?").replay_request()
     assert record.status == "ok"
     assert record.error is None
-    assert record.reply == {
+    assert record.reply is not None
+    assert record.reply.raw() == {
         "content": fake_provider.answer,
         "usage": {"prompt_tokens": 3, "completion_tokens": 4},
     }
@@ -399,3 +400,29 @@ def test_a_gate_s_budget_is_forgotten_when_it_ends(
     assert ask(gateways.open(openai(fake_provider), case="c2", budgets=budgets))[0] == 429
     gateways.gateway.end_gate("g1")
     assert ask(gateways.open(openai(fake_provider), case="c3", budgets=budgets))[0] == 200
+
+
+def test_an_attempt_is_cut_at_the_deadline_and_not_retried(
+    gateways: Gateways, fake_provider: FakeProvider
+) -> None:
+    # The provider never answers; the attempt's own timeout (60 s) is longer than the time
+    # left, so the gate's deadline ends it, and no retry follows.
+    channel = gateways.open(openai(fake_provider), deadline_s=1.0)
+    fake_provider.script = ["hang", "ok"]
+    status, answer = ask(channel, attempts=3, timeout_s=60)
+    assert (status, error(answer)["kind"]) == (504, "deadline")
+    assert len(fake_provider.calls) == 1
+    assert channel.records[0].attempts == 1
+
+
+def test_a_fault_of_the_gateway_is_a_model_error_not_a_dropped_connection(
+    gateways: Gateways, fake_provider: FakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(gateways.gateway, "complete", broken)
+    channel = gateways.open(openai(fake_provider))
+    status, answer = ask(channel)
+    assert (status, error(answer)["kind"]) == (502, "provider")
+    assert "a bug" not in error(answer)["message"]
