@@ -251,7 +251,12 @@ class Channel:
             try:
                 connection, address = listener.accept()
             except OSError:
-                return
+                if self._closed.is_set():
+                    return
+                # Out of file descriptors, say: the channel must outlast it, not go quiet.
+                log.exception("model gateway: case %s: accept failed", self.case_id)
+                self._closed.wait(0.1)
+                continue
             if self._closed.is_set():
                 connection.close()
                 return
