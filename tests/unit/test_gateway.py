@@ -426,3 +426,27 @@ def test_a_fault_of_the_gateway_is_a_model_error_not_a_dropped_connection(
     status, answer = ask(channel)
     assert (status, error(answer)["kind"]) == (502, "provider")
     assert "a bug" not in error(answer)["message"]
+
+
+def test_a_tool_call_answer_is_passed_on_and_replays(
+    gateways: Gateways, fake_provider: FakeProvider, tmp_path: Path
+) -> None:
+    channel = gateways.open(openai(fake_provider))
+    fake_provider.script = ["tool"]
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+    status, answer = ask(channel, "look it up", tools=tools)
+    assert status == 200, answer
+    assert answer["content"] is None
+    assert answer["tool_calls"] == [{"id": "call_1", "name": "lookup", "arguments": '{"q": "x"}'}]
+    assert fake_provider.calls[0][1]["tools"] == tools
+    channel.export_recordings(tmp_path)
+    reply = ReplayModel(tmp_path / "bot").complete(
+        model="openai/gpt-4o",
+        messages=[{"role": "user", "content": "look it up"}],
+        tools=tools,
+        temperature=0.0,
+        context={},
+    )
+    assert [(c.id, c.name, c.arguments) for c in reply.tool_calls] == [
+        ("call_1", "lookup", {"q": "x"})
+    ]
