@@ -101,3 +101,20 @@ def test_the_settings_make_the_gateway_s_budgets() -> None:
     assert gateway.budgets.gate.calls == 3
     assert gateway.budgets.project.cost_usd == 2.5
     assert gateway.budgets.project_window_s == 0
+
+
+def test_importing_the_gateway_loads_no_litellm() -> None:
+    # LiteLLM costs seconds to import: a worker pays it when it builds its gateway, and
+    # nothing that merely imports the package (the API, the CLI) pays it at all.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]  # this checkout, not an installed copy
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root / 'runner_image'}"}
+    probe = "import sys, gate_service.gateway; print('litellm' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env
+    )
+    assert out.stdout.strip() == "False"
