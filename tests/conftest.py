@@ -22,6 +22,7 @@ sys.dont_write_bytecode = False
 pytest_plugins = [
     "tests.fixtures.db",
     "tests.fixtures.docker",
+    "tests.fixtures.fake_gateway",
     "tests.fixtures.fake_llm",
     "tests.fixtures.live",
 ]
