@@ -195,6 +195,13 @@ class Settings(BaseSettings):
         default="none", description="Docker network for case containers; 'none' cuts them off."
     )
 
+    model_gateway: bool = Field(
+        default=True,
+        description="Serve live model calls from each worker's model gateway: every case gets "
+        "a Unix socket of its own as its one way out, and the project's provider keys stay "
+        "with the worker. Off, a live case needs its keys in GATE_CASE_ENV and a network in "
+        "GATE_CASE_NETWORK, so any tool of the bundle can read and use them.",
+    )
     # The model gateway (gate_service/gateway): budgets per gate and per project; 0 = no limit.
     gateway_socket_root: Path | None = Field(
         default=None,

@@ -16,7 +16,14 @@ from .budget import Budget, BudgetLedger, Budgets, Limits
 from .channel import Channel
 from .failure import Failure
 from .gateway import ModelGateway
-from .keys import PROVIDERS, ModelRoute, ProviderKeys, Route, resolve_route
+from .keys import (
+    PROVIDERS,
+    ModelRoute,
+    ProviderKeys,
+    Route,
+    provider_secret_names,
+    resolve_route,
+)
 from .records import CallRecord, Totals, export_recordings, totals
 
 __all__ = [
@@ -34,6 +41,7 @@ __all__ = [
     "Route",
     "Totals",
     "export_recordings",
+    "provider_secret_names",
     "resolve_route",
     "totals",
 ]

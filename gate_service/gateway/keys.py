@@ -46,6 +46,15 @@ PROVIDERS: Mapping[str, ProviderKeys] = {
 }
 
 
+def provider_secret_names() -> frozenset[str]:
+    """Every secret name the gateway reads for a provider: the worker keeps these out of a
+    case's environment when a gateway serves the case, so no provider key enters a case."""
+    names: set[str] = set()
+    for keys in PROVIDERS.values():
+        names.update(n for n in (keys.key, keys.base, keys.version) if n is not None)
+    return frozenset(names)
+
+
 @dataclass(frozen=True, slots=True)
 class ModelRoute:
     """Model names matching ``pattern`` (fnmatch, case-sensitive, on the whole name) go to the
