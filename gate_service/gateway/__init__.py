@@ -17,10 +17,20 @@ from .channel import Channel
 from .failure import Failure
 from .gateway import ModelGateway
 from .keys import PROVIDERS, ModelRoute, ProviderKeys, Route, resolve_route
-from .records import CallRecord, Totals, export_recordings, totals
+from .records import (
+    RECORDINGS_DIR,
+    Answered,
+    CallRecord,
+    Totals,
+    export_recordings,
+    recording_files,
+    totals,
+)
 
 __all__ = [
     "PROVIDERS",
+    "RECORDINGS_DIR",
+    "Answered",
     "Budget",
     "BudgetLedger",
     "Budgets",
@@ -34,6 +44,7 @@ __all__ = [
     "Route",
     "Totals",
     "export_recordings",
+    "recording_files",
     "resolve_route",
     "totals",
 ]
