@@ -291,9 +291,10 @@ class ModelCall(Base):
     agent: Mapped[str] = mapped_column(String(200))
     model: Mapped[str] = mapped_column(String(200))
     request_hash: Mapped[str] = mapped_column(String(64))
-    request: Mapped[Any] = mapped_column(JSONB, nullable=True)
-    response: Mapped[Any] = mapped_column(JSONB, nullable=True)
-    error: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    # None is SQL NULL (not JSON null): "not stored" is what IS NULL finds.
+    request: Mapped[Any] = mapped_column(JSONB(none_as_null=True), nullable=True)
+    response: Mapped[Any] = mapped_column(JSONB(none_as_null=True), nullable=True)
+    error: Mapped[Any] = mapped_column(JSONB(none_as_null=True), nullable=True)
     status: Mapped[str] = mapped_column(String(32))
     tokens_in: Mapped[int] = mapped_column(BigInteger, default=0)
     tokens_out: Mapped[int] = mapped_column(BigInteger, default=0)
