@@ -24,10 +24,20 @@ from .keys import (
     provider_secret_names,
     resolve_route,
 )
-from .records import CallRecord, Totals, export_recordings, totals
+from .records import (
+    RECORDINGS_DIR,
+    Answered,
+    CallRecord,
+    Totals,
+    export_recordings,
+    recording_files,
+    totals,
+)
 
 __all__ = [
     "PROVIDERS",
+    "RECORDINGS_DIR",
+    "Answered",
     "Budget",
     "BudgetLedger",
     "Budgets",
@@ -42,6 +52,7 @@ __all__ = [
     "Totals",
     "export_recordings",
     "provider_secret_names",
+    "recording_files",
     "resolve_route",
     "totals",
 ]

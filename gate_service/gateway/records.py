@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,21 +66,51 @@ def totals(records: Iterable[CallRecord]) -> Totals:
     return Totals(calls=calls, tokens_in=tokens_in, tokens_out=tokens_out, cost_usd=cost)
 
 
+# Where a project keeps its recordings (gate_runner.models: tests/recordings/<agent>/).
+RECORDINGS_DIR = "tests/recordings"
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """One answered call, as a recording needs it: wherever it comes from (a channel's
+    CallRecord, or a stored model call)."""
+
+    agent: str
+    key: str  # the replay key (request_hash)
+    request: Any  # what the key was computed over; may be null when it was not kept
+    response: Any  # CompletionReply.raw()
+
+
+def recording_files(calls: Iterable[Answered]) -> list[tuple[str, dict[str, Any]]]:
+    """Each answered call as ``(<agent>/<key[:24]>.json, document)``, the path relative to a
+    project's RECORDINGS_DIR. The same request of one agent twice is one file, in the place
+    of its first call, holding the last answer. An agent whose name is not one plain path
+    component is left out (no recording could be found under it anyway)."""
+    files: dict[str, dict[str, Any]] = {}
+    for call in calls:
+        if not safe_agent(call.agent):
+            continue
+        files[f"{call.agent}/{call.key[:24]}.json"] = {
+            "key": call.key,
+            "request": call.request,
+            "response": call.response,
+        }
+    return list(files.items())
+
+
+def answered(records: Iterable[CallRecord]) -> Iterator[Answered]:
+    for record in records:
+        if record.reply is not None:
+            yield Answered(record.agent, record.request_hash, record.request, record.reply.raw())
+
+
 def export_recordings(records: Iterable[CallRecord], directory: Path) -> list[Path]:
     """Write each answered call as a replay recording under ``directory/<agent>/``; the same
     request twice is one file (the last answer). Returns the files written, in order."""
-    written: dict[Path, None] = {}
-    for record in records:
-        if record.reply is None or not safe_agent(record.agent):
-            continue
-        folder = directory / record.agent
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{record.request_hash[:24]}.json"
-        document = {
-            "key": record.request_hash,
-            "request": record.request,
-            "response": record.reply.raw(),
-        }
+    written: list[Path] = []
+    for relative, document in recording_files(answered(records)):
+        path = directory / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")
-        written[path] = None
-    return list(written)
+        written.append(path)
+    return written
