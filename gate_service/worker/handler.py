@@ -614,6 +614,11 @@ def _store(
 
     def store(session: Session, gate: Gate) -> None:
         case = session.get_one(Case, case_id)
+        cap = service.run_cap(session, ctx.settings, gate.project_id)
+        # The gateway's record of the case's model calls, whatever became of the case: the
+        # provider answered them (and the budgets counted them) either way.
+        if calls:
+            service.save_model_calls(session, gate, case, calls, redactor, cap=cap)
         written = outcome
         if isinstance(written, Judged):
             try:
@@ -624,7 +629,7 @@ def _store(
                     gate,
                     case,
                     redact_result(written.result, redactor),
-                    service.run_cap(session, ctx.settings, gate.project_id),
+                    cap,
                     status=written.status,
                     successes=written.successes,
                     passed=written.passed,

@@ -10,6 +10,7 @@ the real runner in this process and hands it the channel as the engine's bind mo
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import threading
@@ -112,6 +113,10 @@ def test_a_live_case_calls_through_its_channel_and_never_gets_the_key(
     gate = alpha.get(f"/v1/gates/{r.json()['id']}").json()
     assert gate["status"] == "passed", gate
     assert [auth for auth, _ in provider.calls] == ["Bearer sk-alpha"]
+    # The gateway's record, not the runner's word: one call, the provider's token counts.
+    totals = gate["model_calls"]
+    assert (totals["calls"], totals["tokens_in"], totals["tokens_out"]) == (1, 3, 4)
+    assert gate["cases"][0]["model_calls"]["calls"] == 1
     # The case got the project's other secret, and none of the provider's.
     (env,) = sandbox.envs
     assert env["OTHER_SETTING"] == OTHER_SECRET
@@ -153,3 +158,38 @@ def test_two_projects_gates_at_once_each_call_with_their_own_key(
     for c in tenants.values():
         (gate,) = c.get("/v1/gates").json()["items"]
         assert gate["status"] == "passed", gate
+
+
+def test_a_live_gates_recordings_replay_it_with_no_model_call(
+    client: TestClient,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    gateway: ModelGateway,
+    provider: FakeProvider,
+    tmp_path: Path,
+) -> None:
+    alpha = tenant(client, "alpha", provider)
+    project = tmp_path / "p"
+    live = alpha.post("/v1/gates", files={"bundle": ("b.tgz", live_bot(project, "hi"))})
+    assert worker(settings, sessions, FakeSandbox(), gateway).run_once()
+    assert alpha.get(f"/v1/gates/{live.json()['id']}").json()["status"] == "passed"
+
+    exported = alpha.get(f"/v1/gates/{live.json()['id']}/recordings")
+    assert exported.status_code == 200, exported.text
+    (recording,) = exported.json()["recordings"]
+    assert recording["path"].startswith("tests/recordings/live-bot/")
+    target = project / recording["path"]
+    target.parent.mkdir(parents=True)
+    target.write_text(json.dumps(recording["content"]))
+
+    calls_before = len(provider.calls)
+    replayed = alpha.post(
+        "/v1/gates",
+        files={"bundle": ("b.tgz", bundle_of(project))},
+        data={"model_mode": "replay"},
+    )
+    assert replayed.status_code == 202, replayed.text
+    assert worker(settings, sessions, FakeSandbox(), gateway).run_once()
+    gate = alpha.get(f"/v1/gates/{replayed.json()['id']}").json()
+    assert gate["status"] == "passed", gate
+    assert len(provider.calls) == calls_before and gate["model_calls"]["calls"] == 0
