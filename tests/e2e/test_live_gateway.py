@@ -172,7 +172,7 @@ def serve(
     """``gate_url`` first: its serve has prepared the images, so this one starts quickly."""
     database = create_database(pg_server_url)
     try:
-        with running("serve", tmp_path / "serve", GATE_DATABASE_URL=database) as served:
+        with running("serve", tmp_path, GATE_DATABASE_URL=database) as served:
             yield {"url": served.url, "port": int(served.url.rsplit(":", 1)[1])}
     finally:
         drop_database(pg_server_url, database)
