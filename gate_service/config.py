@@ -195,6 +195,70 @@ class Settings(BaseSettings):
         default="none", description="Docker network for case containers; 'none' cuts them off."
     )
 
+    model_gateway: bool = Field(
+        default=True,
+        description="Serve live model calls from each worker's model gateway: every case gets "
+        "a Unix socket of its own as its one way out, and the project's provider keys stay "
+        "with the worker. Off, a live case needs its keys in GATE_CASE_ENV and a network in "
+        "GATE_CASE_NETWORK, so any tool of the bundle can read and use them.",
+    )
+    # The model gateway (gate_service/gateway): budgets per gate and per project; 0 = no limit.
+    gateway_socket_root: Path | None = Field(
+        default=None,
+        description="Host folder under which each live case's channel folder (its Unix "
+        "socket) is made; a socket path must stay under 108 bytes. Default: "
+        "$TMPDIR/gate-gateway.",
+    )
+    gateway_gate_max_calls: int = Field(
+        default=1000, ge=0, description="Model calls one gate may make; 0: no limit."
+    )
+    gateway_gate_max_tokens: int = Field(
+        default=2_000_000,
+        ge=0,
+        description="Tokens (prompt and completion) one gate's calls may use; the call that "
+        "crosses it is answered, the next refused. 0: no limit.",
+    )
+    gateway_gate_max_cost_usd: float = Field(
+        default=0.0,
+        ge=0,
+        description="Dollars one gate's calls may cost, priced by LiteLLM's cost map (a model "
+        "it does not know costs 0); 0: no limit.",
+    )
+    gateway_gate_max_concurrent_calls: int = Field(
+        default=8,
+        ge=0,
+        description="Model calls of one gate in flight at once; one more fails. 0: no limit.",
+    )
+    gateway_project_max_calls: int = Field(
+        default=0,
+        ge=0,
+        description="Model calls one project may make per GATE_GATEWAY_PROJECT_WINDOW_SECONDS "
+        "through one worker process (not across workers); 0: no limit.",
+    )
+    gateway_project_max_tokens: int = Field(
+        default=0, ge=0, description="Tokens of one project per window, per worker; 0: none."
+    )
+    gateway_project_max_cost_usd: float = Field(
+        default=0.0, ge=0, description="Dollars of one project per window, per worker; 0: none."
+    )
+    gateway_project_max_concurrent_calls: int = Field(
+        default=16,
+        ge=0,
+        description="Model calls of one project in flight at once in one worker; 0: no limit.",
+    )
+    gateway_project_window_seconds: float = Field(
+        default=86400,
+        ge=0,
+        description="How long a project's call, token and cost counts run before they start "
+        "again; 0: for the worker process's life.",
+    )
+    gateway_retry_backoff_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        description="First wait before retrying a provider error that names no Retry-After "
+        "(doubled each try, at most 30 s); a 429's Retry-After is honoured as it is.",
+    )
+
     # Tokens
     bootstrap_token: SecretStr | None = Field(
         default=None,

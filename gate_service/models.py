@@ -11,6 +11,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Float,
     ForeignKey,
     Integer,
     LargeBinary,
@@ -180,7 +181,8 @@ class Gate(Base):
     failure_reason: Mapped[str | None] = mapped_column(Text)
     problems: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, default=list)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    # Stored bytes of the gate's runs (their Run.stored_bytes): the project's quota sums it.
+    # Stored bytes of the gate's runs and model calls (their stored_bytes): the project's
+    # quota sums it.
     result_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # Bumped on every visible change; the ETag and long-poll compare it.
     revision: Mapped[int] = mapped_column(Integer, default=0)
@@ -261,3 +263,44 @@ class Run(Base):
     shared_values: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict, server_default="{}")
     # Bytes of the JSON text of all the run stores (fields and shared values).
     stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
+class ModelCall(Base):
+    """One call a case's model gateway channel answered (gate_service.gateway.CallRecord),
+    as ``gates.service.save_model_calls`` stores it: redacted, storable, and counted into
+    the gate's result_bytes like its runs.
+
+    ``request`` is null when its JSON is over the stored cap: replaying a call needs only
+    ``request_hash`` (the replay key) and ``response``, so a huge conversation is not kept
+    just to be looked at. ``response`` is the reply as a recording holds it
+    (``CompletionReply.raw()``), null for a failed call or one over the cap; ``error`` the
+    ``GatewayError`` (kind, message, limit, allowed, used) of a failed one.
+    """
+
+    __tablename__ = "model_calls"
+    __table_args__ = (UniqueConstraint("case_id", "position"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    gate_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("gates.id", ondelete="CASCADE"), index=True
+    )
+    # Found by the unique (case_id, position) index: deleting a case (retention) cascades
+    # here, and a retried case replaces its calls.
+    case_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("cases.id", ondelete="CASCADE"))
+    position: Mapped[int] = mapped_column(Integer)  # the call's order within its case
+    agent: Mapped[str] = mapped_column(String(200))
+    model: Mapped[str] = mapped_column(String(200))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    # None is SQL NULL (not JSON null): "not stored" is what IS NULL finds.
+    request: Mapped[Any] = mapped_column(JSONB(none_as_null=True), nullable=True)
+    response: Mapped[Any] = mapped_column(JSONB(none_as_null=True), nullable=True)
+    error: Mapped[Any] = mapped_column(JSONB(none_as_null=True), nullable=True)
+    status: Mapped[str] = mapped_column(String(32))
+    tokens_in: Mapped[int] = mapped_column(BigInteger, default=0)
+    tokens_out: Mapped[int] = mapped_column(BigInteger, default=0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    latency_ms: Mapped[int] = mapped_column(Integer, default=0)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # Bytes of the JSON text of all the row stores: counted into Gate.result_bytes.
+    stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -22,7 +22,9 @@ sys.dont_write_bytecode = False
 pytest_plugins = [
     "tests.fixtures.db",
     "tests.fixtures.docker",
+    "tests.fixtures.fake_gateway",
     "tests.fixtures.fake_llm",
+    "tests.fixtures.gateway",
     "tests.fixtures.live",
 ]
 

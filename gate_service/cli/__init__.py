@@ -1,4 +1,5 @@
-"""`gate`: serve (API + embedded workers), api, worker, images, record, admin, submit, coverage.
+"""`gate`: serve (API + embedded workers), api, worker, images, record, admin, submit, coverage,
+recordings.
 
 Typer (on Click) parses the command line and Rich draws for terminals; this package only wires
 commands to the service and to the client in gate_service/client/.
@@ -11,7 +12,7 @@ import logging
 import click
 import typer
 
-from . import server, submit
+from . import recordings, server, submit
 from .admin import admin
 
 app = typer.Typer(
@@ -23,6 +24,7 @@ app = typer.Typer(
 )
 server.register(app)
 submit.register(app)
+recordings.register(app)
 app.add_typer(admin, name="admin")
 
 

@@ -97,6 +97,7 @@ def _start_workers(
 ) -> list[threading.Thread]:
     """The worker threads, and the thread of their shared job wake-up (it ends on stop too)."""
     from ..db import make_engine, make_sessionmaker
+    from ..gateway import ModelGateway
     from ..sandbox import open_sandbox
     from ..worker.handler import WorkerContext
     from ..worker.loop import Worker
@@ -108,6 +109,8 @@ def _start_workers(
     sessions = make_sessionmaker(engine)
     # One LISTEN connection per process wakes its idle workers when a gate is queued.
     jobs = JobWakeup(url, stop)
+    # One model gateway per process, shared by its workers: LiteLLM is imported once, here.
+    gateway = ModelGateway.from_settings(settings) if settings.model_gateway else None
     threads = [jobs.start()]
     for i in range(count):
         # One engine client per worker: the docker SDK's HTTP session is not shared safely.
@@ -118,6 +121,7 @@ def _start_workers(
             stop=stop,
             metrics=metrics,  # one registry per process, shared by its workers
             jobs=jobs,
+            gateway=gateway,
         )
         thread = threading.Thread(target=Worker(ctx).run, name=f"gate-worker-{i}", daemon=True)
         thread.start()

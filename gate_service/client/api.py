@@ -80,6 +80,11 @@ class GateClient:
     def gate(self, gate_id: str) -> dict[str, Any]:
         return self._check(self._http.get(f"/v1/gates/{gate_id}"))
 
+    def recordings(self, gate_id: str) -> dict[str, Any]:
+        """The gate's answered model calls as replay files: ``{"recordings": [{"path",
+        "content"}], "left_out"}``."""
+        return self._check(self._http.get(f"/v1/gates/{gate_id}/recordings"))
+
     def cancel(self, gate_id: str) -> dict[str, Any]:
         return self._check(self._http.post(f"/v1/gates/{gate_id}/cancel"))
 

@@ -268,11 +268,29 @@ def render_results(console: Console, gate: dict[str, Any]) -> None:
             console.print(Text(visible(item)), soft_wrap=True)
     passed = sum(1 for c in cases if c.get("passed") is True)
     console.print()
+    calls = model_calls_line(gate.get("model_calls"))
+    if calls:
+        console.print(Text(f"  {calls}"), soft_wrap=True)
     summary = Text(f"  {passed}/{len(cases)} cases passed.", style="bold")
     summary.append(f"  gate {visible(gate.get('id'))}: {visible(gate.get('status'))}", style="")
     console.print(summary, soft_wrap=True)
     if gate.get("html_url"):
         console.print(Text(f"  {visible(gate['html_url'])}"), soft_wrap=True)
+
+
+def model_calls_line(totals: Any) -> str | None:
+    """The gate's model-call totals in one line, or None when it made no call."""
+    if not isinstance(totals, dict) or not totals.get("calls"):
+        return None
+    try:
+        calls, cost = int(totals["calls"]), float(totals.get("cost_usd") or 0)
+        tokens_in, tokens_out = (
+            int(totals.get("tokens_in") or 0),
+            int(totals.get("tokens_out") or 0),
+        )
+    except (TypeError, ValueError):
+        return None
+    return f"model calls: {calls:,}, tokens {tokens_in:,} in / {tokens_out:,} out, cost ${cost:.4f}"
 
 
 def json_result(gate: dict[str, Any]) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from ..text import unstorable
 from . import service
 from .labels import parse_label_filter
 from .notify import GateBodies
-from .schemas import GateList, GateRead, RunRead
+from .schemas import GateList, GateRead, RecordingsRead, RunRead
 from .submission import MODEL_MODES, submit_bundle
 from .upload import MinimumRate, receive_upload
 
@@ -358,6 +358,12 @@ def cancel_gate(gate_id: uuid.UUID, session: SessionDep, who: Submitter) -> Gate
     service.request_cancel(session, gate_id, who.project_id)
     record_by(session, who, "gate.cancelled", gate=str(gate_id))
     return service.read_gate(session, gate_id, who.project_id)
+
+
+@router.get("/gates/{gate_id}/recordings", response_model=RecordingsRead, responses=ERRORS)
+def get_recordings(gate_id: uuid.UUID, session: SessionDep, who: Reader) -> RecordingsRead:
+    """The gate's answered model calls as replay recordings (tests/recordings/<agent>/)."""
+    return service.gate_recordings(session, gate_id, who.project_id)
 
 
 @router.get("/runs/{run_id}", response_model=RunRead, responses=ERRORS)

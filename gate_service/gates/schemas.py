@@ -27,6 +27,16 @@ class BundleRead(Schema):
     fixture_bytes: int
 
 
+class ModelCallTotals(Schema):
+    """A case's or gate's model calls through the gateway: every recorded call (failed ones
+    too), and the tokens and cost the provider counted."""
+
+    calls: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float = 0.0
+
+
 class CaseRead(Schema):
     id: uuid.UUID
     suite: str
@@ -41,6 +51,7 @@ class CaseRead(Schema):
     failure_reason: str | None
     agent_run_ids: list[uuid.UUID]
     agent_run_passed: list[bool]
+    model_calls: ModelCallTotals
 
 
 class GateRead(Schema):
@@ -60,6 +71,7 @@ class GateRead(Schema):
     error: str | None
     failure_reason: str | None
     problems: list[dict[str, Any]]
+    model_calls: ModelCallTotals
     cases: list[CaseRead]
 
 
@@ -94,3 +106,26 @@ class RunRead(Schema):
     run_context: dict[str, Any]
     duration_ms: int
     traces: list[Span]
+
+
+class RecordingContent(Schema):
+    """A replay recording as gate_runner.models.ReplayModel reads it: it looks the answer up
+    by ``key``; ``request`` is null when the call's request was too large to keep."""
+
+    key: str
+    request: Any
+    response: dict[str, Any]
+
+
+class RecordingFile(Schema):
+    path: str  # relative to the project: tests/recordings/<agent>/<key[:24]>.json
+    content: RecordingContent
+
+
+class RecordingsRead(Schema):
+    """The gate's answered model calls as replay recordings (one file per agent and request,
+    the last answer). ``left_out``: answered calls in no file, since their answer was not
+    stored (over the stored cap) or their agent's name cannot be a folder name."""
+
+    recordings: list[RecordingFile]
+    left_out: int

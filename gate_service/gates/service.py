@@ -35,7 +35,18 @@ from ..stored_runs import (
     storable_text,
     unpack,
 )
-from .schemas import BundleRead, CaseRead, GateList, GateRead, GateSummary, RunRead
+from .model_calls import model_call_totals, read_recordings
+from .model_calls import save_model_calls as save_model_calls  # the worker stores calls here
+from .schemas import (
+    BundleRead,
+    CaseRead,
+    GateList,
+    GateRead,
+    GateSummary,
+    ModelCallTotals,
+    RecordingsRead,
+    RunRead,
+)
 
 # A case's own failure_reason (the runner's sentence on its first failed run) is kept to this;
 # the runs hold the rest, under their own cap.
@@ -167,13 +178,14 @@ def read_gate(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> Ga
 def read_gate_body(
     session: Session, gate_id: uuid.UUID, project_id: uuid.UUID
 ) -> tuple[int, bytes]:
-    """The gate's revision and its JSON body (what GET answers), from three queries."""
+    """The gate's revision and its JSON body (what GET answers), from four queries."""
     revision, view = _read_gate(session, gate_id, project_id)
     return revision, view.model_dump_json().encode()
 
 
 def _read_gate(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> tuple[int, GateRead]:
-    # The gate and its bundle in one query, then the cases, then their runs' ids.
+    # The gate and its bundle in one query, then the cases, then their runs' ids, then the
+    # model calls' totals per case.
     row = session.execute(
         select(Gate, Bundle)
         .join(Bundle, Bundle.sha256 == Gate.bundle_sha256)
@@ -195,6 +207,8 @@ def _read_gate(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> t
         ).all()
         for case_id, run_id, passed in rows:
             runs_by_case[case_id].append((run_id, passed))
+    calls, calls_by_case = model_call_totals(session, gate.id)
+    none = ModelCallTotals()
     case_views = [
         CaseRead(
             id=c.id,
@@ -210,6 +224,7 @@ def _read_gate(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> t
             failure_reason=c.failure_reason,
             agent_run_ids=[r for r, _ in runs_by_case[c.id]],
             agent_run_passed=[p for _, p in runs_by_case[c.id]],
+            model_calls=calls_by_case.get(c.id, none),
         )
         for c in cases
     ]
@@ -230,8 +245,14 @@ def _read_gate(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> t
         error=gate.error,
         failure_reason=gate.failure_reason,
         problems=gate.problems,
+        model_calls=calls,
         cases=case_views,
     )
+
+
+def gate_recordings(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> RecordingsRead:
+    """The gate's answered model calls as replay recordings; another project's gate is 404."""
+    return read_recordings(session, get_gate(session, gate_id, project_id=project_id))
 
 
 def list_gates(

@@ -151,6 +151,7 @@ class CaseRunner(Protocol):
         labels: Mapping[str, str],
         stdin: bytes = b"",
         halt: threading.Event | None = None,
+        model_channel: Path | None = None,
     ) -> RunResult:
         """One case container, to its end or ``limits.wall_seconds``.
 
@@ -158,6 +159,10 @@ class CaseRunner(Protocol):
         environment and nonce, gate_runner/case_env.py). The container itself gets no
         environment from the worker: only its image's, so nothing a project controls
         reaches the runner's own process.
+
+        ``model_channel``: a host folder holding this case's model gateway socket
+        (gate_service.gateway). It is bind-mounted read-only at gateway_wire.SOCKET_DIR in
+        this container alone, which keeps no network: the socket is the case's one way out.
 
         ``halt``: the job's halt event. Set before the container exists, none is created;
         set while it runs, it is removed. Either raises Halted.

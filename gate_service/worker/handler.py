@@ -12,9 +12,11 @@ import logging
 import os
 import secrets
 import threading
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -38,6 +40,7 @@ from ..config import Settings
 from ..db import refused_write, session_scope
 from ..errors import GateError
 from ..gates import service
+from ..gateway import CallRecord, Channel, ModelGateway, provider_secret_names
 from ..jobs import ClaimedJob, LeaseLost
 from ..logs import bind_log_context
 from ..metrics import Metrics
@@ -49,6 +52,7 @@ from ..sandbox import (
     BuildRefused,
     Halted,
     RunLimits,
+    RunResult,
     Sandbox,
     SandboxError,
     TestImageSpec,
@@ -137,6 +141,10 @@ class WorkerContext:
     metrics: Metrics = field(default_factory=Metrics)
     # The process's LISTEN for queued jobs, shared by its workers; None: they only poll.
     jobs: JobWakeup | None = None
+    # The process's model gateway, shared by its workers (GATE_MODEL_GATEWAY): each case gets
+    # a channel of its own, and the project's provider keys stay here. None: no channel, and
+    # a live case calls its provider itself (with keys from GATE_CASE_ENV, on a network).
+    gateway: ModelGateway | None = None
 
     def __post_init__(self) -> None:
         if self.secret_box is None:
@@ -211,6 +219,14 @@ def judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None = No
     ``slots``: the worker's case slots, shared with the other gates it holds; without them
     the gate runs GATE_CASE_CONCURRENCY cases at once on its own.
     """
+    try:
+        _judge_gate(ctx, job, slots)
+    finally:
+        if ctx.gateway is not None:  # the gate's model budget ends with this attempt
+            ctx.gateway.end_gate(str(job.gate_id))
+
+
+def _judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None) -> None:
     try:
         _judge(ctx, job, slots)
     except LeaseLost:
@@ -417,7 +433,11 @@ class _CaseStart:
     """A case marked running, and what its container gets."""
 
     model_mode: str | None
-    env: dict[str, str]  # the project's secrets and the GATE_CASE_ENV values
+    # The GATE_CASE_ENV values and the project's secrets, less the provider keys when a
+    # model gateway serves the case: what the case's invocations get.
+    env: dict[str, str]
+    secrets: dict[str, str]  # all the project's secrets: the gateway's to call with
+    project_id: uuid.UUID
     seconds_left: float  # until the gate's deadline
 
 
@@ -450,11 +470,81 @@ def _run_case(
     wall = min(wall, int(start.seconds_left))
     # Only the runner can read this (see gate_runner/case_env.py); a result without it is forged.
     nonce = secrets.token_hex(32)
+    with _model_channel(ctx, job, case_id, start) as channel:
+        result = _run_container(
+            ctx, job, image, case_id, suite, test_name, start, wall, nonce, channel
+        )
+        calls = list(channel.records) if channel is not None else []
+    if result is None:
+        return False
+    ctx.metrics.container_started(result.start_ms)
+    # Every value that reached the case, or its model calls, is redacted from all that is
+    # stored for it.
+    redactor = Redactor({**start.env, **start.secrets})
+    facts = CaseFacts(
+        suite=suite,
+        test_name=test_name,
+        nonce=nonce,
+        runs=runs,
+        success_threshold=success_threshold,
+        wall_seconds=wall,
+        cut_by_deadline=cut_by_deadline,
+        gate_deadline_seconds=s.gate_deadline_seconds,
+        memory_mb=s.case_memory_mb,
+        output_limit_bytes=s.case_output_limit_bytes,
+        reference=incidents.new_reference(),
+    )
+    outcome = case_outcome(result, facts, redactor.text)
+    _store(ctx, job, case_id, outcome, redactor, result.duration_ms, calls)
+    if isinstance(outcome, NotJudged) and outcome.ends_gate:
+        job.halt.set()
+        raise DeadlinePassed(s.gate_deadline_seconds)
+    return True
+
+
+@contextmanager
+def _model_channel(
+    ctx: WorkerContext, job: ClaimedJob, case_id: uuid.UUID, start: _CaseStart
+) -> Iterator[Channel | None]:
+    """The case's channel to the process's model gateway, closed (and its socket gone) when
+    the case's container is: a channel never outlives its case. None without a gateway."""
+    if ctx.gateway is None:
+        yield None
+        return
+    channel = ctx.gateway.open_channel(
+        gate_id=str(job.gate_id),
+        case_id=str(case_id),
+        project_id=str(start.project_id),
+        secrets=start.secrets,
+        deadline=time.monotonic() + start.seconds_left,
+    )
     try:
-        result = ctx.sandbox.run(
+        yield channel
+    finally:
+        channel.close()
+
+
+def _run_container(
+    ctx: WorkerContext,
+    job: ClaimedJob,
+    image: str,
+    case_id: uuid.UUID,
+    suite: str,
+    test_name: str,
+    start: _CaseStart,
+    wall: int,
+    nonce: str,
+    channel: Channel | None,
+) -> RunResult | None:
+    """The case's container run; None when the job was halted under it."""
+    s = ctx.settings
+    try:
+        return ctx.sandbox.run(
             image,
             runner_argv(s, suite, test_name, start.model_mode),
-            stdin=handoff.encode(start.env, nonce),
+            stdin=handoff.encode(
+                start.env, nonce, gateway_token=channel.token if channel else None
+            ),
             limits=RunLimits(
                 memory_mb=s.case_memory_mb,
                 cpus=s.case_cpus,
@@ -470,33 +560,12 @@ def _run_case(
                 "gate.owner": job.owner,
             },
             halt=job.halt,
+            model_channel=channel.folder if channel else None,
         )
     except SandboxError:  # Halted among them
         if job.halt.is_set():  # the heartbeat removed the container (cancel or lost lease)
-            return False
+            return None
         raise
-    ctx.metrics.container_started(result.start_ms)
-    # Every value that reached the case is redacted from all that is stored for it.
-    redactor = Redactor(start.env)
-    facts = CaseFacts(
-        suite=suite,
-        test_name=test_name,
-        nonce=nonce,
-        runs=runs,
-        success_threshold=success_threshold,
-        wall_seconds=wall,
-        cut_by_deadline=cut_by_deadline,
-        gate_deadline_seconds=s.gate_deadline_seconds,
-        memory_mb=s.case_memory_mb,
-        output_limit_bytes=s.case_output_limit_bytes,
-        reference=incidents.new_reference(),
-    )
-    outcome = case_outcome(result, facts, redactor.text)
-    _store(ctx, job, case_id, outcome, redactor, result.duration_ms)
-    if isinstance(outcome, NotJudged) and outcome.ends_gate:
-        job.halt.set()
-        raise DeadlinePassed(s.gate_deadline_seconds)
-    return True
 
 
 def _mark_running(ctx: WorkerContext, job: ClaimedJob, case_id: uuid.UUID) -> _CaseStart | None:
@@ -515,9 +584,14 @@ def _mark_running(ctx: WorkerContext, job: ClaimedJob, case_id: uuid.UUID) -> _C
         case.status = CaseStatus.running
         gate.revision += 1
         # The project's secrets and the GATE_CASE_ENV values: handed to the runner on its
-        # stdin and given only to invocation processes (gate_runner/case_env.py).
-        env = {**case_environment(ctx.settings), **project_env}
-        return _CaseStart(gate.model_mode, env, left)
+        # stdin and given only to invocation processes (gate_runner/case_env.py). With a
+        # model gateway, the provider keys are the gateway's alone.
+        case_secrets = project_env
+        if ctx.gateway is not None:
+            withheld = provider_secret_names()
+            case_secrets = {k: v for k, v in project_env.items() if k not in withheld}
+        env = {**case_environment(ctx.settings), **case_secrets}
+        return _CaseStart(gate.model_mode, env, project_env, gate.project_id, left)
 
     try:
         return _write(ctx, job, mark)
@@ -533,11 +607,18 @@ def _store(
     outcome: Outcome,
     redactor: Redactor,
     duration_ms: int,
+    calls: Sequence[CallRecord] = (),
 ) -> None:
-    """Write the case's outcome (see outcome.py) in one fenced transaction."""
+    """Write the case's outcome (see outcome.py) and its model calls in one fenced
+    transaction."""
 
     def store(session: Session, gate: Gate) -> None:
         case = session.get_one(Case, case_id)
+        cap = service.run_cap(session, ctx.settings, gate.project_id)
+        # The gateway's record of the case's model calls, whatever became of the case: the
+        # provider answered them (and the budgets counted them) either way.
+        if calls:
+            service.save_model_calls(session, gate, case, calls, redactor, cap=cap)
         written = outcome
         if isinstance(written, Judged):
             try:
@@ -548,7 +629,7 @@ def _store(
                     gate,
                     case,
                     redact_result(written.result, redactor),
-                    service.run_cap(session, ctx.settings, gate.project_id),
+                    cap,
                     status=written.status,
                     successes=written.successes,
                     passed=written.passed,

@@ -11,6 +11,8 @@ runner's own process starts with the image's fixed environment, so nothing a pro
 controls reaches the dynamic loader, libc or the interpreter of this root process. The
 environment goes only to invocation processes, after they drop their uid; the nonce stays in
 the pipe until the last invocation has ended, so it is never in the memory they inherit.
+A case with a model gateway also gets its channel's token there: invocations inherit it in
+memory (they call the model), never in their environment.
 """
 
 from __future__ import annotations
@@ -60,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="read the case's environment and the result nonce from stdin (see case_env.py)",
     )
+    run.add_argument(
+        "--model-socket",
+        help="the model gateway's socket, when the handoff gives a gateway token (default: "
+        "gateway_wire.SOCKET_PATH, where the worker mounts it)",
+    )
     record = sub.add_parser(
         "record", help="run suites with live models and write tests/recordings/ for replay"
     )
@@ -76,12 +83,21 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.invocation_uid is not None:
             make_undumpable()  # before the handoff is read: no /proc/<pid>/fd/0 for anyone
-        env = case_env.read_environment() if args.handoff else {}
+        handoff = case_env.read_handoff() if args.handoff else case_env.Handoff()
+        gateway = None
+        if handoff.gateway_token is not None:  # the worker gave this case a gateway channel
+            from .gateway_wire import SOCKET_PATH
+            from .models import GatewayChannel
+
+            gateway = GatewayChannel(
+                token=handoff.gateway_token, socket_path=args.model_socket or SOCKET_PATH
+            )
         isolation = Isolation(
             uid=args.invocation_uid,
             output_limit_bytes=args.output_limit_bytes,
             scratch_dir=args.scratch_dir,
-            env=env,
+            env=handoff.env,
+            gateway=gateway,
         )
         result = run_case(args.project, args.suite, args.case, isolation, args.model_mode)
         nonce = case_env.read_nonce() if args.handoff else None

@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from connic.test_schema import TestFile
@@ -43,6 +43,9 @@ from .expr import ExpressionError
 from .invocations import MAX_REPORT_BYTES, Channel, Isolation, Proc, Supervisor
 from .reports import BuilderReport, CleanupReport, InvocationReport, checked
 from .verdict import case_failure_reason, case_passes
+
+if TYPE_CHECKING:
+    from .models import GatewayChannel
 
 MAX_LOG_LINES = 500
 MAX_LOG_LINE_CHARS = 2000
@@ -324,7 +327,11 @@ def _setup_failure(stage: str, exc: BaseException) -> dict[str, Any]:
 
 
 def _invocation_body(
-    project: Path, prepared: PreparedCase, model_mode: str | None, channel: Channel
+    project: Path,
+    prepared: PreparedCase,
+    model_mode: str | None,
+    gateway: GatewayChannel | None,
+    channel: Channel,
 ) -> None:
     """What a forked invocation runs: the agent, then a builder's cleanup; reports over pipe."""
     data: dict[str, Any] | None = None
@@ -341,7 +348,7 @@ def _invocation_body(
         if BUNDLE_DEPS_DIR not in sys.path:
             sys.path.append(BUNDLE_DEPS_DIR)
         trace = Trace()
-        runtime = Runtime({}, project=project, model_mode=model_mode)
+        runtime = Runtime({}, project=project, model_mode=model_mode, gateway=gateway)
         install_predefined(runtime)  # before user modules import connic.tools names
         resolved = prepared.resolved
         payload, builder = prepared.payload, None
@@ -521,7 +528,9 @@ def _run_invocations(
                 index = started
                 try:
                     proc = supervisor.spawn(
-                        functools.partial(_invocation_body, project, prepared, model_mode),
+                        functools.partial(
+                            _invocation_body, project, prepared, model_mode, isolation.gateway
+                        ),
                         timeout_s=timeout_s,
                         after_agent_seconds=cleanup_budget(prepared) if builder else None,
                     )

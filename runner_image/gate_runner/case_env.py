@@ -7,7 +7,14 @@ as root, next to the result nonce. So the container starts with the image's fixe
 environment only, and the worker writes the case's environment (project secrets, the
 operator's ``GATE_CASE_ENV`` values) and the nonce to the runner's standard input:
 
-    b"<length of the JSON>\\n" + JSON object {name: value} + nonce, then end of file.
+    b"<length of the JSON>\\n" + JSON + nonce, then end of file.
+
+The JSON is the environment as an object ``{name: value}`` when the case has no model
+gateway (the format before there was one, byte for byte). A case with a gateway channel
+(gate_runner/gateway_wire.py) gets ``{"env": {name: value}, "gateway": {"token": ...}}``
+instead: "env" can never be a variable of the first shape (names are upper case, values
+strings), so both decode, and the token never sits among the variables that invocations
+put in their environment.
 
 The runner reads the header and the JSON at once (``read_environment``) and hands those
 values only to invocation processes, after they drop to the invocation uid. The nonce stays
@@ -26,6 +33,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 # The environment is read at once, so it is bounded: a project's secrets are capped at 1 MiB
 # encrypted (gate_service.secrets), and GATE_CASE_ENV names a handful of variables.
@@ -84,9 +92,24 @@ def refusal(name: str) -> str | None:
     return None
 
 
-def encode(env: Mapping[str, str], nonce: str) -> bytes:
-    """The runner's standard input for one case."""
-    body = json.dumps(dict(env), ensure_ascii=False).encode()
+@dataclass(frozen=True)
+class Handoff:
+    """What the runner reads before its invocations start: the case's environment, and the
+    token of its model gateway channel when it has one (None: no gateway)."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    # Never in a repr: it would be a credential in a traceback.
+    gateway_token: str | None = field(default=None, repr=False)
+
+
+def encode(env: Mapping[str, str], nonce: str, *, gateway_token: str | None = None) -> bytes:
+    """The runner's standard input for one case; ``gateway_token`` when it has a gateway."""
+    shaped: dict[str, object] = dict(env)
+    if gateway_token is not None:
+        if not gateway_token:
+            raise ValueError("a gateway token cannot be empty")
+        shaped = {"env": dict(env), "gateway": {"token": gateway_token}}
+    body = json.dumps(shaped, ensure_ascii=False).encode()
     if len(body) > MAX_ENV_BYTES:
         raise ValueError(
             f"the case's environment takes {len(body)} bytes; the runner reads {MAX_ENV_BYTES}"
@@ -96,14 +119,25 @@ def encode(env: Mapping[str, str], nonce: str) -> bytes:
 
 def decode(data: bytes) -> tuple[dict[str, str], str]:
     """(environment, nonce) of a whole handoff: what ``encode`` made (for fakes and tests)."""
+    handoff, nonce = decode_handoff(data)
+    return handoff.env, nonce
+
+
+def decode_handoff(data: bytes) -> tuple[Handoff, str]:
+    """(handoff, nonce) of a whole handoff, the gateway token included."""
     stream = io.BytesIO(data)
-    env = _environment(stream.read)
-    return env, _nonce(stream.read)
+    handoff = _handoff(stream.read)
+    return handoff, _nonce(stream.read)
 
 
 def read_environment(fd: int = 0) -> dict[str, str]:
     """The case's environment: the header and the JSON after it, leaving the nonce unread."""
-    return _environment(functools.partial(os.read, fd))
+    return read_handoff(fd).env
+
+
+def read_handoff(fd: int = 0) -> Handoff:
+    """The environment and the gateway token, leaving the nonce unread."""
+    return _handoff(functools.partial(os.read, fd))
 
 
 def read_nonce(fd: int = 0) -> str:
@@ -127,7 +161,7 @@ def _read_exactly(read: Callable[[int], bytes], size: int) -> bytes:
     return b"".join(chunks)
 
 
-def _environment(read: Callable[[int], bytes]) -> dict[str, str]:
+def _handoff(read: Callable[[int], bytes]) -> Handoff:
     header = bytearray()
     while not header.endswith(b"\n"):
         byte = read(1)  # one at a time: a larger read could take the nonce too
@@ -137,12 +171,20 @@ def _environment(read: Callable[[int], bytes]) -> dict[str, str]:
     text = header.decode("ascii", "replace").strip()
     if not text.isdigit() or int(text) > MAX_ENV_BYTES:
         raise ValueError(f"the handoff's length header {text[:20]!r} is not a length")
-    env = json.loads(_read_exactly(read, int(text)))
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    body = json.loads(_read_exactly(read, int(text)))
+    token: str | None = None
+    if isinstance(body, dict) and isinstance(body.get("env"), dict):
+        gateway = body.get("gateway")
+        if gateway is not None:
+            token = gateway.get("token") if isinstance(gateway, dict) else None
+            if not isinstance(token, str) or not token:
+                raise ValueError("the handoff's gateway has no token")
+        body = body["env"]
+    if not isinstance(body, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in body.items()
     ):
         raise ValueError("the handoff's environment is not an object of strings")
-    return env
+    return Handoff(env=body, gateway_token=token)
 
 
 def _nonce(read: Callable[[int], bytes]) -> str:

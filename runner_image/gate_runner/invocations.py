@@ -25,7 +25,10 @@ import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .models import GatewayChannel
 
 REPORT_FD = 3  # the child's end of its report channel
 READ_CHUNK = 64 * 1024
@@ -52,6 +55,10 @@ class Isolation:
     # The case's environment (project secrets, GATE_CASE_ENV values): added to each
     # invocation's own environment after it drops its uid, never to the runner's.
     env: Mapping[str, str] = field(default_factory=dict)
+    # The case's model gateway channel (its token from the handoff): inherited in memory by
+    # each invocation, which calls the model, and never in its environment, where every
+    # subprocess of user code would get it for nothing.
+    gateway: GatewayChannel | None = None
 
 
 class Channel:

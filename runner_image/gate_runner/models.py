@@ -4,24 +4,29 @@
   answers like a model, for deterministic orchestration tests;
 - replay: ``tests/recordings/<agent>/*.json`` hold recorded exchanges keyed by the whole
   request (model, messages, tools, temperature and the other parameters);
-- live: LiteLLM with keys from the gate's environment; `record` is live plus writing every
-  exchange as a recording.
+- live: the case's model gateway (GatewayModel, over the channel of gateway_wire.py) when
+  the runner has one; else LiteLLM in this process with keys from the case's environment
+  (LiveModel). `record` is live plus writing every exchange as a recording.
 
 Default: scripted if the module exists, else replay if recordings exist, else live.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import http.client
 import importlib.util
 import json
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
+from . import gateway_wire as wire
 from .runtime_errors import AgentRunError
 
 
@@ -37,6 +42,17 @@ class ModelReply:
     content: str | None
     tool_calls: tuple[ToolCallRequest, ...] = ()
     usage: Mapping[str, int] = field(default_factory=dict)
+    # What the call itself was (the gateway's request hash, tokens, cost, latency,
+    # attempts), for the model span; empty where the model is not a gateway's.
+    span_metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+class ModelCallError(AgentRunError):
+    """A model call that failed, with what its model span should show about why."""
+
+    def __init__(self, message: str, span_metadata: Mapping[str, Any]) -> None:
+        super().__init__(message)
+        self.span_metadata = dict(span_metadata)
 
 
 class Model(Protocol):
@@ -234,6 +250,17 @@ class LiveModel:
         return parse_reply(raw, source=f"live model {model}")
 
 
+def write_recording(
+    directory: Path, key: str, request: Mapping[str, Any], raw: Mapping[str, Any]
+) -> None:
+    """One exchange under its replay key, as ReplayModel reads it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    record = {"key": key, "request": dict(request), "response": dict(raw)}
+    (directory / f"{key[:24]}.json").write_text(
+        json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8"
+    )
+
+
 class RecordingModel(LiveModel):
     """Live, and every exchange written to tests/recordings/<agent>/ for later replay."""
 
@@ -256,20 +283,245 @@ class RecordingModel(LiveModel):
             model=model, messages=messages, tools=tools, temperature=temperature
         )
         request = {"model": model, "messages": messages, "tools": tools, "temperature": temperature}
-        key = request_key(request)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        record = {"key": key, "request": request, "response": raw}
-        (self.directory / f"{key[:24]}.json").write_text(
-            json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8"
-        )
+        write_recording(self.directory, request_key(request), request, raw)
         return raw
+
+
+@dataclass(frozen=True)
+class GatewayChannel:
+    """This case's channel to its worker's model gateway (gateway_wire.py): the socket, and
+    the token that only this channel accepts (from the handoff, case_env.py)."""
+
+    token: str = field(repr=False)  # never in a repr, a traceback or a span
+    socket_path: str = wire.SOCKET_PATH
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP/1.1 over the gateway's Unix socket: a case has no network to speak TCP on."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("gateway", timeout=timeout)  # the Host header; no name is resolved
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self._path)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+# How long past its attempts' own timeouts the runner waits for the gateway's answer: the
+# gateway's waits between retries (Retry-After) and its own work. The gateway keeps every
+# call within the gate's deadline, and the invocation's timeout_s bounds it all anyway.
+GATEWAY_SLACK_SECONDS = 30.0
+
+
+class GatewayModel:
+    """A live model through the case's model gateway: the runner holds no provider library
+    and no key. One request a connection (gateway_wire.py). The gateway retries as the
+    agent's retry_options allow (``attempts`` in the request), so this never retries on top.
+    With ``record_to`` it is record mode: every answer is also written as a recording.
+    """
+
+    def __init__(
+        self,
+        channel: GatewayChannel,
+        *,
+        agent: str,
+        attempts: int = 3,
+        timeout_s: float | None = None,
+        record_to: Path | None = None,
+    ) -> None:
+        self.channel = channel
+        self.agent = agent
+        self.attempts = max(1, attempts)
+        self.timeout_s = timeout_s or float(os.environ.get("GATE_MODEL_TIMEOUT_SECONDS", "60"))
+        self.record_to = record_to
+        self.mode = "live" if record_to is None else "record"
+
+    def complete(
+        self,
+        *,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        temperature: float,
+        context: dict[str, Any],
+    ) -> ModelReply:
+        request = wire.CompletionRequest(
+            model=model,
+            messages=messages,
+            tools=tools,
+            temperature=temperature,
+            agent=self.agent,
+            attempts=self.attempts,
+            timeout_s=self.timeout_s,
+        )
+        reply = self._exchange(request)
+        raw = reply.raw()
+        if self.record_to is not None:
+            replayed = request.replay_request()
+            key = request_key(replayed)
+            if reply.request_hash != key:
+                # Written under the gateway's hash, it would never be found by ReplayModel.
+                raise AgentRunError(
+                    f"model call to {model}: the gateway's request hash "
+                    f"{reply.request_hash[:16]} is not the replay key {key[:16]}; "
+                    "the recording would not replay"
+                )
+            write_recording(self.record_to, key, replayed, raw)
+        parsed = parse_reply(raw, source=f"live model {model}")
+        return dataclasses.replace(
+            parsed,
+            span_metadata={
+                "request_hash": reply.request_hash,
+                "tokens_in": int(reply.usage.get("prompt_tokens", 0)),
+                "tokens_out": int(reply.usage.get("completion_tokens", 0)),
+                "cost_usd": reply.cost_usd,
+                "latency_ms": reply.latency_ms,
+                "attempts": reply.attempts,
+            },
+        )
+
+    def _exchange(self, request: wire.CompletionRequest) -> wire.CompletionReply:
+        """One POST to the gateway and its answer, or the error the agent's run fails with."""
+        model = request.model
+        body = request.to_json()
+        if len(body) > wire.MAX_REQUEST_BYTES:
+            raise ModelCallError(
+                f"model call to {model} failed: the request takes {len(body)} bytes, over "
+                f"the model gateway's {wire.MAX_REQUEST_BYTES}",
+                {"error_kind": "bad_request"},
+            )
+        wait = self.attempts * (self.timeout_s + GATEWAY_SLACK_SECONDS)
+        connection = _UnixHTTPConnection(self.channel.socket_path, timeout=wait)
+        try:
+            connection.request(
+                "POST",
+                wire.COMPLETE_PATH,
+                body=body,
+                headers={
+                    "Authorization": f"Bearer {self.channel.token}",
+                    "Content-Type": "application/json",
+                },
+            )
+            response = connection.getresponse()
+            declared = response.getheader("Content-Length") or ""
+            if declared.isdigit() and int(declared) > wire.MAX_REPLY_BYTES:
+                data = b""  # not read at all: the cap is on what the runner holds
+                oversized = True
+            else:
+                data = response.read(wire.MAX_REPLY_BYTES + 1)
+                oversized = len(data) > wire.MAX_REPLY_BYTES
+            status = response.status
+        except TimeoutError:
+            raise self._unreachable(model, f"it did not answer within {wait:.0f} s") from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise self._unreachable(model, f"{type(exc).__name__}: {exc}") from None
+        finally:
+            connection.close()
+        if oversized:
+            raise ModelCallError(
+                f"model call to {model} failed: the model gateway's reply is over "
+                f"{wire.MAX_REPLY_BYTES} bytes",
+                {"error_kind": "reply_too_large"},
+            )
+        if status == 200:
+            return _completion_reply(model, data)
+        raise _gateway_error(model, status, data)
+
+    def _unreachable(self, model: str, why: str) -> ModelCallError:
+        return ModelCallError(
+            f"model call to {model} failed: the model gateway is unreachable at "
+            f"{self.channel.socket_path} ({why})",
+            {"error_kind": "unreachable"},
+        )
+
+
+def _completion_reply(model: str, data: bytes) -> wire.CompletionReply:
+    """A 200's body as a CompletionReply, each field checked: the gateway is another process."""
+
+    def bad(why: str) -> ModelCallError:
+        return ModelCallError(
+            f"model call to {model} failed: the model gateway's reply is not a completion ({why})",
+            {"error_kind": "bad_reply"},
+        )
+
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        raise bad("not JSON") from None
+    if not isinstance(doc, dict):
+        raise bad("not an object")
+    content = doc.get("content")
+    tool_calls = doc.get("tool_calls") or []
+    usage = doc.get("usage") or {}
+    numbers = (int, float)
+    if content is not None and not isinstance(content, str):
+        raise bad("content is not a string")
+    if not isinstance(tool_calls, list) or not all(isinstance(c, dict) for c in tool_calls):
+        raise bad("tool_calls is not a list of objects")
+    if not isinstance(usage, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in usage.values()
+    ):
+        raise bad("usage is not an object of token counts")
+    for name, kind in (("cost_usd", numbers), ("latency_ms", int), ("attempts", int)):
+        value = doc.get(name)
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise bad(f"{name} is not a number")
+    if not isinstance(doc.get("request_hash"), str):
+        raise bad("request_hash is not a string")
+    return wire.CompletionReply(
+        content=content,
+        tool_calls=tool_calls,
+        usage=usage,
+        cost_usd=float(doc["cost_usd"]),
+        latency_ms=int(doc["latency_ms"]),
+        request_hash=doc["request_hash"],
+        attempts=int(doc["attempts"]),
+    )
+
+
+def _gateway_error(model: str, status: int, data: bytes) -> ModelCallError:
+    """An error status's ``{"error": GatewayError}`` as the agent's model error."""
+    try:
+        doc = json.loads(data)
+        fields = doc["error"]
+        error = wire.GatewayError(
+            kind=fields["kind"],
+            message=str(fields["message"]),
+            limit=fields.get("limit"),
+            allowed=fields.get("allowed"),
+            used=fields.get("used"),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return ModelCallError(
+            f"model call to {model} failed: the model gateway answered HTTP {status} "
+            f"without an error document: {data[:200]!r}",
+            {"error_kind": "bad_reply", "status": status},
+        )
+    metadata: dict[str, Any] = {"error_kind": error.kind}
+    if error.kind not in wire.ERROR_STATUS:
+        metadata["status"] = status  # a kind this runner does not know: the status tells
+    if error.kind == "budget":
+        metadata.update(limit=error.limit, allowed=error.allowed, used=error.used)
+    return ModelCallError(f"model call to {model} failed: {error.message}", metadata)
 
 
 MODES = ("scripted", "replay", "live", "record")
 
 
 def choose_model(
-    project: Path, agent: str, forced: str | None = None, *, attempts: int = 3
+    project: Path,
+    agent: str,
+    forced: str | None = None,
+    *,
+    attempts: int = 3,
+    gateway: GatewayChannel | None = None,
 ) -> Model:
     scripted = project / "tests" / "models" / f"{agent}.py"
     recordings = project / "tests" / "recordings" / agent
@@ -286,12 +538,25 @@ def choose_model(
         if not recordings.is_dir():
             raise AgentRunError(f"model mode replay, but tests/recordings/{agent}/ does not exist")
         return ReplayModel(recordings)
-    if mode == "record":
-        return RecordingModel(recordings, attempts=attempts)
+    if gateway is not None:
+        return GatewayModel(
+            gateway,
+            agent=agent,
+            attempts=attempts,
+            record_to=recordings if mode == "record" else None,
+        )
+    # No gateway channel: LiteLLM in this process, with keys from the case's environment,
+    # as before the gateway. This path, and LiteLLM in the runner image, go once the worker
+    # gives every live case a gateway channel (issue 20); `gate record` on a developer's
+    # machine uses it until then too.
     try:
+        if mode == "record":
+            return RecordingModel(recordings, attempts=attempts)
         return LiveModel(attempts=attempts)
     except ImportError:
         raise AgentRunError(
-            f"agent {agent!r} needs a live model, and LiteLLM is not installed here; add "
-            f"tests/models/{agent}.py (scripted) or tests/recordings/{agent}/ (replay)"
+            f"agent {agent!r} needs a live model ({mode} mode), and this case has no model "
+            f"gateway (nor LiteLLM installed here); run the gate where the worker gives "
+            f"cases a model gateway, or add tests/models/{agent}.py (scripted) or "
+            f"tests/recordings/{agent}/ (replay)"
         ) from None

@@ -12,19 +12,21 @@ output is read by the worker's own reader (runner_contract), with the worker's o
 
 from __future__ import annotations
 
+import json
 import secrets
+import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from gate_runner import case_env
+from gate_runner import case_env, gateway_wire
 from gate_service import sandbox as port
 from gate_service.config import Settings
 from gate_service.runner_contract import UntrustedResult, parse_runner_output, result_blocks
@@ -44,6 +46,8 @@ from tests.fixtures.projects import write
 from tests.fixtures.sandbox import FakeSandbox
 
 SUITE = "tests/contract.yaml"
+REACH_SUITE = "tests/reach.yaml"
+REACH_VARIABLE = "REACH_TARGETS"
 REPORTS = "reports_its_environment"
 NAPS = "naps"  # long enough to be reaped, halted or cut off while it runs
 PROBE_VARIABLE = "CONTRACT_PROBE"
@@ -64,6 +68,58 @@ PROJECT = {
             time.sleep(payload.get("sleep", 0))
             return {{"seen": os.environ.get({PROBE_VARIABLE!r})}}
     """,
+    "agents/reach.yaml": """
+        version: "1.0"
+        name: reach
+        description: Tries every way out of its case container it is told of.
+        type: tool
+        tool_name: reach.out
+    """,
+    "tools/reach.py": f"""
+        import json
+        import os
+        import socket
+
+
+        def _tcp(host, port):
+            try:
+                with socket.create_connection((host, port), timeout=2):
+                    return "connected"
+            except OSError as exc:
+                return type(exc).__name__
+
+
+        def _udp(host, port):
+            try:
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+                    udp.settimeout(2)
+                    udp.sendto(b"ping", (host, port))
+                    udp.recvfrom(16)
+                    return "answered"
+            except OSError as exc:
+                return type(exc).__name__
+
+
+        def out(payload: dict) -> dict:
+            found = {{}}
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unix:
+                    unix.settimeout(5)
+                    unix.connect({gateway_wire.SOCKET_PATH!r})
+                    unix.sendall(b"ping")
+                    found["channel"] = unix.recv(16).decode()
+            except OSError as exc:
+                found["channel"] = type(exc).__name__
+            try:
+                open({gateway_wire.SOCKET_DIR!r} + "/left-behind", "w").close()
+                found["write"] = "written"
+            except OSError as exc:
+                found["write"] = type(exc).__name__
+            for host, port in json.loads(os.environ.get({REACH_VARIABLE!r}, "[]")):
+                found[f"tcp {{host}}:{{port}}"] = _tcp(host, port)
+                found[f"udp {{host}}:{{port}}"] = _udp(host, port)
+            return found
+    """,
     SUITE: f"""
         agent: probe
         tests:
@@ -73,6 +129,13 @@ PROJECT = {
           - name: {NAPS}
             payload: '{{"sleep": 20}}'
             timeout_s: 30
+    """,
+    REACH_SUITE: """
+        agent: reach
+        tests:
+          - name: reaches_out
+            payload: '{}'
+            timeout_s: 60
     """,
 }
 SETTLE_SECONDS = 60  # longest wait for a container to appear or a run to end on a busy engine
@@ -108,11 +171,13 @@ class Backend:
         nonce: str = "",
         wall_seconds: float = SETTLE_SECONDS,
         halt: threading.Event | None = None,
+        suite: str = SUITE,
+        model_channel: Path | None = None,
     ) -> RunResult:
         """One case of the contract project, as the worker starts it."""
         return self.sandbox.run(
             self.image,
-            runner_argv(self.settings, SUITE, case),
+            runner_argv(self.settings, suite, case),
             stdin=case_env.encode(env or {}, nonce or secrets.token_hex(32)),
             limits=RunLimits(
                 memory_mb=256,
@@ -124,6 +189,7 @@ class Backend:
             ),
             labels=labels or contract_labels(),
             halt=halt,
+            model_channel=model_channel,
         )
 
     def start(self, case: str, **kwargs: object) -> Future[RunResult]:
@@ -291,6 +357,92 @@ def test_a_halt_while_a_case_runs_removes_it_and_raises_halted(backend: Backend)
         running.result(timeout=SETTLE_SECONDS)
     assert time.monotonic() - halted_at < 10  # at the halt, not at the end of the nap
     wait_until(lambda: not present(backend.sandbox, labels), "the halted container is gone")
+
+
+@contextmanager
+def channel_folder(root: Path) -> Iterator[Path]:
+    """A host folder with a Unix socket that answers each connection "pong", as a model
+    gateway channel would be laid out (a folder the invocation uid can enter, a socket it may
+    connect to)."""
+    folder = root / uuid.uuid4().hex[:12]
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(folder / gateway_wire.SOCKET_NAME))
+    (folder / gateway_wire.SOCKET_NAME).chmod(0o666)
+    server.listen()
+    server.settimeout(0.2)
+    done = threading.Event()
+
+    def answer() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.recv(16)
+                conn.sendall(b"pong")
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        yield folder
+    finally:
+        done.set()
+        thread.join()
+        server.close()
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("backend", ["docker"], indirect=True)
+def test_a_case_reaches_its_model_channel_and_nothing_else(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """Docker only: the fake runs cases in this process, which has no mount namespace.
+
+    The case connects to the socket of its channel folder; it cannot write in that folder,
+    and no TCP or UDP address answers it: cloud metadata, the engine's bridge gateway (where
+    a listener of this host waits), loopback and an outside address.
+    """
+    import docker
+
+    client = docker.from_env()
+    try:
+        bridge = client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
+    finally:
+        client.close()
+    listener = socket.create_server(("0.0.0.0", 0))
+    listener.settimeout(0.2)
+    port_number = listener.getsockname()[1]
+    targets = [
+        ("169.254.169.254", 80),
+        (bridge, port_number),
+        ("127.0.0.1", port_number),
+        ("1.1.1.1", 443),
+        ("1.1.1.1", 53),
+    ]
+    nonce = secrets.token_hex(32)
+    try:
+        with channel_folder(tmp_path) as folder:
+            result = backend.run(
+                "reaches_out",
+                suite=REACH_SUITE,
+                env={REACH_VARIABLE: json.dumps(targets)},
+                nonce=nonce,
+                model_channel=folder,
+            )
+            left = sorted(p.name for p in folder.iterdir())
+        with pytest.raises(TimeoutError):
+            listener.accept()  # nothing from the case ever connected to this host
+    finally:
+        listener.close()
+    parsed = parse_runner_output(result.stdout, nonce=nonce)
+    (found,) = [invocation.output for invocation in parsed.invocations]
+    assert found.pop("channel") == "pong"
+    assert found.pop("write") != "written" and left == [gateway_wire.SOCKET_NAME]
+    assert len(found) == 2 * len(targets)
+    assert {k: v for k, v in found.items() if v in ("connected", "answered")} == {}
 
 
 def test_the_wall_deadline_ends_a_case_timed_out(backend: Backend) -> None:

@@ -12,7 +12,7 @@ from gate_service.models import Base
 
 TABLES = {
     "bundles", "gates", "jobs", "cases", "runs",
-    "projects", "api_tokens", "project_secrets", "audit_events",
+    "projects", "api_tokens", "project_secrets", "audit_events", "model_calls",
 }  # fmt: skip
 
 

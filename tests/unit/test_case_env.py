@@ -54,6 +54,47 @@ def test_the_environment_and_nonce_round_trip() -> None:
     assert case_env.decode(case_env.encode(env, "f" * 64)) == (env, "f" * 64)
 
 
+def test_a_handoff_without_a_gateway_is_the_format_before_there_was_one() -> None:
+    env = {"API_KEY": "sk-1"}
+    data = case_env.encode(env, "n" * 64)
+    assert data == b'19\n{"API_KEY": "sk-1"}' + b"n" * 64
+    assert case_env.decode_handoff(data) == (case_env.Handoff(env=env), "n" * 64)
+    assert case_env.decode_handoff(data)[0].gateway_token is None
+
+
+def test_the_gateway_token_round_trips_beside_the_environment_not_in_it() -> None:
+    env = {"API_KEY": "sk-1", "EMPTY": ""}
+    data = case_env.encode(env, "n" * 64, gateway_token="tok-abc")
+    handoff, nonce = case_env.decode_handoff(data)
+    assert (handoff.env, handoff.gateway_token, nonce) == (env, "tok-abc", "n" * 64)
+    # Readers that know only the environment still get it, without the token.
+    assert case_env.decode(data) == (env, "n" * 64)
+    assert "tok-abc" not in repr(handoff)
+
+
+def test_reading_the_handoff_leaves_the_nonce_in_the_pipe() -> None:
+    read_end, write_end = os.pipe()
+    os.write(write_end, case_env.encode({"A": "1"}, "the-nonce", gateway_token="t" * 43))
+    os.close(write_end)
+    handoff = case_env.read_handoff(read_end)
+    assert (handoff.env, handoff.gateway_token) == ({"A": "1"}, "t" * 43)
+    assert case_env.read_nonce(read_end) == "the-nonce"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"env": {}, "gateway": {}}',
+        b'{"env": {}, "gateway": {"token": ""}}',
+        b'{"env": {}, "gateway": "tok"}',
+        b'{"env": {"A": 1}, "gateway": {"token": "t"}}',
+    ],
+)
+def test_a_malformed_gateway_handoff_is_refused(body: bytes) -> None:
+    with pytest.raises(ValueError, match="handoff"):
+        case_env.decode_handoff(f"{len(body)}\n".encode() + body)
+
+
 def test_reading_the_environment_leaves_the_nonce_in_the_pipe() -> None:
     # The nonce must not be in the runner's memory while invocations run: the environment is
     # read up to its last byte and no further, the rest only at the end.

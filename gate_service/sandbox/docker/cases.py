@@ -10,12 +10,15 @@ import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import docker.errors
 import requests.exceptions
 import urllib3.exceptions
-from docker.types import LogConfig, Ulimit
+from docker.types import LogConfig, Mount, Ulimit
+
+from gate_runner import gateway_wire
 
 from ..port import LABEL, Halted, RunLimits, RunResult, SandboxError
 from .engine import DOCKER_ERRORS, HALT_POLL_SECONDS, MIB, DockerEngine, docker_errors
@@ -73,6 +76,7 @@ class CaseContainers(DockerEngine):
         labels: Mapping[str, str],
         stdin: bytes = b"",
         halt: threading.Event | None = None,
+        model_channel: Path | None = None,
     ) -> RunResult:
         """One case container, to its end or its wall deadline (see CaseRunner.run).
 
@@ -111,6 +115,18 @@ class CaseContainers(DockerEngine):
             # container, which was half the CPU of a case container's start (Docker 20.10).
             "network_disabled": limits.network == "none",
             "labels": {LABEL: "case", **labels},
+            # The case's model gateway socket, and nothing else of the host: read-only, so
+            # the case can connect to the socket but not replace it or leave files beside it.
+            "mounts": [
+                Mount(
+                    target=gateway_wire.SOCKET_DIR,
+                    source=str(model_channel),
+                    type="bind",
+                    read_only=True,
+                )
+            ]
+            if model_channel is not None
+            else [],
             # No environment of ours: the image's alone reaches the runner's process. What a
             # case needs (its environment, the nonce) goes to the runner's stdin, read once.
             # With stdin_open the SDK also sets StdinOnce (it creates attached containers):

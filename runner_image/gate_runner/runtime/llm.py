@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..models import Model, ModelReply, choose_model
+from ..models import Model, ModelCallError, ModelReply, choose_model
 from ..runtime_errors import AgentRunError
 from .guardrails import guard_input, guard_output
 from .middleware import call_middleware, middleware_of
@@ -44,7 +44,11 @@ def model_for(rt: Runtime, name: str) -> Model:
             raise AgentRunError("LLM agents need the project directory to find their model")
         retry = getattr(rt.agents[name].config, "retry_options", None)
         rt.models[name] = choose_model(
-            rt.project, name, rt.model_mode, attempts=int(getattr(retry, "attempts", 3))
+            rt.project,
+            name,
+            rt.model_mode,
+            attempts=int(getattr(retry, "attempts", 3)),
+            gateway=rt.gateway,
         )
     return rt.models[name]
 
@@ -155,15 +159,20 @@ def call_model(
         mode=model.mode,
         temperature=config.temperature,
     )
-    with timed(span):
-        reply = model.complete(
-            model=config.model or "",
-            messages=messages,
-            tools=schemas,
-            temperature=config.temperature,
-            context=context,
-        )
+    try:
+        with timed(span):
+            reply = model.complete(
+                model=config.model or "",
+                messages=messages,
+                tools=schemas,
+                temperature=config.temperature,
+                context=context,
+            )
+    except ModelCallError as exc:
+        span.metadata.update(exc.span_metadata)  # why it failed: e.g. which budget, how much
+        raise
     span.metadata.update(
+        reply.span_metadata,
         content=reply.content,
         tool_calls=[{"name": c.name, "arguments": c.arguments} for c in reply.tool_calls],
     )

@@ -21,7 +21,7 @@ from connic import StopProcessing
 from ..approvals import Approvals, AwaitingApproval
 from ..guardrails import GuardrailBlocked
 from ..mocks import Mocks, StrictFlags, StrictViolation
-from ..models import Model
+from ..models import GatewayChannel, Model
 from ..predefined import Predefined
 from ..runtime_errors import AgentNotFound, AgentRunError
 from . import triggers
@@ -84,11 +84,14 @@ class Runtime:
         loader: Any = None,
         project: Path | None = None,
         model_mode: str | None = None,
+        gateway: GatewayChannel | None = None,
     ) -> None:
         self.agents = agents
         self.loader = loader
         self.project = project
         self.model_mode = model_mode
+        # The case's model gateway channel, when it has one: live models go through it.
+        self.gateway = gateway
         # Each LLM agent's model, chosen on its first run in this invocation (llm.model_for).
         self.models: dict[str, Model] = {}
         self.predefined = Predefined()

@@ -1,0 +1,28 @@
+"""The gateway's one error shape: a wire ``GatewayError``, raised as an exception inside."""
+
+from __future__ import annotations
+
+from gate_runner.gateway_wire import ERROR_STATUS, ErrorKind, GatewayError
+
+
+class Failure(Exception):
+    """A call that ends in a ``GatewayError``; the channel answers it with its status."""
+
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        *,
+        limit: str | None = None,
+        allowed: float | None = None,
+        used: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.error = GatewayError(
+            kind=kind, message=message, limit=limit, allowed=allowed, used=used
+        )
+        self.attempts = 0  # tries made at the provider before it failed, for the record
+
+    @property
+    def status(self) -> int:
+        return ERROR_STATUS[self.error.kind]

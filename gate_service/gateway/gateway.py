@@ -1,0 +1,345 @@
+"""The worker's model gateway: every live call of its cases goes through here to LiteLLM.
+
+One per worker process, built at start-up (never at import: LiteLLM costs seconds to
+import, paid once here instead of in every invocation). It owns the budgets of the gates and
+projects it serves, and the retries: LiteLLM is called with none of its own, so that the
+agent's ``retry_options.attempts``, a provider's ``Retry-After`` and the gate's deadline
+decide them together.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gate_runner.gateway_wire import CompletionReply, CompletionRequest
+from gate_runner.models import request_key
+from gate_service.config import Settings
+
+from .budget import Budget, BudgetLedger, Budgets, Limits
+from .channel import Channel
+from .failure import Failure
+from .keys import ModelRoute, Route, resolve_route
+from .records import CallRecord
+
+# The longest wait between two tries when the provider names none, and the longest message
+# of a provider's error passed back to the agent.
+MAX_BACKOFF_S = 30.0
+MAX_MESSAGE_CHARS = 2000
+# Secret values shorter than this are not scrubbed from messages: too likely to be words.
+MIN_SCRUBBED_CHARS = 6
+
+
+class _Retryable(Exception):
+    """One failed try that may be tried again."""
+
+    def __init__(self, failure: Failure, retry_after_s: float | None) -> None:
+        super().__init__(failure.error.message)
+        self.failure = failure
+        self.retry_after_s = retry_after_s
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    """The seconds of a provider's ``Retry-After`` (LiteLLM keeps the HTTP response)."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None) or getattr(exc, "litellm_response_headers", None)
+    if not headers:
+        return None
+    try:
+        value = float(headers.get("retry-after", ""))
+    except (TypeError, ValueError):
+        return None  # absent, or an HTTP date: back off as for any other failure
+    return max(0.0, value)
+
+
+def default_socket_root() -> Path:
+    return Path(tempfile.gettempdir()) / "gate-gateway"
+
+
+class ModelGateway:
+    """Opens channels for cases and forwards their calls through LiteLLM."""
+
+    def __init__(
+        self,
+        *,
+        budgets: Budgets | None = None,
+        socket_root: Path | None = None,
+        retry_backoff_s: float = 1.0,
+    ) -> None:
+        # Never fetch the model cost map from the internet at import time.
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        import litellm
+
+        litellm.suppress_debug_info = True
+        self._litellm: Any = litellm
+        self.budgets = budgets or Budgets()
+        self.socket_root = socket_root or default_socket_root()
+        self.retry_backoff_s = retry_backoff_s
+        self._ledger = BudgetLedger()
+        self._lock = threading.Lock()
+        self._gate_budgets: dict[str, Budget] = {}
+        self._project_budgets: dict[str, Budget] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ModelGateway:
+        return cls(
+            budgets=Budgets(
+                gate=Limits(
+                    calls=settings.gateway_gate_max_calls,
+                    tokens=settings.gateway_gate_max_tokens,
+                    cost_usd=settings.gateway_gate_max_cost_usd,
+                    concurrent_calls=settings.gateway_gate_max_concurrent_calls,
+                ),
+                project=Limits(
+                    calls=settings.gateway_project_max_calls,
+                    tokens=settings.gateway_project_max_tokens,
+                    cost_usd=settings.gateway_project_max_cost_usd,
+                    concurrent_calls=settings.gateway_project_max_concurrent_calls,
+                ),
+                project_window_s=settings.gateway_project_window_seconds,
+            ),
+            socket_root=settings.gateway_socket_root,
+            retry_backoff_s=settings.gateway_retry_backoff_seconds,
+        )
+
+    # Channels and budgets
+
+    def open_channel(
+        self,
+        *,
+        gate_id: str,
+        case_id: str,
+        project_id: str,
+        secrets: Mapping[str, str],
+        deadline: float,
+        routes: Sequence[ModelRoute] = (),
+        budgets: Budgets | None = None,
+    ) -> Channel:
+        """A channel for one case of ``gate_id``, calling with ``project_id``'s ``secrets``
+        (name → value) and ``routes``, until ``deadline`` (a ``time.monotonic()`` instant).
+
+        ``budgets`` (default: the gateway's own) sets the gate's limits when its first
+        channel opens and the project's when the project is first seen in this process;
+        later channels share those counters."""
+        chosen = budgets or self.budgets
+        with self._lock:
+            gate = self._gate_budgets.get(gate_id)
+            if gate is None:
+                gate = self._gate_budgets[gate_id] = Budget("gate", chosen.gate)
+            project = self._project_budgets.get(project_id)
+            if project is None:
+                project = self._project_budgets[project_id] = Budget(
+                    "project", chosen.project, window_s=chosen.project_window_s
+                )
+        return Channel(
+            root=self.socket_root,
+            gate_id=gate_id,
+            case_id=case_id,
+            project_id=project_id,
+            secrets_=secrets,
+            routes=routes,
+            budgets=(gate, project),
+            deadline=deadline,
+            complete=self.complete,
+        )
+
+    def end_gate(self, gate_id: str) -> None:
+        """Forget a finished gate's budget (its channels are closed)."""
+        with self._lock:
+            self._gate_budgets.pop(gate_id, None)
+
+    # One call
+
+    def complete(self, channel: Channel, request: CompletionRequest) -> CallRecord:
+        """Route, budget and forward one call; its record, whether it was answered or not."""
+        started = time.monotonic()
+        key = request_key(request.replay_request())
+        attempts = 0
+        tokens_in = tokens_out = 0
+        cost = 0.0
+        try:
+            route = resolve_route(
+                request.model, channel.secrets, channel.routes, provider_of=self._provider_of
+            )
+            self._ledger.admit(channel.budgets)
+            try:
+                response, attempts = self._forward(channel, request, route)
+                tokens_in, tokens_out = _usage(response)
+                cost = self._cost(response)
+            finally:
+                self._ledger.settle(channel.budgets, tokens=tokens_in + tokens_out, cost_usd=cost)
+        except Failure as failure:
+            return CallRecord(
+                request_hash=key,
+                request=request.replay_request(),
+                agent=request.agent,
+                status=failure.error.kind,
+                reply=None,
+                error=failure.error,
+                attempts=failure.attempts,
+                latency_ms=_ms_since(started),
+            )
+        content, tool_calls = _message_of(response)
+        reply = CompletionReply(
+            content=content,
+            tool_calls=tool_calls,
+            usage={"prompt_tokens": tokens_in, "completion_tokens": tokens_out},
+            cost_usd=cost,
+            latency_ms=_ms_since(started),
+            request_hash=key,
+            attempts=attempts,
+        )
+        return CallRecord(
+            request_hash=key,
+            request=request.replay_request(),
+            agent=request.agent,
+            status="ok",
+            reply=reply,
+            error=None,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            cost_usd=cost,
+            latency_ms=reply.latency_ms,
+            attempts=attempts,
+        )
+
+    def _provider_of(self, model: str) -> str | None:
+        try:
+            return str(self._litellm.get_llm_provider(model)[1])
+        except Exception:
+            return None  # LiteLLM knows no provider for this name
+
+    def _forward(
+        self, channel: Channel, request: CompletionRequest, route: Route
+    ) -> tuple[Any, int]:
+        """The provider's response and the tries it took; at most ``request.attempts``
+        tries, each within the gate's deadline, waiting as the provider asks between them."""
+        attempt = 0
+        while True:
+            attempt += 1
+            left = channel.deadline - time.monotonic()
+            if left <= 0:
+                raise Failure(
+                    "deadline",
+                    f"the gate's deadline came before model {request.model} answered "
+                    f"({attempt - 1} tries made)",
+                )
+            timeout = min(request.timeout_s, left)
+            try:
+                cut = timeout < request.timeout_s
+                return self._try(channel, request, route, timeout, cut_by_deadline=cut), attempt
+            except Failure as failure:
+                failure.attempts = attempt
+                raise
+            except _Retryable as failed:
+                if attempt >= request.attempts:
+                    failed.failure.attempts = attempt
+                    raise failed.failure from None
+                wait = failed.retry_after_s
+                if wait is None:
+                    wait = min(MAX_BACKOFF_S, self.retry_backoff_s * 2 ** (attempt - 1))
+                left = channel.deadline - time.monotonic()
+                if wait >= left:
+                    late = Failure(
+                        "deadline",
+                        f"{failed.failure.error.message}; the next try would start in "
+                        f"{wait:g} s, after the gate's deadline in {max(0.0, left):.1f} s",
+                    )
+                    late.attempts = attempt
+                    raise late from None
+                if channel.wait(wait):
+                    over = Failure("refused", "the channel's case is over")
+                    over.attempts = attempt
+                    raise over from None
+
+    def _try(
+        self,
+        channel: Channel,
+        request: CompletionRequest,
+        route: Route,
+        timeout: float,
+        *,
+        cut_by_deadline: bool,
+    ) -> Any:
+        """One try at the provider. A failure worth another try is ``_Retryable``."""
+        litellm = self._litellm
+        extra: dict[str, Any] = {}
+        if route.api_base:
+            extra["api_base"] = route.api_base
+        if route.api_version:
+            extra["api_version"] = route.api_version
+        try:
+            return litellm.completion(
+                model=route.model,
+                messages=request.messages,
+                tools=request.tools or None,
+                temperature=request.temperature,
+                timeout=timeout,
+                api_key=route.api_key,
+                # The gateway owns retries: neither LiteLLM nor the OpenAI client may add any.
+                num_retries=0,
+                max_retries=0,
+                **extra,
+            )
+        except Exception as exc:
+            message = self._message(channel, request, exc)
+            if isinstance(exc, litellm.Timeout):
+                if cut_by_deadline:
+                    raise Failure(
+                        "deadline",
+                        f"the gate's deadline came before model {request.model} answered",
+                    ) from None
+                raise _Retryable(Failure("provider", message), None) from None
+            if isinstance(exc, litellm.RateLimitError):
+                raise _Retryable(Failure("rate_limited", message), _retry_after(exc)) from None
+            status = getattr(exc, "status_code", None)
+            if isinstance(exc, litellm.APIConnectionError) or (
+                isinstance(status, int) and status >= 500
+            ):
+                raise _Retryable(Failure("provider", message), _retry_after(exc)) from None
+            raise Failure("provider", message) from None
+
+    @staticmethod
+    def _message(channel: Channel, request: CompletionRequest, exc: BaseException) -> str:
+        """The provider's error for the agent, with no secret value of the project in it."""
+        text = f"model call to {request.model} failed: {type(exc).__name__}: {exc}"
+        for name, value in channel.secrets.items():
+            if len(value) >= MIN_SCRUBBED_CHARS:
+                text = text.replace(value, f"[secret {name}]")
+        return text[:MAX_MESSAGE_CHARS]
+
+    def _cost(self, response: Any) -> float:
+        """The call's price from LiteLLM's cost map; 0 for a model the map does not know."""
+        try:
+            return float(self._litellm.completion_cost(completion_response=response) or 0.0)
+        except Exception:
+            return 0.0
+
+
+def _ms_since(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
+
+
+def _usage(response: Any) -> tuple[int, int]:
+    usage = getattr(response, "usage", None)
+    if usage is None:
+        return 0, 0
+    return (
+        int(getattr(usage, "prompt_tokens", 0) or 0),
+        int(getattr(usage, "completion_tokens", 0) or 0),
+    )
+
+
+def _message_of(response: Any) -> tuple[str | None, list[dict[str, Any]]]:
+    """The answer's text and tool calls, as gate_runner.models.parse_reply reads them."""
+    message = response.choices[0].message
+    calls = [
+        {"id": c.id, "name": c.function.name, "arguments": c.function.arguments or "{}"}
+        for c in (getattr(message, "tool_calls", None) or [])
+    ]
+    return message.content, calls

@@ -1,0 +1,112 @@
+"""The model gateway's wire: how a case's runner asks its worker's gateway for one completion.
+
+A live case has no network. Its worker serves a model gateway (gate_service/gateway), and
+gives each case a channel of its own: a Unix socket in a host folder that is bind-mounted
+read-only into that case's container alone, at ``SOCKET_DIR`` (design.md, "Trust
+boundaries"), and a token that only this channel accepts, handed to the runner on its stdin
+with the case's environment (gate_runner/case_env.py). The gateway holds the provider keys,
+the budgets and the record of every call; the runner holds none of them.
+
+One request a connection: ``POST COMPLETE_PATH`` with ``Authorization: Bearer <token>`` and a
+``CompletionRequest`` as JSON. The answer is ``200`` with a ``CompletionReply``, or an error
+status with ``{"error": GatewayError}``. Each error kind is a model error to the agent (its
+``message`` says what happened, and for ``budget`` which limit and how much was used).
+
+May import the standard library only, and never ``gate_service``: the runner loads this.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final, Literal
+
+SOCKET_DIR: Final = "/run/gate-model"  # in the case container, read-only
+SOCKET_NAME: Final = "model.sock"
+SOCKET_PATH: Final = f"{SOCKET_DIR}/{SOCKET_NAME}"
+COMPLETE_PATH: Final = "/v1/complete"
+# A request carries the whole conversation so far; an answer, one message.
+MAX_REQUEST_BYTES: Final = 8 * 1024 * 1024
+MAX_REPLY_BYTES: Final = 8 * 1024 * 1024
+
+ErrorKind = Literal[
+    "refused",  # no or wrong token, or the channel's case is over: nothing was forwarded
+    "bad_request",  # not a CompletionRequest, or over MAX_REQUEST_BYTES
+    "budget",  # a gate or project limit (calls, tokens, cost, concurrent calls) is reached
+    "provider",  # the provider answered an error, after the retries the agent allows
+    "rate_limited",  # the provider's 429, after the retries the agent allows
+    "deadline",  # the gate's deadline comes before an answer (or a retry) could
+    "no_route",  # no key or route for this model's provider among the project's secrets
+]
+ERROR_STATUS: Final[dict[str, int]] = {
+    "refused": 403,
+    "bad_request": 400,
+    "budget": 429,
+    "provider": 502,
+    "rate_limited": 503,
+    "deadline": 504,
+    "no_route": 424,
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompletionRequest:
+    """What the agent asks its model: the fields the replay key is computed over, and how
+    hard to try. ``replay_request()`` is exactly what gate_runner.models.request_key hashes,
+    so a recorded call replays under the key the runner looks it up by."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    temperature: float = 0.0
+    agent: str = ""
+    # retry_options.attempts: the first try counts, so at most attempts - 1 retries.
+    attempts: int = 1
+    timeout_s: float = 60.0  # one attempt's
+
+    def replay_request(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "messages": self.messages,
+            "tools": self.tools,
+            "temperature": self.temperature,
+        }
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), default=str).encode()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompletionReply:
+    """One answer, in the shape gate_runner.models.parse_reply reads, with what it cost."""
+
+    content: str | None
+    tool_calls: list[dict[str, Any]]  # {"id", "name", "arguments"}, arguments a JSON string
+    usage: dict[str, int]  # {"prompt_tokens", "completion_tokens"}
+    cost_usd: float
+    latency_ms: int
+    request_hash: str  # the replay key (gate_runner.models.request_key) of the request
+    attempts: int  # how many tries the gateway made, retries included
+
+    def raw(self) -> dict[str, Any]:
+        """The reply as a recording stores it and parse_reply accepts it."""
+        reply: dict[str, Any] = {"content": self.content, "usage": dict(self.usage)}
+        if self.tool_calls:
+            reply["tool_calls"] = list(self.tool_calls)
+        return reply
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayError:
+    kind: ErrorKind
+    message: str
+    # For kind "budget": the limit's name (e.g. "gate.tokens"), its value and the amount used.
+    limit: str | None = None
+    allowed: float | None = None
+    used: float | None = None
+
+    def to_json(self) -> bytes:
+        return json.dumps({"error": asdict(self)}).encode()

@@ -1,0 +1,222 @@
+"""Live models through the model gateway, end to end: `gate serve` on the real engine, the
+OpenAI-compatible fake provider on this host, no internet (issue 20, items 1, 2 and 8).
+
+A live case's agent answers through its worker's gateway, which calls the provider with the
+project's key. Inside a case of the same gate, a tool finds that key nowhere (its
+environment, every file it can read), finds no TCP or UDP address that answers (cloud
+metadata, the engine's bridge gateway where the gate's API and the provider listen, loopback,
+an outside address), and finds the gateway refusing a token that is not its channel's.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import httpx
+import pytest
+
+from gate_runner import gateway_wire
+from gate_service.client.api import GateClient
+from tests.e2e.conftest import running
+from tests.fixtures.auth import ADMIN_TOKEN, bearer, project_token
+from tests.fixtures.db import create_database, drop_database
+from tests.fixtures.fake_llm import FakeProvider
+from tests.fixtures.projects import bundle_of, write
+
+pytestmark = pytest.mark.docker
+
+LOOK_TOOL = f"""
+import json
+import os
+import socket
+
+SKIP = ("/proc", "/sys", "/dev")
+
+
+def _tcp(host, port):
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return "connected"
+    except OSError as exc:
+        return type(exc).__name__
+
+
+def _udp(host, port):
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.settimeout(2)
+            udp.sendto(b"ping", (host, port))
+            udp.recvfrom(16)
+            return "answered"
+    except OSError as exc:
+        return type(exc).__name__
+
+
+def _gateway_with(token):
+    request = json.dumps({{"model": "openai/gpt-4o", "messages": []}}).encode()
+    head = (
+        f"POST {gateway_wire.COMPLETE_PATH} HTTP/1.1\\r\\nHost: gateway\\r\\n"
+        f"Authorization: Bearer {{token}}\\r\\nContent-Type: application/json\\r\\n"
+        f"Content-Length: {{len(request)}}\\r\\nConnection: close\\r\\n\\r\\n"
+    ).encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unix:
+        unix.settimeout(10)
+        unix.connect({gateway_wire.SOCKET_PATH!r})
+        unix.sendall(head + request)
+        answer = unix.recv(64).decode(errors="replace")
+    return int(answer.split()[1])
+
+
+def search(payload: dict) -> dict:
+    key = payload["first"] + payload["second"]  # never whole in the bundle itself
+    found, scanned = [], 0
+    for name, value in os.environ.items():
+        if key in name or key in value:
+            found.append("env:" + name)
+    for top, dirs, files in os.walk("/"):
+        if top.startswith(SKIP):
+            dirs[:] = []
+            continue
+        for name in files:
+            path = os.path.join(top, name)
+            try:
+                with open(path, "rb") as handle:
+                    if key.encode() in handle.read(4 * 1024 * 1024):
+                        found.append(path)
+                scanned += 1
+            except OSError:
+                pass
+    return {{"found": found, "scanned": scanned}}
+
+
+def reach(payload: dict) -> dict:
+    opened = []
+    for host, port in payload["targets"]:
+        if _tcp(host, port) == "connected":
+            opened.append(f"tcp {{host}}:{{port}}")
+        if _udp(host, port) == "answered":
+            opened.append(f"udp {{host}}:{{port}}")
+    return {{"open": opened, "gateway": _gateway_with("not-this-channels-token")}}
+"""
+
+
+def live_project(root: Path, key: str, targets: list[tuple[str, int]]) -> bytes:
+    half = len(key) // 2
+    search_payload = json.dumps({"first": key[:half], "second": key[half:]})
+    files = {
+        "agents/live-bot.yaml": """
+            version: "1.0"
+            name: live-bot
+            description: Talks to a real provider, through the gateway.
+            model: openai/gpt-4o
+            system_prompt: Be brief.
+            retry_options: {attempts: 2, initial_delay: 0, max_delay: 1}
+        """,
+        "agents/search.yaml": """
+            version: "1.0"
+            name: search
+            description: Looks for the provider key everywhere it can read.
+            type: tool
+            tool_name: look.search
+        """,
+        "agents/reach.yaml": """
+            version: "1.0"
+            name: reach
+            description: Tries every way out of the case.
+            type: tool
+            tool_name: look.reach
+        """,
+        "tools/look.py": LOOK_TOOL,
+        "tests/live-bot.yaml": """
+            tests:
+              - name: answers
+                payload: hi
+                expected_result: output == "hello from the fake provider"
+        """,
+        "tests/search.yaml": f"""
+            tests:
+              - name: finds_no_key
+                payload: '{search_payload}'
+                timeout_s: 120
+                expected_result: output.found == [] and output.scanned > 100
+        """,
+        "tests/reach.yaml": f"""
+            tests:
+              - name: reaches_only_the_gateway
+                payload: '{json.dumps({"targets": targets})}'
+                timeout_s: 120
+                expected_result: output.open == [] and output.gateway == 403
+        """,
+    }
+    return bundle_of(write(root, files))
+
+
+@pytest.fixture
+def provider() -> Iterator[FakeProvider]:
+    fake = FakeProvider()
+    try:
+        yield fake
+    finally:
+        fake.close()
+
+
+@pytest.fixture
+def serve(
+    docker_engine: None, pg_server_url: str, gate_url: str, tmp_path: Path
+) -> Iterator[dict[str, Any]]:
+    """``gate_url`` first: its serve has prepared the images, so this one starts quickly."""
+    database = create_database(pg_server_url)
+    try:
+        with running("serve", tmp_path, GATE_DATABASE_URL=database) as served:
+            yield {"url": served.url, "port": int(served.url.rsplit(":", 1)[1])}
+    finally:
+        drop_database(pg_server_url, database)
+
+
+def bridge_gateway() -> str:
+    client = docker.from_env()
+    try:
+        return str(client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"])
+    finally:
+        client.close()
+
+
+def test_a_live_gate_passes_and_its_cases_find_no_key_and_no_way_out(
+    serve: dict[str, Any], provider: FakeProvider, tmp_path: Path
+) -> None:
+    key = f"sk-{secrets.token_hex(16)}"
+    bridge = bridge_gateway()
+    provider_port = int(provider.url.split(":")[2].split("/")[0])
+    targets = [
+        ("169.254.169.254", 80),
+        (bridge, serve["port"]),  # the gate's API, on all of this host's addresses
+        (bridge, provider_port),  # the provider (it listens on loopback only, too)
+        ("127.0.0.1", serve["port"]),
+        ("1.1.1.1", 443),
+        ("1.1.1.1", 53),
+    ]
+    with httpx.Client(base_url=serve["url"], headers=bearer(ADMIN_TOKEN), timeout=60) as admin:
+        token = project_token(admin, "live", ["submit", "read"])
+        for name, value in {"OPENAI_API_KEY": key, "OPENAI_API_BASE": provider.url}.items():
+            r = admin.put(f"/v1/projects/live/secrets/{name}", json={"value": value})
+            assert r.status_code == 201, r.text
+    live = GateClient(serve["url"], token=token)
+    try:
+        gate = live.submit(live_project(tmp_path / "p", key, targets))
+        done = live.wait(gate["id"], timeout_s=600)
+    finally:
+        live.close()
+    by_name = {case["test_name"]: case for case in done["cases"]}
+    assert {name: case["status"] for name, case in by_name.items()} == {
+        "answers": "passed",
+        "finds_no_key": "passed",
+        "reaches_only_the_gateway": "passed",
+    }, {name: case.get("failure_reason") for name, case in by_name.items()}
+    assert done["status"] == "passed"
+    # The one call the gate made reached the provider with the project's key.
+    assert [auth for auth, _ in provider.calls] == [f"Bearer {key}"]

@@ -1,0 +1,195 @@
+"""The worker serves live cases from its model gateway: each case gets a channel of its own,
+the project's provider keys stay with the worker, and two projects' gates call with their own
+keys at once.
+
+Real Postgres, the real queue and worker, a real gateway (LiteLLM, a Unix socket per case)
+and the OpenAI-compatible fake provider on loopback; the sandbox is the fake one, which runs
+the real runner in this process and hands it the channel as the engine's bind mount would
+(the engine's side is tests/contract/test_sandbox_port.py and tests/e2e/test_live_gateway.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from gate_service.config import Settings
+from gate_service.gateway import ModelGateway
+from gate_service.worker.handler import WorkerContext
+from gate_service.worker.loop import Worker
+from tests.fixtures.auth import as_token, project_token
+from tests.fixtures.fake_llm import FakeProvider
+from tests.fixtures.projects import bundle_of, write
+from tests.fixtures.sandbox import FakeSandbox
+
+OTHER_SECRET = "not-a-provider-key-value"
+
+
+def live_bot(root: Path, greeting: str) -> bytes:
+    """A live agent (no scripted model, no recordings) whose case says ``greeting``."""
+    files = {
+        "agents/live-bot.yaml": """
+            version: "1.0"
+            name: live-bot
+            description: Talks to a real provider.
+            model: openai/gpt-4o
+            system_prompt: Be brief.
+            retry_options: {attempts: 2, initial_delay: 0, max_delay: 1}
+        """,
+        "tests/live-bot.yaml": f"""
+            tests:
+              - name: answers
+                payload: {greeting}
+                expected_result: output == "hello from the fake provider"
+        """,
+    }
+    return bundle_of(write(root, files))
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[ModelGateway]:
+    # A short root of its own: a Unix socket's path must stay under 108 bytes.
+    root = Path(tempfile.mkdtemp(prefix="gw-"))
+    try:
+        yield ModelGateway(socket_root=root, retry_backoff_s=0.0)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def provider() -> Iterator[FakeProvider]:
+    fake = FakeProvider()
+    try:
+        yield fake
+    finally:
+        fake.close()
+
+
+def tenant(client: TestClient, name: str, provider: FakeProvider) -> TestClient:
+    """A project with its own provider key (and endpoint) among its secrets."""
+    c = as_token(client, project_token(client, name, ["submit", "read"]))
+    for key, value in {
+        "OPENAI_API_KEY": f"sk-{name}",
+        "OPENAI_API_BASE": provider.url,
+        "OTHER_SETTING": OTHER_SECRET,
+    }.items():
+        r = client.put(f"/v1/projects/{name}/secrets/{key}", json={"value": value})
+        assert r.status_code == 201, r.text
+    return c
+
+
+def worker(
+    settings: Settings, sessions: sessionmaker[Session], sandbox: FakeSandbox, gw: ModelGateway
+) -> Worker:
+    sandbox.apply_env = True  # as the real runner gives each invocation the case's environment
+    ctx = WorkerContext(
+        settings=settings, sessions=sessions, sandbox=sandbox, stop=threading.Event(), gateway=gw
+    )
+    return Worker(ctx, name="gateway-worker")
+
+
+def test_a_live_case_calls_through_its_channel_and_never_gets_the_key(
+    client: TestClient,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    gateway: ModelGateway,
+    provider: FakeProvider,
+    tmp_path: Path,
+) -> None:
+    alpha = tenant(client, "alpha", provider)
+    sandbox = FakeSandbox()
+    r = alpha.post("/v1/gates", files={"bundle": ("b.tgz", live_bot(tmp_path / "p", "hi"))})
+    assert r.status_code == 202, r.text
+    assert worker(settings, sessions, sandbox, gateway).run_once()
+
+    gate = alpha.get(f"/v1/gates/{r.json()['id']}").json()
+    assert gate["status"] == "passed", gate
+    assert [auth for auth, _ in provider.calls] == ["Bearer sk-alpha"]
+    # The gateway's record, not the runner's word: one call, the provider's token counts.
+    totals = gate["model_calls"]
+    assert (totals["calls"], totals["tokens_in"], totals["tokens_out"]) == (1, 3, 4)
+    assert gate["cases"][0]["model_calls"]["calls"] == 1
+    # The case got the project's other secret, and none of the provider's.
+    (env,) = sandbox.envs
+    assert env["OTHER_SETTING"] == OTHER_SECRET
+    assert not {"OPENAI_API_KEY", "OPENAI_API_BASE"} & env.keys()
+    # Its channel was its own, and is gone with the case.
+    (folder,) = sandbox.model_channels
+    assert folder is not None and not folder.exists()
+
+
+def test_two_projects_gates_at_once_each_call_with_their_own_key(
+    client: TestClient,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    gateway: ModelGateway,
+    provider: FakeProvider,
+    tmp_path: Path,
+) -> None:
+    names = ("alpha", "beta")
+    tenants = {name: tenant(client, name, provider) for name in names}
+    # Both calls wait at the provider until both have arrived: the two gates overlap.
+    provider.script = ["block", "block"]
+    for name, c in tenants.items():
+        bundle = live_bot(tmp_path / name, f"hi from {name}")
+        assert c.post("/v1/gates", files={"bundle": ("b.tgz", bundle)}).status_code == 202
+    workers = [worker(settings, sessions, FakeSandbox(), gateway) for _ in names]
+    threads = [threading.Thread(target=w.run_once) for w in workers]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in names:
+            assert provider.blocked.acquire(timeout=120), "both calls reach the provider"
+    finally:
+        provider.release()
+        for thread in threads:
+            thread.join(timeout=120)
+
+    by_greeting = {body["messages"][-1]["content"]: auth for auth, body in provider.calls}
+    assert by_greeting == {"hi from alpha": "Bearer sk-alpha", "hi from beta": "Bearer sk-beta"}
+    for c in tenants.values():
+        (gate,) = c.get("/v1/gates").json()["items"]
+        assert gate["status"] == "passed", gate
+
+
+def test_a_live_gates_recordings_replay_it_with_no_model_call(
+    client: TestClient,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    gateway: ModelGateway,
+    provider: FakeProvider,
+    tmp_path: Path,
+) -> None:
+    alpha = tenant(client, "alpha", provider)
+    project = tmp_path / "p"
+    live = alpha.post("/v1/gates", files={"bundle": ("b.tgz", live_bot(project, "hi"))})
+    assert worker(settings, sessions, FakeSandbox(), gateway).run_once()
+    assert alpha.get(f"/v1/gates/{live.json()['id']}").json()["status"] == "passed"
+
+    exported = alpha.get(f"/v1/gates/{live.json()['id']}/recordings")
+    assert exported.status_code == 200, exported.text
+    (recording,) = exported.json()["recordings"]
+    assert recording["path"].startswith("tests/recordings/live-bot/")
+    target = project / recording["path"]
+    target.parent.mkdir(parents=True)
+    target.write_text(json.dumps(recording["content"]))
+
+    calls_before = len(provider.calls)
+    replayed = alpha.post(
+        "/v1/gates",
+        files={"bundle": ("b.tgz", bundle_of(project))},
+        data={"model_mode": "replay"},
+    )
+    assert replayed.status_code == 202, replayed.text
+    assert worker(settings, sessions, FakeSandbox(), gateway).run_once()
+    gate = alpha.get(f"/v1/gates/{replayed.json()['id']}").json()
+    assert gate["status"] == "passed", gate
+    assert len(provider.calls) == calls_before and gate["model_calls"]["calls"] == 0

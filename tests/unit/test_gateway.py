@@ -1,0 +1,452 @@
+"""The model gateway's service side through its real parts: a channel's Unix socket, LiteLLM
+imported once, and the OpenAI-compatible fake provider on loopback. No Docker, no Postgres.
+
+No assertion here is on wall-clock time: retries and deadlines are judged by what the
+provider saw and by the error's kind."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gate_runner.gateway_wire import COMPLETE_PATH, MAX_REQUEST_BYTES, SOCKET_NAME
+from gate_runner.models import ReplayModel, request_key
+from gate_service.gateway import Budgets, Limits, ModelRoute
+from tests.fixtures.fake_llm import FakeProvider
+from tests.fixtures.gateway import Gateways, ask, post, request
+
+KEY_A = "sk-project-a-0001"
+KEY_B = "sk-project-b-0002"
+
+
+def openai(provider: FakeProvider, key: str = KEY_A) -> dict[str, str]:
+    return {"OPENAI_API_KEY": key, "OPENAI_API_BASE": provider.url}
+
+
+def error(answer: dict[str, Any]) -> dict[str, Any]:
+    body: dict[str, Any] = answer["error"]
+    return body
+
+
+def test_a_call_reaches_the_provider_with_the_projects_key_and_is_recorded(
+    gateways: Gateways, fake_provider: FakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The process environment points elsewhere: key and endpoint must come from the secrets.
+    monkeypatch.setenv("OPENAI_API_BASE", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    channel = gateways.open(openai(fake_provider))
+    assert stat.S_IMODE(channel.folder.stat().st_mode) == 0o755
+    assert stat.S_IMODE((channel.folder / SOCKET_NAME).stat().st_mode) == 0o666
+    assert channel.folder.parent == gateways.root
+
+    status, answer = ask(channel, "hello?")
+    assert status == 200, answer
+    assert answer["content"] == fake_provider.answer
+    assert answer["usage"] == {"prompt_tokens": 3, "completion_tokens": 4}
+    assert answer["attempts"] == 1
+    assert fake_provider.calls == [
+        (
+            f"Bearer {KEY_A}",
+            {
+                "model": "gpt-4o",
+                "messages": [{"role": "user", "content": "hello?"}],
+                "temperature": 0.0,
+            },
+        )
+    ]
+    (record,) = channel.records
+    key = request_key(request("hello?").replay_request())
+    assert answer["request_hash"] == record.request_hash == key
+    assert record.request == request("hello?").replay_request()
+    assert record.status == "ok"
+    assert record.error is None
+    assert record.reply is not None
+    assert record.reply.raw() == {
+        "content": fake_provider.answer,
+        "usage": {"prompt_tokens": 3, "completion_tokens": 4},
+    }
+    assert (record.tokens_in, record.tokens_out, record.attempts) == (3, 4, 1)
+    assert record.cost_usd > 0  # gpt-4o is in LiteLLM's local cost map
+    assert answer["cost_usd"] == record.cost_usd
+    assert record.latency_ms >= 0
+    assert answer["latency_ms"] == record.latency_ms
+
+    channel.close()
+    assert not channel.folder.exists()
+    channel.close()  # idempotent
+
+
+def test_two_projects_at_once_each_reach_the_provider_with_their_own_key(
+    gateways: Gateways, fake_provider: FakeProvider
+) -> None:
+    a = gateways.open(openai(fake_provider, KEY_A), gate="ga", project="pa")
+    b = gateways.open(openai(fake_provider, KEY_B), gate="gb", project="pb")
+    # The first two calls wait at the provider until both are there: the two projects'
+    # calls are in flight in the gateway at the same time.
+    fake_provider.script = ["block", "block"]
+    jobs = [(a, f"{KEY_A} #{i}") for i in range(4)] + [(b, f"{KEY_B} #{i}") for i in range(4)]
+    order = [jobs[0], jobs[4], *jobs[1:4], *jobs[5:]]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        first = [pool.submit(ask, channel, text) for channel, text in order[:2]]
+        assert fake_provider.blocked.acquire(timeout=30)
+        assert fake_provider.blocked.acquire(timeout=30)
+        fake_provider.release()
+        rest = [pool.submit(ask, channel, text) for channel, text in order[2:]]
+        answers = [future.result(timeout=60) for future in first + rest]
+    assert [status for status, _ in answers] == [200] * 8
+    assert len(fake_provider.calls) == 8
+    for authorization, body in fake_provider.calls:
+        text = body["messages"][0]["content"]
+        assert authorization == f"Bearer {text.split(' #')[0]}", (authorization, text)
+    assert len(a.records) == len(b.records) == 4
+
+
+def test_a_foreign_missing_or_outlived_token_is_refused_and_nothing_is_forwarded(
+    gateways: Gateways, fake_provider: FakeProvider
+) -> None:
+    mine = gateways.open(openai(fake_provider), gate="g1", case="c1")
+    other_case = gateways.open(openai(fake_provider), gate="g1", case="c2")
+    other_gate = gateways.open(openai(fake_provider), gate="g2", case="c1")
+    for token in (other_case.token, other_gate.token, None, "", mine.token + "x"):
+        status, answer = post(mine.folder, request(), token=token)
+        assert status == 403, (token, answer)
+        assert error(answer)["kind"] == "refused"
+    status, answer = post(
+        mine.folder, request(), token=None, headers={"Authorization": mine.token}
+    )  # not Bearer
+    assert (status, error(answer)["kind"]) == (403, "refused")
+
+    other_case.close()
+    with pytest.raises((FileNotFoundError, ConnectionRefusedError)):
+        post(other_case.folder, request(), token=other_case.token)
+    assert not other_case.folder.exists()
+    assert fake_provider.calls == []
+    assert mine.records == other_case.records == other_gate.records == []
+    # The channel that was not closed still answers its own token.
+    assert ask(mine)[0] == 200
+
+
+def test_closing_a_channel_cuts_its_call_in_flight(
+    gateways: Gateways, fake_provider: FakeProvider
+) -> None:
+    channel = gateways.open(openai(fake_provider))
+    fake_provider.script = ["block"]
+    outcome: list[Any] = []
+
+    def call() -> None:
+        try:
+            outcome.append(ask(channel))
+        except Exception as exc:  # the connection cut under it
+            outcome.append(exc)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    assert fake_provider.blocked.acquire(timeout=30)
+    channel.close()
+    thread.join(timeout=30)
+    fake_provider.release()
+    assert len(outcome) == 1
+    assert not (isinstance(outcome[0], tuple) and outcome[0][0] == 200), outcome
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{not json", "not JSON"),
+        (b"[]", "JSON object"),
+        (b'{"model": "openai/gpt-4o", "messages": [], "extra": 1}', "unknown field"),
+        (b'{"model": "", "messages": []}', "model"),
+        (b'{"model": "openai/gpt-4o", "messages": "hi"}', "messages"),
+        (b'{"model": "openai/gpt-4o", "messages": [], "attempts": 0}', "attempts"),
+        (b'{"model": "openai/gpt-4o", "messages": [], "agent": "../x"}', "agent"),
+    ],
+)
+def test_a_request_that_is_not_a_completion_request_is_a_bad_request(
+    gateways: Gateways, fake_provider: FakeProvider, body: bytes, message: str
+) -> None:
+    channel = gateways.open(openai(fake_provider))
+    status, answer = post(channel.folder, body, token=channel.token)
+    assert (status, error(answer)["kind"]) == (400, "bad_request")
+    assert message in error(answer)["message"]
+    assert fake_provider.calls == []
+
+
+def test_a_request_over_the_size_limit_is_refused_unread(
+    gateways: Gateways, fake_provider: FakeProvider
+) -> None:
+    channel = gateways.open(openai(fake_provider))
+    # Only the header claims the size, and no body follows: the gateway answers unread.
+    head = (
+        f"POST {COMPLETE_PATH} HTTP/1.1\r\nHost: gateway\r\n"
+        f"Authorization: Bearer {channel.token}\r\n"
+        f"Content-Length: {MAX_REQUEST_BYTES + 1}\r\n\r\n"
+    )
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(str(channel.folder / SOCKET_NAME))
+        sock.sendall(head.encode())
+        answer = sock.makefile("rb").read().decode()
+    assert answer.startswith("HTTP/1.0 400 "), answer
+    assert '"kind": "bad_request"' in answer
+    assert str(MAX_REQUEST_BYTES) in answer
+    assert fake_provider.calls == []
+
+
+def test_no_route_names_the_secret_it_looked_for(
+    gateways: Gateways, fake_provider: FakeProvider
+) -> None:
+    # The worker's environment holds OPENAI_API_KEY (the fixture): it must not be used.
+    assert os.environ["OPENAI_API_KEY"]
+    channel = gateways.open({"ANTHROPIC_API_KEY": "sk-ant-0001"})
+    status, answer = ask(channel)
+    assert (status, error(answer)["kind"]) == (424, "no_route")
+    assert "OPENAI_API_KEY" in error(answer)["message"]
+    status, answer = ask(channel, model="gemini/gemini-1.5-pro")
+    assert "GEMINI_API_KEY" in error(answer)["message"]
+    assert fake_provider.calls == []
+    assert [r.status for r in channel.records] == ["no_route", "no_route"]
+
+
+def test_a_project_route_sends_matching_models_to_its_endpoint_with_its_key(
+    gateways: Gateways, fake_provider: FakeProvider
+) -> None:
+    routes = [ModelRoute("corp/*", fake_provider.url, "CORP_LLM_KEY")]
+    channel = gateways.open({"CORP_LLM_KEY": "sk-corp-0001"}, routes=routes)
+    status, answer = ask(channel, model="corp/llama-3")
+    assert status == 200, answer
+    assert fake_provider.calls[0][0] == "Bearer sk-corp-0001"
+    assert fake_provider.calls[0][1]["model"] == "corp/llama-3"
+    missing = gateways.open({}, case="c2", routes=routes)
+    status, answer = ask(missing, model="corp/llama-3")
+    assert (status, error(answer)["kind"]) == (424, "no_route")
+    assert "CORP_LLM_KEY" in error(answer)["message"]
+
+
+@pytest.mark.parametrize(
+    ("limits", "answered", "limit", "allowed", "used"),
+    [
+        (Budgets(gate=Limits(calls=2)), 2, "gate.calls", 2, 2),
+        # Each call spends 3 + 4 tokens; the one that crosses 10 is answered.
+        (Budgets(gate=Limits(tokens=10)), 2, "gate.tokens", 10, 14),
+        (Budgets(gate=Limits(cost_usd=0.00001)), 1, "gate.cost_usd", 0.00001, None),
+        (Budgets(project=Limits(calls=1)), 1, "project.calls", 1, 1),
+        (Budgets(project=Limits(tokens=5)), 1, "project.tokens", 5, 7),
+    ],
+)
+def test_a_call_over_a_budget_fails_naming_the_limit_and_the_amount_used(
+    gateways: Gateways,
+    fake_provider: FakeProvider,
+    limits: Budgets,
+    answered: int,
+    limit: str,
+    allowed: float,
+    used: float | None,
+) -> None:
+    # Each call on a channel of its own: gate budgets are shared by the gate's channels and
+    # project budgets by the project's, whichever gate.
+    statuses = []
+    last: dict[str, Any] = {}
+    for i in range(answered + 1):
+        gate = "g1" if limit.startswith("gate") else f"g{i}"
+        channel = gateways.open(openai(fake_provider), gate=gate, case=f"c{i}", budgets=limits)
+        status, last = ask(channel, f"call {i}")
+        statuses.append(status)
+    assert statuses == [200] * answered + [429]
+    refused = error(last)
+    assert refused["kind"] == "budget"
+    assert refused["limit"] == limit
+    assert refused["allowed"] == allowed
+    spent = gateways.channels[0].records[0].cost_usd * answered
+    assert refused["used"] == pytest.approx(used if used is not None else spent)
+    assert refused["message"].startswith(f"{limit} budget of ")
+    assert "reached (" in refused["message"]
+    assert len(fake_provider.calls) == answered
+    assert gateways.channels[-1].records[-1].status == "budget"
+
+
+@pytest.mark.parametrize("scope", ["gate", "project"])
+def test_concurrent_calls_over_the_limit_fail_while_one_is_in_flight(
+    gateways: Gateways, fake_provider: FakeProvider, scope: str
+) -> None:
+    budgets = Budgets(**{scope: Limits(concurrent_calls=1)})  # type: ignore[arg-type]
+    first = gateways.open(openai(fake_provider), gate="g1", case="c1", budgets=budgets)
+    second = gateways.open(
+        openai(fake_provider), gate="g1" if scope == "gate" else "g2", case="c2", budgets=budgets
+    )
+    fake_provider.script = ["block"]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        waiting = pool.submit(ask, first)
+        assert fake_provider.blocked.acquire(timeout=30)
+        status, answer = ask(second)
+        fake_provider.release()
+        assert waiting.result(timeout=30)[0] == 200
+    assert (status, error(answer)["kind"]) == (429, "budget")
+    assert error(answer)["limit"] == f"{scope}.concurrent_calls"
+    assert (error(answer)["allowed"], error(answer)["used"]) == (1, 1)
+    assert "in flight" in error(answer)["message"]
+    assert len(fake_provider.calls) == 1
+    # Once the first has ended, the next call goes through.
+    assert ask(second)[0] == 200
+
+
+def test_a_429_is_retried_after_its_retry_after_then_succeeds(
+    gateways: Gateways, fake_provider: FakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    channel = gateways.open(openai(fake_provider))
+    waits: list[float] = []
+    monkeypatch.setattr(channel, "wait", lambda seconds: waits.append(seconds) or False)
+    fake_provider.script = ["429:3", "ok"]
+    status, answer = ask(channel, attempts=2)
+    assert status == 200, answer
+    assert answer["attempts"] == 2
+    assert waits == [3.0]  # the provider's Retry-After, as it said
+    assert len(fake_provider.calls) == 2
+    assert channel.records[0].attempts == 2
+
+
+def test_a_5xx_is_retried_then_succeeds(gateways: Gateways, fake_provider: FakeProvider) -> None:
+    channel = gateways.open(openai(fake_provider))
+    fake_provider.script = ["500", "ok"]
+    status, answer = ask(channel, attempts=3)
+    assert status == 200, answer
+    assert answer["attempts"] == 2
+    assert len(fake_provider.calls) == 2
+
+
+def test_429s_beyond_the_attempts_are_rate_limited(
+    gateways: Gateways, fake_provider: FakeProvider
+) -> None:
+    channel = gateways.open(openai(fake_provider))
+    fake_provider.script = ["429", "429", "429"]
+    status, answer = ask(channel, attempts=2)
+    assert (status, error(answer)["kind"]) == (503, "rate_limited")
+    assert len(fake_provider.calls) == 2
+    assert KEY_A not in error(answer)["message"]
+    (record,) = channel.records
+    assert (record.status, record.attempts, record.reply) == ("rate_limited", 2, None)
+
+
+def test_a_provider_error_is_not_retried_when_the_agent_allows_one_try(
+    gateways: Gateways, fake_provider: FakeProvider
+) -> None:
+    channel = gateways.open(openai(fake_provider))
+    fake_provider.script = ["500"]
+    status, answer = ask(channel)
+    assert (status, error(answer)["kind"]) == (502, "provider")
+    assert len(fake_provider.calls) == 1
+
+
+def test_a_retry_after_past_the_deadline_ends_at_once_with_deadline(
+    gateways: Gateways, fake_provider: FakeProvider
+) -> None:
+    # Waiting out the 600 s would hang this test; the gateway must not even start to.
+    channel = gateways.open(openai(fake_provider), deadline_s=60)
+    fake_provider.script = ["429:600", "ok"]
+    status, answer = ask(channel, attempts=3)
+    assert (status, error(answer)["kind"]) == (504, "deadline")
+    assert "600 s" in error(answer)["message"]
+    assert len(fake_provider.calls) == 1
+
+
+def test_no_call_is_forwarded_after_the_deadline(
+    gateways: Gateways, fake_provider: FakeProvider
+) -> None:
+    channel = gateways.open(openai(fake_provider), deadline_s=-1)
+    status, answer = ask(channel, attempts=3)
+    assert (status, error(answer)["kind"]) == (504, "deadline")
+    assert fake_provider.calls == []
+
+
+def test_recorded_calls_export_as_recordings_replay_finds_by_key(
+    gateways: Gateways, fake_provider: FakeProvider, tmp_path: Path
+) -> None:
+    channel = gateways.open(openai(fake_provider))
+    assert ask(channel, "first")[0] == 200
+    assert ask(channel, "second", agent="helper")[0] == 200
+    fake_provider.script = ["500"]
+    assert ask(channel, "failed")[0] == 502
+    written = channel.export_recordings(tmp_path / "recordings")
+    assert sorted(p.parent.name for p in written) == ["bot", "helper"]
+    for path in written:
+        record = next(r for r in channel.records if r.request_hash[:24] == path.stem)
+        assert path.name == f"{record.request_hash[:24]}.json"
+    replay = ReplayModel(tmp_path / "recordings" / "bot")
+    reply = replay.complete(
+        model="openai/gpt-4o",
+        messages=[{"role": "user", "content": "first"}],
+        tools=[],
+        temperature=0.0,
+        context={},
+    )
+    assert reply.content == fake_provider.answer
+    assert dict(reply.usage) == {"prompt_tokens": 3, "completion_tokens": 4}
+    totals = channel.totals()
+    assert (totals.calls, totals.tokens_in, totals.tokens_out, totals.tokens) == (3, 6, 8, 14)
+    assert totals.cost_usd == pytest.approx(2 * channel.records[0].cost_usd)
+
+
+def test_a_gate_s_budget_is_forgotten_when_it_ends(
+    gateways: Gateways, fake_provider: FakeProvider
+) -> None:
+    budgets = Budgets(gate=Limits(calls=1))
+    assert ask(gateways.open(openai(fake_provider), budgets=budgets))[0] == 200
+    assert ask(gateways.open(openai(fake_provider), case="c2", budgets=budgets))[0] == 429
+    gateways.gateway.end_gate("g1")
+    assert ask(gateways.open(openai(fake_provider), case="c3", budgets=budgets))[0] == 200
+
+
+def test_an_attempt_is_cut_at_the_deadline_and_not_retried(
+    gateways: Gateways, fake_provider: FakeProvider
+) -> None:
+    # The provider never answers; the attempt's own timeout (60 s) is longer than the time
+    # left, so the gate's deadline ends it, and no retry follows.
+    channel = gateways.open(openai(fake_provider), deadline_s=1.0)
+    fake_provider.script = ["hang", "ok"]
+    status, answer = ask(channel, attempts=3, timeout_s=60)
+    assert (status, error(answer)["kind"]) == (504, "deadline")
+    assert len(fake_provider.calls) == 1
+    assert channel.records[0].attempts == 1
+
+
+def test_a_fault_of_the_gateway_is_a_model_error_not_a_dropped_connection(
+    gateways: Gateways, fake_provider: FakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(gateways.gateway, "complete", broken)
+    channel = gateways.open(openai(fake_provider))
+    status, answer = ask(channel)
+    assert (status, error(answer)["kind"]) == (502, "provider")
+    assert "a bug" not in error(answer)["message"]
+
+
+def test_a_tool_call_answer_is_passed_on_and_replays(
+    gateways: Gateways, fake_provider: FakeProvider, tmp_path: Path
+) -> None:
+    channel = gateways.open(openai(fake_provider))
+    fake_provider.script = ["tool"]
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+    status, answer = ask(channel, "look it up", tools=tools)
+    assert status == 200, answer
+    assert answer["content"] is None
+    assert answer["tool_calls"] == [{"id": "call_1", "name": "lookup", "arguments": '{"q": "x"}'}]
+    assert fake_provider.calls[0][1]["tools"] == tools
+    channel.export_recordings(tmp_path)
+    reply = ReplayModel(tmp_path / "bot").complete(
+        model="openai/gpt-4o",
+        messages=[{"role": "user", "content": "look it up"}],
+        tools=tools,
+        temperature=0.0,
+        context={},
+    )
+    assert [(c.id, c.name, c.arguments) for c in reply.tool_calls] == [
+        ("call_1", "lookup", {"q": "x"})
+    ]
