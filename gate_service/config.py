@@ -199,8 +199,8 @@ class Settings(BaseSettings):
         default=True,
         description="Serve live model calls from each worker's model gateway: every case gets "
         "a Unix socket of its own as its one way out, and the project's provider keys stay "
-        "with the worker. Off, a live case needs its keys in GATE_CASE_ENV and a network in "
-        "GATE_CASE_NETWORK, so any tool of the bundle can read and use them.",
+        "with the worker. Off, cases get no channel and live cases fail saying so: the "
+        "runner image carries no provider library.",
     )
     # The model gateway (gate_service/gateway): budgets per gate and per project; 0 = no limit.
     gateway_socket_root: Path | None = Field(

@@ -5,7 +5,8 @@ A live case's agent answers through its worker's gateway, which calls the provid
 project's key. Inside a case of the same gate, a tool finds that key nowhere (its
 environment, every file it can read), finds no TCP or UDP address that answers (cloud
 metadata, the engine's bridge gateway where the gate's API and the provider listen, loopback,
-an outside address), and finds the gateway refusing a token that is not its channel's.
+an outside address), finds the gateway refusing a token that is not its channel's, and finds
+no provider library to import (the runner image carries none).
 """
 
 from __future__ import annotations
@@ -94,6 +95,20 @@ def search(payload: dict) -> dict:
     return {{"found": found, "scanned": scanned}}
 
 
+def libraries(payload: dict) -> dict:
+    import importlib.util
+
+    names = ("litellm", "openai", "anthropic", "google.genai", "tiktoken")
+    return {{"importable": [n for n in names if _found(importlib.util, n)]}}
+
+
+def _found(util, name):
+    try:
+        return util.find_spec(name) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
+
+
 def reach(payload: dict) -> dict:
     opened = []
     for host, port in payload["targets"]:
@@ -131,7 +146,20 @@ def live_project(root: Path, key: str, targets: list[tuple[str, int]]) -> bytes:
             type: tool
             tool_name: look.reach
         """,
+        "agents/libraries.yaml": """
+            version: "1.0"
+            name: libraries
+            description: Lists the provider libraries the case could import.
+            type: tool
+            tool_name: look.libraries
+        """,
         "tools/look.py": LOOK_TOOL,
+        "tests/libraries.yaml": """
+            tests:
+              - name: carries_no_provider_library
+                payload: '{}'
+                expected_result: output.importable == []
+        """,
         "tests/live-bot.yaml": """
             tests:
               - name: answers
@@ -214,6 +242,7 @@ def test_a_live_gate_passes_and_its_cases_find_no_key_and_no_way_out(
     by_name = {case["test_name"]: case for case in done["cases"]}
     assert {name: case["status"] for name, case in by_name.items()} == {
         "answers": "passed",
+        "carries_no_provider_library": "passed",
         "finds_no_key": "passed",
         "reaches_only_the_gateway": "passed",
     }, {name: case.get("failure_reason") for name, case in by_name.items()}
