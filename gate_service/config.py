@@ -116,6 +116,15 @@ class Settings(BaseSettings):
         "by fair share between their projects (a project under its share while all are "
         "taken is served on top, up to twice this); default: the machine's CPU count.",
     )
+    max_case_containers: int = Field(
+        default=0,
+        ge=0,
+        description="Case containers one worker keeps at once, those waiting on a model "
+        "included: a live case lends its case slot (GATE_CASE_CONCURRENCY) to the next case "
+        "while it waits for its model's answer, so more cases run than there are cores; this "
+        "bounds them for memory. 0: half the machine's memory over GATE_CASE_MEMORY_MB, "
+        "between GATE_CASE_CONCURRENCY and 8 times it.",
+    )
     worker_gates: int = Field(
         default=2,
         ge=1,
@@ -423,6 +432,17 @@ class Settings(BaseSettings):
 
     def trusted_proxy_list(self) -> list[str]:
         return [item.strip() for item in self.trusted_proxies.split(",") if item.strip()]
+
+    def case_container_limit(self) -> int:
+        """GATE_MAX_CASE_CONTAINERS, or when 0 what the machine's memory allows (see there)."""
+        if self.max_case_containers:
+            return max(self.max_case_containers, self.case_concurrency)
+        try:
+            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            return self.case_concurrency
+        fits = memory // 2 // (self.case_memory_mb * 1024 * 1024)
+        return max(self.case_concurrency, min(fits, 8 * self.case_concurrency))
 
     def case_env_names(self) -> list[str]:
         """GATE_CASE_ENV's names; a refused one is left out even where validation was skipped."""
