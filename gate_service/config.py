@@ -236,7 +236,8 @@ class Settings(BaseSettings):
     gateway_gate_max_concurrent_calls: int = Field(
         default=8,
         ge=0,
-        description="Model calls of one gate in flight at once; one more fails. 0: no limit.",
+        description="Model calls of one gate in flight at once; one more waits for a place "
+        "(until the gate's deadline). 0: no limit.",
     )
     gateway_project_max_calls: int = Field(
         default=0,

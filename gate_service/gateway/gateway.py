@@ -170,7 +170,9 @@ class ModelGateway:
             route = resolve_route(
                 request.model, channel.secrets, channel.routes, provider_of=self._provider_of
             )
-            self._ledger.admit(channel.budgets)
+            self._ledger.admit(
+                channel.budgets, deadline=channel.deadline, stopped=lambda: channel.closed
+            )
             try:
                 response, attempts = self._forward(channel, request, route)
                 tokens_in, tokens_out = _usage(response)
