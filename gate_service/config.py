@@ -116,6 +116,15 @@ class Settings(BaseSettings):
         "by fair share between their projects (a project under its share while all are "
         "taken is served on top, up to twice this); default: the machine's CPU count.",
     )
+    max_case_containers: int = Field(
+        default=0,
+        ge=0,
+        description="Case containers one worker keeps at once, those waiting on a model "
+        "included: a live case lends its case slot (GATE_CASE_CONCURRENCY) to the next case "
+        "while it waits for its model's answer, so more cases run than there are cores; this "
+        "bounds them for memory. 0: half the machine's memory over GATE_CASE_MEMORY_MB, "
+        "between GATE_CASE_CONCURRENCY and 8 times it.",
+    )
     worker_gates: int = Field(
         default=2,
         ge=1,
@@ -199,8 +208,8 @@ class Settings(BaseSettings):
         default=True,
         description="Serve live model calls from each worker's model gateway: every case gets "
         "a Unix socket of its own as its one way out, and the project's provider keys stay "
-        "with the worker. Off, a live case needs its keys in GATE_CASE_ENV and a network in "
-        "GATE_CASE_NETWORK, so any tool of the bundle can read and use them.",
+        "with the worker. Off, cases get no channel and live cases fail saying so: the "
+        "runner image carries no provider library.",
     )
     # The model gateway (gate_service/gateway): budgets per gate and per project; 0 = no limit.
     gateway_socket_root: Path | None = Field(
@@ -227,7 +236,8 @@ class Settings(BaseSettings):
     gateway_gate_max_concurrent_calls: int = Field(
         default=8,
         ge=0,
-        description="Model calls of one gate in flight at once; one more fails. 0: no limit.",
+        description="Model calls of one gate in flight at once; one more waits for a place "
+        "(until the gate's deadline). 0: no limit.",
     )
     gateway_project_max_calls: int = Field(
         default=0,
@@ -423,6 +433,17 @@ class Settings(BaseSettings):
 
     def trusted_proxy_list(self) -> list[str]:
         return [item.strip() for item in self.trusted_proxies.split(",") if item.strip()]
+
+    def case_container_limit(self) -> int:
+        """GATE_MAX_CASE_CONTAINERS, or when 0 what the machine's memory allows (see there)."""
+        if self.max_case_containers:
+            return max(self.max_case_containers, self.case_concurrency)
+        try:
+            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            return self.case_concurrency
+        fits = memory // 2 // (self.case_memory_mb * 1024 * 1024)
+        return max(self.case_concurrency, min(fits, 8 * self.case_concurrency))
 
     def case_env_names(self) -> list[str]:
         """GATE_CASE_ENV's names; a refused one is left out even where validation was skipped."""

@@ -21,6 +21,7 @@ import socketserver
 import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import fields
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -206,6 +207,7 @@ class Channel:
         budgets: Sequence[Budget],
         deadline: float,
         complete: Complete,
+        waiting: Callable[[], AbstractContextManager[None]] | None = None,
     ) -> None:
         self.gate_id = gate_id
         self.case_id = case_id
@@ -217,6 +219,7 @@ class Channel:
         self.token = secrets.token_urlsafe(32)
         self.records: list[CallRecord] = []
         self._complete = complete
+        self._waiting = waiting
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
         self._closed = threading.Event()
@@ -277,8 +280,12 @@ class Channel:
             raise Failure("refused", "this channel's token is required")
 
     def serve(self, request: CompletionRequest) -> CallRecord:
-        """Forward one call through the gateway and keep its record."""
-        record = self._complete(self, request)
+        """Forward one call through the gateway and keep its record.
+
+        Inside ``waiting`` (the worker's: the case lends its CPU slot meanwhile, and the
+        answer goes back once it holds one again)."""
+        with self._waiting() if self._waiting is not None else nullcontext():
+            record = self._complete(self, request)
         with self._lock:
             self.records.append(record)
         return record

@@ -13,7 +13,8 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -119,13 +120,15 @@ class ModelGateway:
         deadline: float,
         routes: Sequence[ModelRoute] = (),
         budgets: Budgets | None = None,
+        waiting: Callable[[], AbstractContextManager[None]] | None = None,
     ) -> Channel:
         """A channel for one case of ``gate_id``, calling with ``project_id``'s ``secrets``
         (name → value) and ``routes``, until ``deadline`` (a ``time.monotonic()`` instant).
 
         ``budgets`` (default: the gateway's own) sets the gate's limits when its first
         channel opens and the project's when the project is first seen in this process;
-        later channels share those counters."""
+        later channels share those counters. ``waiting``: entered around each call the
+        channel forwards (the worker lends the case's CPU slot meanwhile)."""
         chosen = budgets or self.budgets
         with self._lock:
             gate = self._gate_budgets.get(gate_id)
@@ -146,6 +149,7 @@ class ModelGateway:
             budgets=(gate, project),
             deadline=deadline,
             complete=self.complete,
+            waiting=waiting,
         )
 
     def end_gate(self, gate_id: str) -> None:
@@ -166,7 +170,9 @@ class ModelGateway:
             route = resolve_route(
                 request.model, channel.secrets, channel.routes, provider_of=self._provider_of
             )
-            self._ledger.admit(channel.budgets)
+            self._ledger.admit(
+                channel.budgets, deadline=channel.deadline, stopped=lambda: channel.closed
+            )
             try:
                 response, attempts = self._forward(channel, request, route)
                 tokens_in, tokens_out = _usage(response)

@@ -62,7 +62,7 @@ from ..secrets.crypto import SecretBox
 from ..secrets.redact import Redactor, redact_result
 from ..secrets.service import project_secrets
 from .outcome import CaseFacts, Judged, NotJudged, Outcome, case_outcome, untrusted
-from .slots import CaseSlots
+from .slots import CaseLease, CaseSlots
 
 if TYPE_CHECKING:
     from .wakeup import JobWakeup
@@ -213,20 +213,26 @@ def test_image_tag(sha256: str, runner_tag: str) -> str:
     return f"gate-test:{sha256}-{runner_digest}"
 
 
-def judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None = None) -> None:
+def judge_gate(
+    ctx: WorkerContext,
+    job: ClaimedJob,
+    slots: CaseSlots | None = None,
+    containers: CaseSlots | None = None,
+) -> None:
     """Take a claimed job to a verdict, or give it back to the queue for another attempt.
 
-    ``slots``: the worker's case slots, shared with the other gates it holds; without them
-    the gate runs GATE_CASE_CONCURRENCY cases at once on its own.
+    ``slots``: the worker's case slots (CPU: GATE_CASE_CONCURRENCY) and ``containers`` its
+    container slots (memory: Settings.case_container_limit), shared with the other gates it
+    holds; without them the gate has its own.
     """
     try:
-        _judge_gate(ctx, job, slots)
+        _judge_gate(ctx, job, WorkerSlots.of(ctx.settings, slots, containers))
     finally:
         if ctx.gateway is not None:  # the gate's model budget ends with this attempt
             ctx.gateway.end_gate(str(job.gate_id))
 
 
-def _judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None) -> None:
+def _judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
     try:
         _judge(ctx, job, slots)
     except LeaseLost:
@@ -279,7 +285,7 @@ def _judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None) ->
         _write(ctx, job, give_up)
 
 
-def _judge(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None) -> None:
+def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
     def begin(session: Session, gate: Gate) -> tuple[bool, str, str | None, bytes]:
         if gate.cancel_requested:
             service.cancel_gate(gate)
@@ -339,7 +345,7 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: CaseSlots | None) -> None
 
     if image is not None:  # None: halted (cancelled, or the lease lost) while it was built
         _write(ctx, job, lambda _s, gate: service.set_phase(gate, Phase.running_tests))
-        _run_cases(ctx, job, image, slots or CaseSlots(ctx.settings.case_concurrency))
+        _run_cases(ctx, job, image, slots)
 
     def conclude(session: Session, gate: Gate) -> None:
         if gate.cancel_requested:
@@ -393,7 +399,25 @@ def _build_image(
         raise BundleRejected(f"the test image cannot be built: {exc}") from None
 
 
-def _run_cases(ctx: WorkerContext, job: ClaimedJob, image: str, slots: CaseSlots) -> None:
+@dataclass(frozen=True)
+class WorkerSlots:
+    """A worker's case slots: ``cpu`` for cases that compute, ``containers`` for all it keeps
+    at once (a case waiting on its model lends its CPU slot, not its container slot)."""
+
+    cpu: CaseSlots
+    containers: CaseSlots
+
+    @classmethod
+    def of(
+        cls, settings: Settings, cpu: CaseSlots | None, containers: CaseSlots | None
+    ) -> WorkerSlots:
+        return cls(
+            cpu or CaseSlots(settings.case_concurrency),
+            containers or CaseSlots(settings.case_container_limit()),
+        )
+
+
+def _run_cases(ctx: WorkerContext, job: ClaimedJob, image: str, slots: WorkerSlots) -> None:
     with session_scope(ctx.sessions) as session:
         pending = [
             (c.id, c.suite, c.test_name, c.runs, c.success_threshold, c.timeout_s)
@@ -404,7 +428,7 @@ def _run_cases(ctx: WorkerContext, job: ClaimedJob, image: str, slots: CaseSlots
                 .order_by(Case.position)
             )
         ]
-    with ThreadPoolExecutor(max_workers=ctx.settings.case_concurrency) as pool:
+    with ThreadPoolExecutor(max_workers=slots.containers.size) as pool:
         # Each case in its own copy of this thread's log context (gate_id, worker).
         futures = [
             pool.submit(
@@ -419,13 +443,17 @@ def _run_cases(ctx: WorkerContext, job: ClaimedJob, image: str, slots: CaseSlots
 
 
 def _run_case_in_slot(
-    slots: CaseSlots, ctx: WorkerContext, job: ClaimedJob, image: str, *case: Any
+    slots: WorkerSlots, ctx: WorkerContext, job: ClaimedJob, image: str, *case: Any
 ) -> bool:
-    """``_run_case`` once one of the worker's case slots is this gate's (see slots.py)."""
+    """``_run_case`` once a container slot and a case slot of the worker are this gate's (see
+    slots.py); the case lends the latter while it waits on its model."""
     if ctx.stop.is_set() or job.halt.is_set():
         return False
-    with slots.slot(job.id, job.project_id):
-        return _run_case(ctx, job, image, *case)
+    with (
+        slots.containers.slot(job.id, job.project_id),
+        CaseLease(slots.cpu, job.id, job.project_id) as lease,
+    ):
+        return _run_case(ctx, job, image, lease, *case)
 
 
 @dataclass(frozen=True)
@@ -445,6 +473,7 @@ def _run_case(
     ctx: WorkerContext,
     job: ClaimedJob,
     image: str,
+    lease: CaseLease | None,
     case_id: uuid.UUID,
     suite: str,
     test_name: str,
@@ -470,7 +499,7 @@ def _run_case(
     wall = min(wall, int(start.seconds_left))
     # Only the runner can read this (see gate_runner/case_env.py); a result without it is forged.
     nonce = secrets.token_hex(32)
-    with _model_channel(ctx, job, case_id, start) as channel:
+    with _model_channel(ctx, job, case_id, start, lease) as channel:
         result = _run_container(
             ctx, job, image, case_id, suite, test_name, start, wall, nonce, channel
         )
@@ -504,7 +533,11 @@ def _run_case(
 
 @contextmanager
 def _model_channel(
-    ctx: WorkerContext, job: ClaimedJob, case_id: uuid.UUID, start: _CaseStart
+    ctx: WorkerContext,
+    job: ClaimedJob,
+    case_id: uuid.UUID,
+    start: _CaseStart,
+    lease: CaseLease | None,
 ) -> Iterator[Channel | None]:
     """The case's channel to the process's model gateway, closed (and its socket gone) when
     the case's container is: a channel never outlives its case. None without a gateway."""
@@ -517,6 +550,7 @@ def _model_channel(
         project_id=str(start.project_id),
         secrets=start.secrets,
         deadline=time.monotonic() + start.seconds_left,
+        waiting=lease.waiting_on_model if lease is not None else None,
     )
     try:
         yield channel

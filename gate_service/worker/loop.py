@@ -46,6 +46,7 @@ class Worker:
         self._last_reap = 0.0
         # The case containers this worker runs at once, shared by every gate it holds.
         self.slots = CaseSlots(ctx.settings.case_concurrency)
+        self.containers = CaseSlots(ctx.settings.case_container_limit())
         # Shared by every worker of the process: one retention pass per interval per process.
         self.retention_clock = retention_clock
         self.idle = threading.Event()  # set while it waits for work (for tests)
@@ -210,7 +211,7 @@ class Worker:
             )
             beat.start()
             try:
-                judge_gate(self.ctx, job, self.slots)
+                judge_gate(self.ctx, job, self.slots, self.containers)
             finally:
                 done.set()
                 beat.join()

@@ -132,3 +132,67 @@ class CaseSlots:
             if not self._held[project]:
                 del self._held[project]
             self._cond.notify_all()
+
+
+class CaseLease:
+    """One case's CPU slot, which it lends back while it only waits on its model.
+
+    A live case spends most of its time waiting for the provider's answer, using no CPU; its
+    slot goes to the next case meanwhile (``waiting_on_model``, around each call the
+    worker's gateway forwards for it), and the answer is handed back only once the case holds
+    a slot again. So at most ``slots.size`` cases compute at once (within the fair-share rule
+    above), while more wait on models: their number is bounded by the worker's container
+    slots (GATE_MAX_CASE_CONTAINERS, for memory) and the gateway's concurrent-call budgets.
+
+    Enter to take the slot (waiting for it in turn); leave to give it back. With several
+    calls in flight at once, the slot is lent at the first and taken back after the last.
+    """
+
+    def __init__(self, slots: CaseSlots, gate: Hashable, project: Hashable = None) -> None:
+        self._slots = slots
+        self._gate = gate
+        self._project = project
+        self._turns = threading.Lock()  # one lend or take-back at a time
+        self._state = threading.Lock()  # guards _held and _closed, never held while waiting
+        self._waiting = 0
+        self._held = False
+        self._closed = False
+
+    def __enter__(self) -> CaseLease:
+        self._slots._acquire(self._gate, self._project)
+        self._held = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._state:
+            self._closed = True
+            give_back, self._held = self._held, False
+        if give_back:
+            self._slots._release(self._project)
+
+    @contextmanager
+    def waiting_on_model(self) -> Iterator[None]:
+        """The slot is lent to other cases while in the block; leaving waits for one again
+        (unless the case has ended meanwhile, when nothing is taken)."""
+        with self._turns:
+            self._waiting += 1
+            with self._state:
+                lend = self._held and not self._closed
+                self._held = self._held and not lend
+            if lend:
+                self._slots._release(self._project)
+        try:
+            yield
+        finally:
+            with self._turns:
+                self._waiting -= 1
+                with self._state:
+                    take = not self._waiting and not self._held and not self._closed
+                if take:
+                    self._slots._acquire(self._gate, self._project)
+                    with self._state:
+                        # The case ended while this waited: give the slot straight back.
+                        keep = not self._closed
+                        self._held = keep
+                    if not keep:
+                        self._slots._release(self._project)

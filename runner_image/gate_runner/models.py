@@ -180,8 +180,10 @@ class ReplayModel:
 class LiveModel:
     """A real provider through LiteLLM, which understands `provider/model` names as they are.
 
-    LiteLLM is imported only here: it costs seconds that scripted and replay runs never pay.
-    Keys and endpoints come from the environment (OPENAI_API_KEY, OPENAI_API_BASE, ...).
+    For `gate record` on a developer's machine, where LiteLLM is installed; never in a case
+    container, whose image has no provider library (live cases use GatewayModel). LiteLLM is
+    imported only here: it costs seconds that scripted and replay runs never pay. Keys and
+    endpoints come from the environment (OPENAI_API_KEY, OPENAI_API_BASE, ...).
     """
 
     mode = "live"
@@ -545,18 +547,18 @@ def choose_model(
             attempts=attempts,
             record_to=recordings if mode == "record" else None,
         )
-    # No gateway channel: LiteLLM in this process, with keys from the case's environment,
-    # as before the gateway. This path, and LiteLLM in the runner image, go once the worker
-    # gives every live case a gateway channel (issue 20); `gate record` on a developer's
-    # machine uses it until then too.
+    # No gateway channel: LiteLLM in this process, with keys from the environment. Only
+    # where LiteLLM is installed: `gate record` on a developer's machine (the service
+    # package depends on it). The runner image carries no provider library, so in a case
+    # without a channel (GATE_MODEL_GATEWAY off) live mode fails here, saying why.
     try:
         if mode == "record":
             return RecordingModel(recordings, attempts=attempts)
         return LiveModel(attempts=attempts)
     except ImportError:
         raise AgentRunError(
-            f"agent {agent!r} needs a live model ({mode} mode), and this case has no model "
-            f"gateway (nor LiteLLM installed here); run the gate where the worker gives "
-            f"cases a model gateway, or add tests/models/{agent}.py (scripted) or "
-            f"tests/recordings/{agent}/ (replay)"
+            f"agent {agent!r} needs a live model ({mode} mode), and no model gateway serves "
+            f"this case (the worker's GATE_MODEL_GATEWAY is off; the runner image carries no "
+            f"provider library); turn the gateway on, or add tests/models/{agent}.py "
+            f"(scripted) or tests/recordings/{agent}/ (replay)"
         ) from None

@@ -40,6 +40,12 @@ BENCHES: list[tuple[str, str]] = [
         "a warm 20-case gate, POST to verdict, against 20 sequential bare `docker run` of its "
         "test image: target <= 0.6x",
     ),
+    (
+        "bench_live_cases",
+        "a gate of 20 live cases, each 2 model calls answered after 1 s, against one such "
+        "case alone: target <= 3x; and an invocation's model-client CPU before and after "
+        "LiteLLM left the runner",
+    ),
 ]
 
 

@@ -5,7 +5,9 @@ A live case's agent answers through its worker's gateway, which calls the provid
 project's key. Inside a case of the same gate, a tool finds that key nowhere (its
 environment, every file it can read), finds no TCP or UDP address that answers (cloud
 metadata, the engine's bridge gateway where the gate's API and the provider listen, loopback,
-an outside address), and finds the gateway refusing a token that is not its channel's.
+an outside address), finds the gateway refusing a token that is not its channel's, and finds
+no provider library to import (the runner image carries none). The gate's recordings then
+replay it with no model call.
 """
 
 from __future__ import annotations
@@ -94,6 +96,20 @@ def search(payload: dict) -> dict:
     return {{"found": found, "scanned": scanned}}
 
 
+def libraries(payload: dict) -> dict:
+    import importlib.util
+
+    names = ("litellm", "openai", "anthropic", "google.genai", "tiktoken")
+    return {{"importable": [n for n in names if _found(importlib.util, n)]}}
+
+
+def _found(util, name):
+    try:
+        return util.find_spec(name) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
+
+
 def reach(payload: dict) -> dict:
     opened = []
     for host, port in payload["targets"]:
@@ -131,7 +147,20 @@ def live_project(root: Path, key: str, targets: list[tuple[str, int]]) -> bytes:
             type: tool
             tool_name: look.reach
         """,
+        "agents/libraries.yaml": """
+            version: "1.0"
+            name: libraries
+            description: Lists the provider libraries the case could import.
+            type: tool
+            tool_name: look.libraries
+        """,
         "tools/look.py": LOOK_TOOL,
+        "tests/libraries.yaml": """
+            tests:
+              - name: carries_no_provider_library
+                payload: '{}'
+                expected_result: output.importable == []
+        """,
         "tests/live-bot.yaml": """
             tests:
               - name: answers
@@ -206,17 +235,115 @@ def test_a_live_gate_passes_and_its_cases_find_no_key_and_no_way_out(
             r = admin.put(f"/v1/projects/live/secrets/{name}", json={"value": value})
             assert r.status_code == 201, r.text
     live = GateClient(serve["url"], token=token)
+    project = tmp_path / "p"
     try:
-        gate = live.submit(live_project(tmp_path / "p", key, targets))
+        gate = live.submit(live_project(project, key, targets))
         done = live.wait(gate["id"], timeout_s=600)
+        # The live gate as a replay suite: its recordings, written into the project, give
+        # the same verdicts with no model call.
+        exported = live.recordings(gate["id"])["recordings"]
+        for recording in exported:
+            target = project / recording["path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps(recording["content"]))
+        again = live.submit(bundle_of(project), model_mode="replay")
+        replayed = live.wait(again["id"], timeout_s=600)
     finally:
         live.close()
     by_name = {case["test_name"]: case for case in done["cases"]}
     assert {name: case["status"] for name, case in by_name.items()} == {
         "answers": "passed",
+        "carries_no_provider_library": "passed",
         "finds_no_key": "passed",
         "reaches_only_the_gateway": "passed",
     }, {name: case.get("failure_reason") for name, case in by_name.items()}
     assert done["status"] == "passed"
     # The one call the gate made reached the provider with the project's key.
     assert [auth for auth, _ in provider.calls] == [f"Bearer {key}"]
+    assert done["model_calls"]["calls"] == 1 and len(exported) == 1
+    assert replayed["status"] == "passed", [c.get("failure_reason") for c in replayed["cases"]]
+    assert len(provider.calls) == 1 and replayed["model_calls"]["calls"] == 0
+
+
+def live_bot(root: Path, cases: int) -> bytes:
+    """``cases`` cases of one live agent, which tries a call twice at most."""
+    files = {
+        "agents/live-bot.yaml": """
+            version: "1.0"
+            name: live-bot
+            description: Talks to a real provider, through the gateway.
+            model: openai/gpt-4o
+            system_prompt: Be brief.
+            retry_options: {attempts: 2, initial_delay: 0, max_delay: 1}
+        """,
+        "tests/live-bot.yaml": "tests:\n"
+        + "".join(
+            f"  - name: answers_{i}\n    payload: hi {i}\n"
+            '    expected_result: output == "hello from the fake provider"\n'
+            for i in range(cases)
+        ),
+    }
+    return bundle_of(write(root, files))
+
+
+@pytest.fixture
+def budgeted(
+    docker_engine: None, pg_server_url: str, gate_url: str, tmp_path: Path
+) -> Iterator[str]:
+    """`gate serve` whose gateway allows each gate two model calls."""
+    database = create_database(pg_server_url)
+    try:
+        with running(
+            "serve", tmp_path, GATE_DATABASE_URL=database, GATE_GATEWAY_GATE_MAX_CALLS="2"
+        ) as served:
+            yield served.url
+    finally:
+        drop_database(pg_server_url, database)
+
+
+def test_a_429_then_success_a_budget_reached_and_two_projects_with_their_own_keys(
+    budgeted: str, provider: FakeProvider, tmp_path: Path
+) -> None:
+    clients = {}
+    with httpx.Client(base_url=budgeted, headers=bearer(ADMIN_TOKEN), timeout=60) as admin:
+        for name in ("alpha", "beta"):
+            token = project_token(admin, name, ["submit", "read"])
+            for secret, value in {
+                "OPENAI_API_KEY": f"sk-{name}",
+                "OPENAI_API_BASE": provider.url,
+            }.items():
+                r = admin.put(f"/v1/projects/{name}/secrets/{secret}", json={"value": value})
+                assert r.status_code == 201, r.text
+            clients[name] = GateClient(budgeted, token=token)
+    alpha, beta = clients["alpha"], clients["beta"]
+    one, three = live_bot(tmp_path / "one", 1), live_bot(tmp_path / "three", 3)
+    try:
+        # A 429 goes back to the gateway's retry (Retry-After: 0), within the agent's 2 tries.
+        provider.script = ["429:0"]
+        retried = alpha.wait(alpha.submit(one)["id"], timeout_s=600)
+        assert retried["status"] == "passed", retried
+        assert len(provider.calls) == 2 and retried["model_calls"]["calls"] == 1
+
+        # Two calls per gate: of three cases, the third call fails naming the budget.
+        capped = alpha.wait(alpha.submit(three)["id"], timeout_s=600)
+        statuses = sorted(case["status"] for case in capped["cases"])
+        assert statuses == ["failed", "passed", "passed"], capped
+        (over,) = [c for c in capped["cases"] if c["status"] == "failed"]
+        assert "gate.calls budget of 2 reached" in over["failure_reason"]
+
+        # Two projects' gates at once (both calls wait at the provider until both came).
+        before = len(provider.calls)
+        provider.block_limit_s = 300
+        provider.script = ["block", "block"]
+        gates = [c.submit(one)["id"] for c in (alpha, beta)]
+        for _ in gates:
+            assert provider.blocked.acquire(timeout=300), "both gates' calls are in flight"
+        provider.release()
+        for client, gate_id in zip((alpha, beta), gates, strict=True):
+            assert client.wait(gate_id, timeout_s=600)["status"] == "passed"
+        keys = sorted(auth for auth, _ in provider.calls[before:])
+        assert keys == ["Bearer sk-alpha", "Bearer sk-beta"]
+    finally:
+        provider.release()
+        for client in clients.values():
+            client.close()

@@ -304,9 +304,18 @@ class RecordingSandbox(FakeSandbox):
         labels: Any,
         stdin: bytes = b"",
         halt: threading.Event | None = None,
+        model_channel: Path | None = None,
     ) -> RunResult:
         self.limits.append(limits)
-        result = super().run(image, argv, limits=limits, labels=labels, stdin=stdin, halt=halt)
+        result = super().run(
+            image,
+            argv,
+            limits=limits,
+            labels=labels,
+            stdin=stdin,
+            halt=halt,
+            model_channel=model_channel,
+        )
         if self.after_run is not None:
             self.after_run()
         if self.time_out:  # as a container killed at its wall limit

@@ -193,3 +193,47 @@ def test_a_live_gates_recordings_replay_it_with_no_model_call(
     gate = alpha.get(f"/v1/gates/{replayed.json()['id']}").json()
     assert gate["status"] == "passed", gate
     assert len(provider.calls) == calls_before and gate["model_calls"]["calls"] == 0
+
+
+def test_live_cases_waiting_on_their_model_do_not_hold_the_case_slot(
+    client: TestClient,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    gateway: ModelGateway,
+    provider: FakeProvider,
+    tmp_path: Path,
+) -> None:
+    cases = 4
+    alpha = tenant(client, "alpha", provider)
+    bundle_dir = tmp_path / "p"
+    live_bot(bundle_dir, "hi")
+    write(
+        bundle_dir,
+        {
+            "tests/live-bot.yaml": "tests:\n"
+            + "".join(
+                f"  - name: answers_{i}\n    payload: hi {i}\n"
+                '    expected_result: output == "hello from the fake provider"\n'
+                for i in range(cases)
+            )
+        },
+    )
+    provider.script = ["block"] * cases
+    # No call is answered before all have arrived: were a waiting case to keep its slot, the
+    # next case could not start, and its call would never come.
+    provider.block_limit_s = 300
+    r = alpha.post("/v1/gates", files={"bundle": ("b.tgz", bundle_of(bundle_dir))})
+    assert r.status_code == 202, r.text
+    # One case slot, room for four containers: all four wait on the provider at once.
+    one_slot = settings.model_copy(update={"case_concurrency": 1, "max_case_containers": cases})
+    judging = threading.Thread(target=worker(one_slot, sessions, FakeSandbox(), gateway).run_once)
+    judging.start()
+    try:
+        for i in range(cases):
+            assert provider.blocked.acquire(timeout=60), f"call {i + 1} reaches the provider"
+    finally:
+        provider.release()
+        judging.join(timeout=120)
+    gate = alpha.get(f"/v1/gates/{r.json()['id']}").json()
+    assert gate["status"] == "passed", gate
+    assert gate["model_calls"]["calls"] == cases

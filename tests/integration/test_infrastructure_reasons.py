@@ -38,6 +38,7 @@ class CrashingRunner(FakeSandbox):
         labels: Mapping[str, str],
         stdin: bytes = b"",
         halt: threading.Event | None = None,
+        model_channel: Path | None = None,
     ) -> RunResult:
         self.runs.append(list(argv))
         return RunResult(

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gate_service.worker.slots import CaseSlots
+from gate_service.worker.slots import CaseLease, CaseSlots
 
 
 def wait_until_waiting(slots: CaseSlots, expected: dict[Any, dict[str, int]]) -> None:
@@ -170,4 +170,77 @@ def test_never_more_than_twice_the_size_whatever_the_projects() -> None:
     with slots._cond:
         assert slots.in_use == 4 and sum(len(g) for g in slots._waiting.values()) == 4
     cases.end_all()
+    assert slots.in_use == 0
+
+
+# -- a case lends its slot while it waits on its model (CaseLease) -------------------------
+
+
+def test_a_case_waiting_on_its_model_lends_its_slot_and_takes_one_back_after() -> None:
+    slots = CaseSlots(1)
+    lease = CaseLease(slots, "live")
+    ran_meanwhile = threading.Event()
+    with lease:
+        assert slots.in_use == 1
+        with lease.waiting_on_model():
+            assert slots.in_use == 0
+            # Another case gets the only slot while this one waits on its model.
+            other = threading.Thread(target=lambda: _hold(slots, "other", ran_meanwhile))
+            other.start()
+            assert ran_meanwhile.wait(10)
+            other.join()
+        assert slots.in_use == 1  # taken back before the answer is handed back
+    assert slots.in_use == 0
+
+
+def _hold(slots: CaseSlots, gate: str, done: threading.Event) -> None:
+    with slots.slot(gate):
+        done.set()
+
+
+def test_the_answer_waits_until_the_case_holds_a_slot_again() -> None:
+    slots = CaseSlots(1)
+    lease = CaseLease(slots, "live")
+    release_other = threading.Event()
+    other_holds = threading.Event()
+    answered = threading.Event()
+
+    def other() -> None:
+        with slots.slot("other"):
+            other_holds.set()
+            release_other.wait(10)
+
+    def call() -> None:
+        with lease.waiting_on_model():
+            thread = threading.Thread(target=other)
+            thread.start()
+            assert other_holds.wait(10)
+        answered.set()  # only once the slot is this case's again
+        thread.join()
+
+    with lease:
+        caller = threading.Thread(target=call)
+        caller.start()
+        assert other_holds.wait(10)
+        wait_until_waiting(slots, {None: {"live": 1}})
+        assert not answered.is_set()
+        release_other.set()
+        caller.join(10)
+        assert answered.is_set() and slots.in_use == 1
+    assert slots.in_use == 0
+
+
+def test_concurrent_calls_lend_one_slot_and_a_case_that_ended_takes_none() -> None:
+    slots = CaseSlots(2)
+    lease = CaseLease(slots, "live")
+    with lease:
+        with lease.waiting_on_model(), lease.waiting_on_model():
+            assert slots.in_use == 0  # lent once, not twice
+        assert slots.in_use == 1
+    # A call still in flight when its case ends (the container gone): nothing is taken back.
+    lease = CaseLease(slots, "live")
+    with lease:
+        waiting = lease.waiting_on_model()
+        waiting.__enter__()
+    waiting.__exit__(None, None, None)
     assert slots.in_use == 0

@@ -10,6 +10,8 @@ import os
 import socket
 import stat
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -271,8 +273,16 @@ def test_a_call_over_a_budget_fails_naming_the_limit_and_the_amount_used(
     assert gateways.channels[-1].records[-1].status == "budget"
 
 
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    for _ in range(3000):
+        if condition():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"not within 30 s: {what}")
+
+
 @pytest.mark.parametrize("scope", ["gate", "project"])
-def test_concurrent_calls_over_the_limit_fail_while_one_is_in_flight(
+def test_a_call_over_the_concurrent_limit_waits_for_the_one_in_flight(
     gateways: Gateways, fake_provider: FakeProvider, scope: str
 ) -> None:
     budgets = Budgets(**{scope: Limits(concurrent_calls=1)})  # type: ignore[arg-type]
@@ -281,19 +291,36 @@ def test_concurrent_calls_over_the_limit_fail_while_one_is_in_flight(
         openai(fake_provider), gate="g1" if scope == "gate" else "g2", case="c2", budgets=budgets
     )
     fake_provider.script = ["block"]
+    ledger = gateways.gateway._ledger
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        in_flight = pool.submit(ask, first)
+        assert fake_provider.blocked.acquire(timeout=30)
+        waiting = pool.submit(ask, second)
+        wait_for(lambda: ledger.waiting == 1, "the second call waits for a place")
+        assert len(fake_provider.calls) == 1  # not forwarded, not refused: waiting
+        fake_provider.release()
+        assert in_flight.result(timeout=30)[0] == 200
+        assert waiting.result(timeout=30)[0] == 200
+    assert len(fake_provider.calls) == 2
+
+
+def test_a_call_waiting_for_a_concurrent_place_ends_at_the_gates_deadline(
+    gateways: Gateways, fake_provider: FakeProvider
+) -> None:
+    budgets = Budgets(gate=Limits(concurrent_calls=1))
+    first = gateways.open(openai(fake_provider), case="c1", budgets=budgets)
+    second = gateways.open(openai(fake_provider), case="c2", budgets=budgets, deadline_s=1)
+    fake_provider.script = ["block"]
     with ThreadPoolExecutor(max_workers=1) as pool:
-        waiting = pool.submit(ask, first)
+        in_flight = pool.submit(ask, first)
         assert fake_provider.blocked.acquire(timeout=30)
         status, answer = ask(second)
         fake_provider.release()
-        assert waiting.result(timeout=30)[0] == 200
-    assert (status, error(answer)["kind"]) == (429, "budget")
-    assert error(answer)["limit"] == f"{scope}.concurrent_calls"
-    assert (error(answer)["allowed"], error(answer)["used"]) == (1, 1)
-    assert "in flight" in error(answer)["message"]
+        assert in_flight.result(timeout=30)[0] == 200
+    assert (status, error(answer)["kind"]) == (504, "deadline")
+    assert error(answer)["limit"] == "gate.concurrent_calls"
+    assert "until the gate's deadline" in error(answer)["message"]
     assert len(fake_provider.calls) == 1
-    # Once the first has ended, the next call goes through.
-    assert ask(second)[0] == 200
 
 
 def test_a_429_is_retried_after_its_retry_after_then_succeeds(
