@@ -82,7 +82,9 @@ def judge(client: GateClient, bundle: bytes, cases: int) -> float:
     done = client.wait(gate["id"], timeout_s=900)
     elapsed = time.monotonic() - started
     if done["status"] != "passed" or done["total_cases"] != cases:
-        reasons = [c.get("failure_reason") for c in done.get("cases", []) if c.get("failure_reason")][:3]
+        reasons = [
+            c.get("failure_reason") for c in done.get("cases", []) if c.get("failure_reason")
+        ][:3]
         raise RuntimeError(f"the gate did not pass all {cases} cases: {done['status']} {reasons}")
     return elapsed
 
