@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gate_runner.gateway_wire import CompletionReply, CompletionRequest
-from gate_runner.models import request_key
+from gate_runner.models import litellm_reply, request_key
 from gate_service.config import Settings
 
 from .budget import Budget, BudgetLedger, Budgets, Limits
@@ -175,7 +175,12 @@ class ModelGateway:
             )
             try:
                 response, attempts = self._forward(channel, request, route)
-                tokens_in, tokens_out = _usage(response)
+                answer = litellm_reply(response)
+                usage = answer.get("usage", {})
+                tokens_in, tokens_out = (
+                    usage.get("prompt_tokens", 0),
+                    usage.get("completion_tokens", 0),
+                )
                 cost = self._cost(response)
             finally:
                 self._ledger.settle(channel.budgets, tokens=tokens_in + tokens_out, cost_usd=cost)
@@ -190,10 +195,9 @@ class ModelGateway:
                 attempts=failure.attempts,
                 latency_ms=_ms_since(started),
             )
-        content, tool_calls = _message_of(response)
         reply = CompletionReply(
-            content=content,
-            tool_calls=tool_calls,
+            content=answer["content"],
+            tool_calls=answer.get("tool_calls", []),
             usage={"prompt_tokens": tokens_in, "completion_tokens": tokens_out},
             cost_usd=cost,
             latency_ms=_ms_since(started),
@@ -329,23 +333,3 @@ class ModelGateway:
 
 def _ms_since(started: float) -> int:
     return int((time.monotonic() - started) * 1000)
-
-
-def _usage(response: Any) -> tuple[int, int]:
-    usage = getattr(response, "usage", None)
-    if usage is None:
-        return 0, 0
-    return (
-        int(getattr(usage, "prompt_tokens", 0) or 0),
-        int(getattr(usage, "completion_tokens", 0) or 0),
-    )
-
-
-def _message_of(response: Any) -> tuple[str | None, list[dict[str, Any]]]:
-    """The answer's text and tool calls, as gate_runner.models.parse_reply reads them."""
-    message = response.choices[0].message
-    calls = [
-        {"id": c.id, "name": c.function.name, "arguments": c.function.arguments or "{}"}
-        for c in (getattr(message, "tool_calls", None) or [])
-    ]
-    return message.content, calls

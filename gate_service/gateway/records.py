@@ -7,7 +7,6 @@ A recording is the file gate_runner/models.py ``ReplayModel`` reads:
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gate_runner.gateway_wire import CompletionReply, GatewayError
+from gate_runner.models import recording, write_recording
 
 # An agent's name as a recording folder: one plain path component.
 AGENT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
@@ -90,11 +90,8 @@ def recording_files(calls: Iterable[Answered]) -> list[tuple[str, dict[str, Any]
     for call in calls:
         if not safe_agent(call.agent):
             continue
-        files[f"{call.agent}/{call.key[:24]}.json"] = {
-            "key": call.key,
-            "request": call.request,
-            "response": call.response,
-        }
+        name, document = recording(call.key, call.request, call.response)
+        files[f"{call.agent}/{name}"] = document
     return list(files.items())
 
 
@@ -109,8 +106,10 @@ def export_recordings(records: Iterable[CallRecord], directory: Path) -> list[Pa
     request twice is one file (the last answer). Returns the files written, in order."""
     written: list[Path] = []
     for relative, document in recording_files(answered(records)):
-        path = directory / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")
-        written.append(path)
+        agent = relative.split("/", 1)[0]
+        written.append(
+            write_recording(
+                directory / agent, document["key"], document["request"], document["response"]
+            )
+        )
     return written

@@ -177,6 +177,28 @@ class ReplayModel:
         return parse_reply(self.recordings[key], source=f"recording {key[:16]}")
 
 
+def litellm_reply(response: Any) -> dict[str, Any]:
+    """A LiteLLM completion as parse_reply reads it (and a recording stores it): the text,
+    the tool calls (arguments a JSON string) and the token counts when the provider gave
+    them. The runner's LiveModel and
+    the service's model gateway both read LiteLLM's answers with this."""
+    message = response.choices[0].message
+    calls = [
+        {"id": c.id, "name": c.function.name, "arguments": c.function.arguments or "{}"}
+        for c in (getattr(message, "tool_calls", None) or [])
+    ]
+    reply: dict[str, Any] = {"content": message.content}
+    if calls:
+        reply["tool_calls"] = calls
+    usage = getattr(response, "usage", None)
+    if usage is not None:
+        reply["usage"] = {
+            "prompt_tokens": int(getattr(usage, "prompt_tokens", 0) or 0),
+            "completion_tokens": int(getattr(usage, "completion_tokens", 0) or 0),
+        }
+    return reply
+
+
 class LiveModel:
     """A real provider through LiteLLM, which understands `provider/model` names as they are.
 
@@ -221,21 +243,7 @@ class LiveModel:
             raise AgentRunError(
                 f"model call to {model} failed: {type(exc).__name__}: {exc}"
             ) from None
-        message = response.choices[0].message
-        calls = [
-            {"id": c.id, "name": c.function.name, "arguments": c.function.arguments or "{}"}
-            for c in (getattr(message, "tool_calls", None) or [])
-        ]
-        reply: dict[str, Any] = {"content": message.content}
-        if calls:
-            reply["tool_calls"] = calls
-        usage = getattr(response, "usage", None)
-        if usage is not None:
-            reply["usage"] = {
-                "prompt_tokens": int(getattr(usage, "prompt_tokens", 0) or 0),
-                "completion_tokens": int(getattr(usage, "completion_tokens", 0) or 0),
-            }
-        return reply
+        return litellm_reply(response)
 
     def complete(
         self,
@@ -252,15 +260,19 @@ class LiveModel:
         return parse_reply(raw, source=f"live model {model}")
 
 
-def write_recording(
-    directory: Path, key: str, request: Mapping[str, Any], raw: Mapping[str, Any]
-) -> None:
-    """One exchange under its replay key, as ReplayModel reads it."""
+def recording(key: str, request: Any, raw: Any) -> tuple[str, dict[str, Any]]:
+    """One exchange as a recording: its file name in the agent's recordings folder, and the
+    document ReplayModel reads (it finds the answer by ``key``; ``request`` is for people)."""
+    return f"{key[:24]}.json", {"key": key, "request": request, "response": raw}
+
+
+def write_recording(directory: Path, key: str, request: Any, raw: Any) -> Path:
+    """One exchange under its replay key in ``directory``, as ReplayModel reads it."""
+    name, document = recording(key, request, raw)
     directory.mkdir(parents=True, exist_ok=True)
-    record = {"key": key, "request": dict(request), "response": dict(raw)}
-    (directory / f"{key[:24]}.json").write_text(
-        json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8"
-    )
+    path = directory / name
+    path.write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")
+    return path
 
 
 class RecordingModel(LiveModel):
