@@ -21,6 +21,7 @@ from typing import Any
 from gate_runner.gateway_wire import CompletionReply, CompletionRequest
 from gate_runner.models import litellm_reply, request_key
 from gate_service.config import Settings
+from gate_service.secrets.redact import Redactor
 
 from .budget import Budget, BudgetLedger, Budgets, Limits
 from .channel import Channel
@@ -32,8 +33,6 @@ from .records import CallRecord
 # of a provider's error passed back to the agent.
 MAX_BACKOFF_S = 30.0
 MAX_MESSAGE_CHARS = 2000
-# Secret values shorter than this are not scrubbed from messages: too likely to be words.
-MIN_SCRUBBED_CHARS = 6
 
 
 class _Retryable(Exception):
@@ -316,12 +315,11 @@ class ModelGateway:
 
     @staticmethod
     def _message(channel: Channel, request: CompletionRequest, exc: BaseException) -> str:
-        """The provider's error for the agent, with no secret value of the project in it."""
+        """The provider's error for the agent, with no secret value of the project in it:
+        redacted as everything stored for a case is (one matcher, the longest value first,
+        so a value that contains another is never left half in place)."""
         text = f"model call to {request.model} failed: {type(exc).__name__}: {exc}"
-        for name, value in channel.secrets.items():
-            if len(value) >= MIN_SCRUBBED_CHARS:
-                text = text.replace(value, f"[secret {name}]")
-        return text[:MAX_MESSAGE_CHARS]
+        return Redactor(channel.secrets).text(text)[:MAX_MESSAGE_CHARS]
 
     def _cost(self, response: Any) -> float:
         """The call's price from LiteLLM's cost map; 0 for a model the map does not know."""

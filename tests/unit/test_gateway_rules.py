@@ -118,3 +118,19 @@ def test_importing_the_gateway_loads_no_litellm() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env
     )
     assert out.stdout.strip() == "False"
+
+
+def test_a_providers_error_reaches_the_agent_with_no_part_of_a_secret_in_it() -> None:
+    from types import SimpleNamespace
+
+    from gate_runner.gateway_wire import CompletionRequest
+    from gate_service.gateway import ModelGateway
+
+    # One value inside another: replacing the shorter first would leave the longer's tail.
+    channel = SimpleNamespace(secrets={"SHORT": "abcd1234", "LONG": "abcd1234efgh5678"})
+    request = CompletionRequest(model="openai/gpt-4o", messages=[])
+    error = RuntimeError("key abcd1234efgh5678 refused; abcd1234 too")
+    text = ModelGateway._message(channel, request, error)  # type: ignore[arg-type]
+    assert "abcd1234" not in text and "efgh5678" not in text
+    assert "[REDACTED:LONG]" in text and "[REDACTED:SHORT]" in text
+    assert text.startswith("model call to openai/gpt-4o failed: RuntimeError: ")
