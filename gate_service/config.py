@@ -197,8 +197,9 @@ class Settings(BaseSettings):
     case_env: str = Field(
         default="",
         description="Comma-separated variables passed from the worker to the invocations of "
-        "case containers (model keys such as OPENAI_API_KEY); names the loader, libc, Python "
-        "or the gate act on (LD_*, PYTHON*, GATE_*, ...) are refused at start-up.",
+        "case containers, where every tool of the bundle can read them (provider keys belong in "
+        "project secrets, which the model gateway keeps out of cases); names the loader, "
+        "libc, Python or the gate act on (LD_*, PYTHON*, GATE_*, ...) are refused at start-up.",
     )
     case_network: str = Field(
         default="none", description="Docker network for case containers; 'none' cuts them off."

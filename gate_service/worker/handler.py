@@ -143,7 +143,7 @@ class WorkerContext:
     jobs: JobWakeup | None = None
     # The process's model gateway, shared by its workers (GATE_MODEL_GATEWAY): each case gets
     # a channel of its own, and the project's provider keys stay here. None: no channel, and
-    # a live case calls its provider itself (with keys from GATE_CASE_ENV, on a network).
+    # a live case fails saying so (the runner image carries no provider library).
     gateway: ModelGateway | None = None
 
     def __post_init__(self) -> None:
