@@ -96,6 +96,11 @@ class Project(Base):
     name: Mapped[str] = mapped_column(String(64), unique=True)
     retention_days: Mapped[int] = mapped_column(Integer, default=30)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # The project's model routes, in order (gate_service.gateway.ModelRoute as
+    # {"pattern", "api_base", "key_secret"}): model names they match go to that endpoint.
+    model_routes: Mapped[list[dict[str, Any]]] = mapped_column(
+        JSONB, default=list, server_default="[]"
+    )
 
 
 class ApiToken(Base):

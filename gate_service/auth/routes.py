@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from sqlalchemy import select
@@ -18,6 +18,9 @@ from .deps import Admin
 from .schemas import (
     AuditList,
     AuditRead,
+    ModelRoutes,
+    ModelRouteSpec,
+    ModelRoutesPut,
     ProjectCreate,
     ProjectRead,
     ProjectUpdate,
@@ -67,6 +70,38 @@ def update_project(name: str, body: ProjectUpdate, session: SessionDep, who: Adm
         detail={"project": project.name, "retention_days": [before, body.retention_days]},
     )
     return ProjectRead.model_validate(project)
+
+
+@router.get("/projects/{name}/model-routes", response_model=ModelRoutes, responses=ERRORS)
+def get_model_routes(name: str, session: SessionDep, who: Admin) -> ModelRoutes:
+    """The project's model routes, in the order the gateway tries them."""
+    project = service.visible_project(session, who, name)
+    return _routes_of(project.name, project.model_routes)
+
+
+@router.put("/projects/{name}/model-routes", response_model=ModelRoutes, responses=ERRORS)
+def put_model_routes(
+    name: str, body: ModelRoutesPut, session: SessionDep, who: Admin
+) -> ModelRoutes:
+    """Replace the project's model routes. Cases that start from now on use them: a model
+    name matching a route's pattern goes to its OpenAI-compatible endpoint, with the key in
+    its key secret."""
+    project = service.visible_project(session, who, name)
+    routes = [route.model_dump() for route in body.routes]
+    project.model_routes = routes
+    session.flush()
+    service.record(
+        session,
+        "project.model_routes_set",
+        project_id=project.id,
+        token_id=who.token_id,
+        detail={"project": project.name, "routes": routes},
+    )
+    return _routes_of(project.name, routes)
+
+
+def _routes_of(project: str, stored: list[dict[str, Any]]) -> ModelRoutes:
+    return ModelRoutes(project=project, routes=[ModelRouteSpec.model_validate(r) for r in stored])
 
 
 @router.post(

@@ -6,8 +6,11 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gate_runner.case_env import ENV_NAME
+
+from ..gateway import MAX_ROUTES, endpoint_problem
 from ..text import StorableStr
 from .tokens import Scope
 
@@ -36,6 +39,57 @@ class ProjectRead(Schema):
     name: str
     retention_days: int
     created_at: datetime
+
+
+class ModelRouteSpec(BaseModel):
+    """One route: model names matching ``pattern`` go to ``api_base``."""
+
+    model_config = ConfigDict(extra="forbid", from_attributes=True)
+
+    pattern: StorableStr = Field(
+        min_length=1,
+        max_length=200,
+        description="fnmatch pattern on the whole model name, case-sensitive: 'corp/*'",
+    )
+    api_base: StorableStr = Field(
+        max_length=500,
+        description="An OpenAI-compatible endpoint, http(s), e.g. http://llm-proxy:4000/v1. "
+        "Not a link-local address; no credentials in the URL.",
+    )
+    key_secret: str | None = Field(
+        default=None,
+        max_length=128,
+        description="The project secret holding the endpoint's key; none: it takes no key",
+    )
+
+    @field_validator("api_base")
+    @classmethod
+    def _callable_endpoint(cls, value: str) -> str:
+        problem = endpoint_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("key_secret")
+    @classmethod
+    def _secret_name(cls, value: str | None) -> str | None:
+        if value is not None and not ENV_NAME.fullmatch(value):
+            raise ValueError(f"{value!r} is not a secret name (an environment-variable name)")
+        return value
+
+
+class ModelRoutesPut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    routes: list[ModelRouteSpec] = Field(
+        max_length=MAX_ROUTES,
+        description="Tried in order; the first match wins. An empty list removes them all.",
+    )
+
+
+class ModelRoutes(BaseModel):
+    project: str
+    routes: list[ModelRouteSpec]
 
 
 class TokenCreate(BaseModel):

@@ -84,6 +84,38 @@ def token_revoke(ctx: typer.Context, token_id: str) -> None:
     _call(ctx, lambda c: c.revoke_token(token_id))
 
 
+def parse_route(text: str) -> dict[str, Any]:
+    """``PATTERN=URL`` or ``PATTERN=URL#KEY_SECRET`` (a route's URL has no fragment)."""
+    pattern, equals, rest = text.partition("=")
+    if not equals or not pattern or not rest:
+        raise typer.BadParameter(f"{text!r} is not PATTERN=URL or PATTERN=URL#KEY_SECRET")
+    url, _, secret = rest.partition("#")
+    return {"pattern": pattern, "api_base": url, "key_secret": secret or None}
+
+
+@admin.command("routes")
+def routes(ctx: typer.Context, project: str) -> None:
+    """A project's model routes."""
+    _call(ctx, lambda c: c.model_routes(project))
+
+
+@admin.command("routes-set")
+def routes_set(
+    ctx: typer.Context,
+    project: str,
+    route: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="PATTERN=URL or PATTERN=URL#KEY_SECRET, repeatable, tried in order: "
+            "'corp/*=http://llm-proxy:4000/v1#CORP_KEY'. None: remove all."
+        ),
+    ] = None,
+) -> None:
+    """Replace a project's model routes."""
+    parsed = [parse_route(r) for r in route or []]
+    _call(ctx, lambda c: c.set_model_routes(project, parsed))
+
+
 @admin.command("audit")
 def audit(ctx: typer.Context, limit: Annotated[int, typer.Option()] = 100) -> None:
     """Recorded events, newest first."""

@@ -114,6 +114,14 @@ class GateClient:
     def tokens(self, project: str) -> dict[str, Any]:
         return self._check(self._http.get(f"/v1/projects/{project}/tokens"))
 
+    def model_routes(self, project: str) -> dict[str, Any]:
+        return self._check(self._http.get(f"/v1/projects/{project}/model-routes"))
+
+    def set_model_routes(self, project: str, routes: list[dict[str, Any]]) -> dict[str, Any]:
+        return self._check(
+            self._http.put(f"/v1/projects/{project}/model-routes", json={"routes": routes})
+        )
+
     def revoke_token(self, token_id: str) -> dict[str, Any]:
         return self._check(self._http.delete(f"/v1/tokens/{token_id}"))
 

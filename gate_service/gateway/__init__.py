@@ -17,12 +17,16 @@ from .channel import Channel
 from .failure import Failure
 from .gateway import ModelGateway
 from .keys import (
+    MAX_ROUTES,
     PROVIDERS,
     ModelRoute,
     ProviderKeys,
     Route,
+    endpoint_problem,
     provider_secret_names,
+    refused_address,
     resolve_route,
+    route_of,
 )
 from .records import (
     RECORDINGS_DIR,
@@ -35,6 +39,7 @@ from .records import (
 )
 
 __all__ = [
+    "MAX_ROUTES",
     "PROVIDERS",
     "RECORDINGS_DIR",
     "Answered",
@@ -50,9 +55,12 @@ __all__ = [
     "ProviderKeys",
     "Route",
     "Totals",
+    "endpoint_problem",
     "export_recordings",
     "provider_secret_names",
     "recording_files",
+    "refused_address",
     "resolve_route",
+    "route_of",
     "totals",
 ]

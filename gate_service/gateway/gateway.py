@@ -26,7 +26,7 @@ from gate_service.secrets.redact import Redactor
 from .budget import Budget, BudgetLedger, Budgets, Limits
 from .channel import Channel
 from .failure import Failure
-from .keys import ModelRoute, Route, resolve_route
+from .keys import ModelRoute, Route, refused_address, resolve_route
 from .records import CallRecord
 
 # The longest wait between two tries when the provider names none, and the longest message
@@ -169,6 +169,11 @@ class ModelGateway:
             route = resolve_route(
                 request.model, channel.secrets, channel.routes, provider_of=self._provider_of
             )
+            # A route's or a provider secret's endpoint is the project's choice: never one at
+            # a link-local address (cloud metadata), checked where the call is made.
+            refused = refused_address(route.api_base) if route.api_base else None
+            if refused is not None:
+                raise Failure("no_route", f"model {request.model} ({route.via}): {refused}")
             self._ledger.admit(
                 channel.budgets, deadline=channel.deadline, stopped=lambda: channel.closed
             )

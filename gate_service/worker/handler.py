@@ -40,11 +40,18 @@ from ..config import Settings
 from ..db import refused_write, session_scope
 from ..errors import GateError
 from ..gates import service
-from ..gateway import CallRecord, Channel, ModelGateway, provider_secret_names
+from ..gateway import (
+    CallRecord,
+    Channel,
+    ModelGateway,
+    ModelRoute,
+    provider_secret_names,
+    route_of,
+)
 from ..jobs import ClaimedJob, LeaseLost
 from ..logs import bind_log_context
 from ..metrics import Metrics
-from ..models import Bundle, Case, CaseStatus, Gate, Phase, utcnow
+from ..models import Bundle, Case, CaseStatus, Gate, Phase, Project, utcnow
 from ..runner_contract import UntrustedResult
 from ..sandbox import (
     INVOCATION_UID,
@@ -466,6 +473,7 @@ class _CaseStart:
     env: dict[str, str]
     secrets: dict[str, str]  # all the project's secrets: the gateway's to call with
     project_id: uuid.UUID
+    routes: tuple[ModelRoute, ...]  # the project's model routes, as the case starts
     seconds_left: float  # until the gate's deadline
 
 
@@ -549,6 +557,7 @@ def _model_channel(
         case_id=str(case_id),
         project_id=str(start.project_id),
         secrets=start.secrets,
+        routes=start.routes,
         deadline=time.monotonic() + start.seconds_left,
         waiting=lease.waiting_on_model if lease is not None else None,
     )
@@ -620,12 +629,15 @@ def _mark_running(ctx: WorkerContext, job: ClaimedJob, case_id: uuid.UUID) -> _C
         # The project's secrets and the GATE_CASE_ENV values: handed to the runner on its
         # stdin and given only to invocation processes (gate_runner/case_env.py). With a
         # model gateway, the provider keys are the gateway's alone.
+        project = session.get_one(Project, gate.project_id)
+        routes = tuple(route_of(stored) for stored in project.model_routes)
         case_secrets = project_env
         if ctx.gateway is not None:
-            withheld = provider_secret_names()
+            # A route's key secret is a provider key too.
+            withheld = provider_secret_names() | {r.key_secret for r in routes if r.key_secret}
             case_secrets = {k: v for k, v in project_env.items() if k not in withheld}
         env = {**case_environment(ctx.settings), **case_secrets}
-        return _CaseStart(gate.model_mode, env, project_env, gate.project_id, left)
+        return _CaseStart(gate.model_mode, env, project_env, gate.project_id, routes, left)
 
     try:
         return _write(ctx, job, mark)

@@ -64,3 +64,34 @@ def test_submit_without_a_token_is_refused_with_exit_2(
     project = calculator_project(tmp_path / "p", failing=False)
     code, _, err = run(capsys, "submit", str(project), "--url", url)
     assert code == 2 and "401 Unauthorized" in err
+
+
+def test_admin_sets_and_lists_a_projects_model_routes(
+    live_server: tuple[str, int],  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = "http://{}:{}".format(*live_server)
+    monkeypatch.setenv("GATE_TOKEN", ADMIN_TOKEN)
+    assert run(capsys, "admin", "--url", url, "project-create", "routed")[0] == 0
+    code, out, err = run(
+        capsys, "admin", "--url", url, "routes-set", "routed",
+        "--route", "corp/*=http://llm-proxy:4000/v1#CORP_KEY",
+        "--route", "local/*=http://127.0.0.1:8000/v1",
+    )  # fmt: skip
+    assert code == 0, err
+    expected = [
+        {"pattern": "corp/*", "api_base": "http://llm-proxy:4000/v1", "key_secret": "CORP_KEY"},
+        {"pattern": "local/*", "api_base": "http://127.0.0.1:8000/v1", "key_secret": None},
+    ]
+    assert json.loads(out)["routes"] == expected
+    code, out, _ = run(capsys, "admin", "--url", url, "routes", "routed")
+    assert code == 0 and json.loads(out)["routes"] == expected
+    # What the API refuses comes back as exit 2 with its reason.
+    metadata = "m/*=http://169.254.169.254/"
+    code, _, err = run(capsys, "admin", "--url", url, "routes-set", "routed", "--route", metadata)
+    assert code == 2 and "link-local" in err
+    code, _, err = run(capsys, "admin", "--url", url, "routes-set", "routed", "--route", "nope")
+    assert code == 2 and "PATTERN=URL" in err
+    code, out, _ = run(capsys, "admin", "--url", url, "routes-set", "routed")
+    assert code == 0 and json.loads(out)["routes"] == []

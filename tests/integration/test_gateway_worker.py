@@ -237,3 +237,75 @@ def test_live_cases_waiting_on_their_model_do_not_hold_the_case_slot(
     gate = alpha.get(f"/v1/gates/{r.json()['id']}").json()
     assert gate["status"] == "passed", gate
     assert gate["model_calls"]["calls"] == cases
+
+
+def test_a_project_route_sends_its_models_to_its_endpoint_and_its_key_stays_out(
+    client: TestClient,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    gateway: ModelGateway,
+    provider: FakeProvider,
+    tmp_path: Path,
+) -> None:
+    """Routes are set through the admin API, read by the worker as each case starts, and
+    the route's key secret is withheld from the case like a provider key."""
+    alpha = tenant(client, "alpha", provider)
+    r = client.put("/v1/projects/alpha/secrets/CORP_KEY", json={"value": "sk-corp-route"})
+    assert r.status_code == 201, r.text
+    routes = [{"pattern": "corp/*", "api_base": provider.url, "key_secret": "CORP_KEY"}]
+    r = client.put("/v1/projects/alpha/model-routes", json={"routes": routes})
+    assert r.status_code == 200, r.text
+    assert client.get("/v1/projects/alpha/model-routes").json() == {
+        "project": "alpha",
+        "routes": routes,
+    }
+    project = tmp_path / "p"
+    live_bot(project, "hi")
+    agent = (project / "agents/live-bot.yaml").read_text()
+    (project / "agents/live-bot.yaml").write_text(agent.replace("openai/gpt-4o", "corp/llama-3"))
+    sandbox = FakeSandbox()
+    gate = alpha.post("/v1/gates", files={"bundle": ("b.tgz", bundle_of(project))}).json()
+    assert worker(settings, sessions, sandbox, gateway).run_once()
+
+    done = alpha.get(f"/v1/gates/{gate['id']}").json()
+    assert done["status"] == "passed", done
+    ((auth, body),) = provider.calls
+    assert (auth, body["model"]) == ("Bearer sk-corp-route", "corp/llama-3")
+    (env,) = sandbox.envs
+    assert "CORP_KEY" not in env and env["OTHER_SETTING"] == OTHER_SECRET
+    audit = client.get("/v1/audit", params={"action": "project.model_routes_set"}).json()
+    assert [e["detail"]["routes"] for e in audit["items"]] == [routes]
+
+
+@pytest.mark.parametrize(
+    ("route", "says"),
+    [
+        ({"pattern": "x/*", "api_base": "http://169.254.169.254/v1"}, "link-local"),
+        ({"pattern": "x/*", "api_base": "http://u:p@proxy/v1"}, "credentials"),
+        ({"pattern": "x/*", "api_base": "file:///etc/passwd"}, "http://"),
+        ({"pattern": "", "api_base": "http://proxy/v1"}, "at least 1 character"),
+        ({"pattern": "x/*", "api_base": "http://proxy/v1", "key_secret": "lower"}, "secret name"),
+        ({"pattern": "x/*", "api_base": "http://proxy/v1", "extra": 1}, "Extra inputs"),
+    ],
+)
+def test_a_route_the_gateway_would_not_call_is_refused_saying_why(
+    client: TestClient, route: dict[str, object], says: str
+) -> None:
+    project_token(client, "alpha", ["read"])
+    r = client.put("/v1/projects/alpha/model-routes", json={"routes": [route]})
+    assert r.status_code == 422, r.text
+    assert says in r.text
+    assert client.get("/v1/projects/alpha/model-routes").json()["routes"] == []
+
+
+def test_routes_are_their_projects_own_and_need_the_admin_scope(client: TestClient) -> None:
+    alpha_admin = as_token(client, project_token(client, "alpha", ["admin"]))
+    beta_submit = as_token(client, project_token(client, "beta", ["submit", "read"]))
+    routes = {"routes": [{"pattern": "*", "api_base": "http://proxy/v1"}]}
+    assert alpha_admin.put("/v1/projects/alpha/model-routes", json=routes).status_code == 200
+    assert alpha_admin.get("/v1/projects/beta/model-routes").status_code == 404
+    assert alpha_admin.put("/v1/projects/beta/model-routes", json=routes).status_code == 404
+    assert beta_submit.get("/v1/projects/beta/model-routes").status_code == 403
+    too_many = {"routes": routes["routes"] * 33}
+    r = alpha_admin.put("/v1/projects/alpha/model-routes", json=too_many)
+    assert r.status_code == 422 and "at most 32" in r.text

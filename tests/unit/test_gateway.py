@@ -231,6 +231,21 @@ def test_a_project_route_sends_matching_models_to_its_endpoint_with_its_key(
     assert "CORP_LLM_KEY" in error(answer)["message"]
 
 
+def test_a_route_or_a_base_secret_at_a_link_local_address_is_never_called(
+    gateways: Gateways, fake_provider: FakeProvider
+) -> None:
+    routes = [ModelRoute("meta/*", "http://169.254.169.254/v1")]
+    channel = gateways.open(
+        {"OPENAI_API_KEY": KEY_A, "OPENAI_API_BASE": "http://[fe80::1]:8080/v1"}, routes=routes
+    )
+    for model in ("meta/llama", "openai/gpt-4o"):
+        status, answer = ask(channel, model=model)
+        assert (status, error(answer)["kind"]) == (424, "no_route"), answer
+        assert "link-local" in error(answer)["message"]
+    assert "route 'meta/*'" in error(ask(channel, model="meta/x")[1])["message"]
+    assert fake_provider.calls == []
+
+
 @pytest.mark.parametrize(
     ("limits", "answered", "limit", "allowed", "used"),
     [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from gate_service.config import Settings
@@ -12,6 +14,8 @@ from gate_service.gateway import (
     Failure,
     Limits,
     ModelRoute,
+    endpoint_problem,
+    refused_address,
     resolve_route,
 )
 from gate_service.gateway.keys import NO_KEY
@@ -55,6 +59,52 @@ def test_the_first_matching_route_wins_and_may_take_no_key() -> None:
         NO_KEY,
     )
     assert resolve_route("anthropic/claude", {}, routes).api_base == "http://proxy/v1"
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("http://169.254.169.254/latest", "link-local"),
+        ("http://[fe80::1]:8000/v1", "link-local"),
+        ("http://[::ffff:169.254.169.254]/v1", "link-local"),
+        ("http://0.0.0.0:4000/v1", "unspecified"),
+        ("http://224.0.0.1/v1", "multicast"),
+        ("ftp://proxy/v1", "http:// or https://"),
+        ("proxy:4000/v1", "http:// or https://"),
+        ("http:///v1", "with a host"),
+        ("http://user:pw@proxy/v1", "credentials"),
+        ("http://proxy/v1?key=x", "query"),
+        ("http://proxy:99999/v1", "not a URL"),
+        ("http://proxy:0/v1", "port 0"),
+    ],
+)
+def test_an_endpoint_a_project_may_not_send_calls_to_says_why(url: str, says: str) -> None:
+    problem = endpoint_problem(url)
+    assert problem is not None and says in problem, problem
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://llm-proxy:4000/v1", "https://example.com/openai/v1", "http://127.0.0.1:8000/v1"],
+)
+def test_an_ordinary_endpoint_is_allowed(url: str) -> None:
+    assert endpoint_problem(url) is None
+
+
+def test_a_name_that_resolves_to_a_link_local_address_is_refused_at_the_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    answers = {"metadata.internal": "169.254.169.254", "proxy.internal": "10.0.0.7"}
+
+    def resolve(host: str, *args: object, **kwargs: object) -> list[tuple[object, ...]]:
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answers[host], 80))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    # Allowed when set (a name), refused when called: it points at cloud metadata.
+    assert endpoint_problem("http://metadata.internal/v1") is None
+    refused = refused_address("http://metadata.internal/v1")
+    assert refused is not None and "169.254.169.254" in refused
+    assert refused_address("http://proxy.internal/v1") is None
 
 
 def test_every_provider_key_is_a_name_a_project_secret_may_have() -> None:
