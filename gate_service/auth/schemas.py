@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gate_runner.case_env import ENV_NAME
 
-from ..gateway import MAX_ROUTES, endpoint_problem
+from ..endpoints import endpoint_problem
 from ..text import StorableStr
 from .tokens import Scope
 
@@ -76,6 +76,10 @@ class ModelRouteSpec(BaseModel):
         if value is not None and not ENV_NAME.fullmatch(value):
             raise ValueError(f"{value!r} is not a secret name (an environment-variable name)")
         return value
+
+
+# At most this many routes a project: each call tries them in order.
+MAX_ROUTES = 32
 
 
 class ModelRoutesPut(BaseModel):

@@ -17,14 +17,11 @@ from .channel import Channel
 from .failure import Failure
 from .gateway import ModelGateway
 from .keys import (
-    MAX_ROUTES,
     PROVIDERS,
     ModelRoute,
     ProviderKeys,
     Route,
-    endpoint_problem,
     provider_secret_names,
-    refused_address,
     resolve_route,
     route_of,
 )
@@ -39,7 +36,6 @@ from .records import (
 )
 
 __all__ = [
-    "MAX_ROUTES",
     "PROVIDERS",
     "RECORDINGS_DIR",
     "Answered",
@@ -55,11 +51,9 @@ __all__ = [
     "ProviderKeys",
     "Route",
     "Totals",
-    "endpoint_problem",
     "export_recordings",
     "provider_secret_names",
     "recording_files",
-    "refused_address",
     "resolve_route",
     "route_of",
     "totals",

@@ -23,10 +23,11 @@ from gate_runner.models import litellm_reply, request_key
 from gate_service.config import Settings
 from gate_service.secrets.redact import Redactor
 
+from ..endpoints import refused_address
 from .budget import Budget, BudgetLedger, Budgets, Limits
 from .channel import Channel
 from .failure import Failure
-from .keys import ModelRoute, Route, refused_address, resolve_route
+from .keys import ModelRoute, Route, resolve_route
 from .records import CallRecord
 
 # The longest wait between two tries when the provider names none, and the longest message

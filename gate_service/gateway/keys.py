@@ -9,13 +9,10 @@ OpenAI-compatible endpoint of its own (its LiteLLM proxy, Azure's, a local vLLM)
 
 from __future__ import annotations
 
-import ipaddress
-import socket
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
-from urllib.parse import urlsplit
 
 from .failure import Failure
 
@@ -70,10 +67,6 @@ class ModelRoute:
     key_secret: str | None = None
 
 
-# At most this many routes a project: each call tries them in order.
-MAX_ROUTES = 32
-
-
 def route_of(stored: Mapping[str, Any]) -> ModelRoute:
     """A route as the projects table stores it (``{"pattern", "api_base", "key_secret"}``)."""
     return ModelRoute(
@@ -81,67 +74,6 @@ def route_of(stored: Mapping[str, Any]) -> ModelRoute:
         api_base=str(stored["api_base"]),
         key_secret=stored.get("key_secret"),
     )
-
-
-def endpoint_problem(url: str) -> str | None:
-    """What is wrong with ``url`` as an endpoint a project may send its calls to, or None.
-
-    Any http(s) address the worker reaches is allowed (a company's proxy, a local vLLM on
-    the worker's loopback), except one whose host is a link-local address: the cloud metadata
-    service lives there, and a project's admin must not point the worker at it. Credentials
-    in the URL are refused because routes are listed and audited, unlike secrets."""
-    try:
-        parts = urlsplit(url)
-        if parts.port == 0:  # .port raises for one that is not a number below 65536
-            return f"{url!r} has port 0"
-    except ValueError as exc:
-        return f"{url!r} is not a URL: {exc}"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"{url!r} must be an http:// or https:// URL with a host"
-    if parts.username is not None or parts.password is not None:
-        return f"{url!r} holds credentials: name a key secret instead"
-    if parts.query or parts.fragment:
-        return f"{url!r} must not have a query or a fragment"
-    try:
-        address = ipaddress.ip_address(parts.hostname)
-    except ValueError:
-        return None  # a name: checked again, resolved, at each call (refused_address)
-    return _address_problem(url, [address])
-
-
-def _address_problem(
-    url: str, addresses: Iterable[ipaddress.IPv4Address | ipaddress.IPv6Address]
-) -> str | None:
-    for address in addresses:
-        mapped = getattr(address, "ipv4_mapped", None) or address
-        if mapped.is_link_local or mapped.is_unspecified or mapped.is_multicast:
-            return (
-                f"endpoint {url} is at {address}, a link-local, unspecified or multicast "
-                "address (cloud metadata lives there): the gateway does not call it"
-            )
-    return None
-
-
-def refused_address(url: str) -> str | None:
-    """Why the gateway will not call ``url`` now, from what its host resolves to; None when
-    it may. Resolved at each call because a name can change what it points to (a name that
-    resolves later, between this check and the connection, is the remaining gap)."""
-    problem = endpoint_problem(url)
-    if problem is not None:
-        return problem
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    try:
-        infos = socket.getaddrinfo(host, parts.port or None, proto=socket.IPPROTO_TCP)
-    except OSError:
-        return None  # unresolvable: the call fails at the provider client, with its message
-    found = []
-    for info in infos:
-        try:
-            found.append(ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]))
-        except ValueError:
-            continue
-    return _address_problem(url, found)
 
 
 @dataclass(frozen=True, slots=True)

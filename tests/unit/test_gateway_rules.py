@@ -7,6 +7,7 @@ import socket
 import pytest
 
 from gate_service.config import Settings
+from gate_service.endpoints import endpoint_problem, refused_address
 from gate_service.gateway import (
     PROVIDERS,
     Budget,
@@ -14,8 +15,6 @@ from gate_service.gateway import (
     Failure,
     Limits,
     ModelRoute,
-    endpoint_problem,
-    refused_address,
     resolve_route,
 )
 from gate_service.gateway.keys import NO_KEY
