@@ -31,8 +31,10 @@ from gate_runner.gateway_wire import (
     COMPLETE_PATH,
     ERROR_STATUS,
     MAX_REQUEST_BYTES,
+    MODERATE_PATH,
     SOCKET_NAME,
     CompletionRequest,
+    ModerationRequest,
 )
 
 from .budget import Budget
@@ -48,46 +50,64 @@ MAX_ATTEMPTS = 10  # a request asking for more tries gets this many
 # A connection that sends nothing for this long is dropped: it must not hold a thread.
 IDLE_TIMEOUT_S = 30.0
 
-Complete = Callable[["Channel", CompletionRequest], CallRecord]
+# A completion or a moderation: the gateway's one entry, which tells them apart.
+Complete = Callable[["Channel", CompletionRequest | ModerationRequest], CallRecord]
 
 
-def parse_request(body: bytes) -> CompletionRequest:
-    """A CompletionRequest from its JSON, checked field by field; else ``bad_request``."""
+def _object(body: bytes, shape: type[CompletionRequest | ModerationRequest]) -> dict[str, Any]:
+    """The request's JSON object, with no field ``shape`` does not have; else ``bad_request``."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         raise Failure("bad_request", "the request is not JSON") from None
     if not isinstance(data, dict):
         raise Failure("bad_request", "the request must be a JSON object")
-    known = {f.name for f in fields(CompletionRequest)}
+    known = {f.name for f in fields(shape)}
     unknown = sorted(set(data) - known)
     if unknown:
         raise Failure("bad_request", f"unknown field(s) in the request: {', '.join(unknown)}")
+    return data
 
-    def wrong(name: str, what: str) -> Failure:
-        return Failure("bad_request", f"the request's {name} must be {what}")
 
+def _wrong(name: str, what: str) -> Failure:
+    return Failure("bad_request", f"the request's {name} must be {what}")
+
+
+def _model(data: dict[str, Any]) -> str:
     model = data.get("model")
     if not isinstance(model, str) or not model or len(model) > 256:
-        raise wrong("model", "a model name of 1 to 256 characters")
-    messages = data.get("messages")
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        raise wrong("messages", "a list of objects")
-    tools = data.get("tools", [])
-    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-        raise wrong("tools", "a list of objects")
-    temperature = data.get("temperature", 0.0)
-    if isinstance(temperature, bool) or not isinstance(temperature, int | float):
-        raise wrong("temperature", "a number")
+        raise _wrong("model", "a model name of 1 to 256 characters")
+    return model
+
+
+def _how(data: dict[str, Any]) -> tuple[str, int, float]:
+    """The fields every request has: its agent, the tries it allows, one try's timeout."""
     agent = data.get("agent", "")
     if not isinstance(agent, str) or (agent and not safe_agent(agent)):
-        raise wrong("agent", "an agent's name (letters, digits, '_', '.', '-')")
+        raise _wrong("agent", "an agent's name (letters, digits, '_', '.', '-')")
     attempts = data.get("attempts", 1)
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-        raise wrong("attempts", "a whole number of at least 1")
+        raise _wrong("attempts", "a whole number of at least 1")
     timeout_s = data.get("timeout_s", 60.0)
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
-        raise wrong("timeout_s", "a positive number of seconds")
+        raise _wrong("timeout_s", "a positive number of seconds")
+    return agent, min(attempts, MAX_ATTEMPTS), float(timeout_s)
+
+
+def parse_request(body: bytes) -> CompletionRequest:
+    """A CompletionRequest from its JSON, checked field by field; else ``bad_request``."""
+    data = _object(body, CompletionRequest)
+    model = _model(data)
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise _wrong("messages", "a list of objects")
+    tools = data.get("tools", [])
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise _wrong("tools", "a list of objects")
+    temperature = data.get("temperature", 0.0)
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float):
+        raise _wrong("temperature", "a number")
+    agent, attempts, timeout_s = _how(data)
     return CompletionRequest(
         model=model,
         messages=messages,
@@ -95,9 +115,28 @@ def parse_request(body: bytes) -> CompletionRequest:
         # An int stays an int: the replay key hashes the value as the runner sent it.
         temperature=temperature,
         agent=agent,
-        attempts=min(attempts, MAX_ATTEMPTS),
-        timeout_s=float(timeout_s),
+        attempts=attempts,
+        timeout_s=timeout_s,
     )
+
+
+def parse_moderation(body: bytes) -> ModerationRequest:
+    """A ModerationRequest from its JSON, checked field by field; else ``bad_request``."""
+    data = _object(body, ModerationRequest)
+    model = _model(data)
+    text = data.get("input")
+    if not isinstance(text, str):
+        raise _wrong("input", "a string")
+    agent, attempts, timeout_s = _how(data)
+    return ModerationRequest(
+        model=model, input=text, agent=agent, attempts=attempts, timeout_s=timeout_s
+    )
+
+
+PARSERS: dict[str, Callable[[bytes], CompletionRequest | ModerationRequest]] = {
+    COMPLETE_PATH: parse_request,
+    MODERATE_PATH: parse_moderation,
+}
 
 
 class _Server(socketserver.ThreadingUnixStreamServer):
@@ -149,8 +188,12 @@ class _Handler(BaseHTTPRequestHandler):
                 except OSError:
                     return  # the runner went away, or sent nothing for IDLE_TIMEOUT_S
             channel.check_token(self.headers.get("Authorization"))
-            if self.path != COMPLETE_PATH or self.command != "POST":
-                raise Failure("bad_request", f"the gateway answers POST {COMPLETE_PATH} only")
+            parse = PARSERS.get(self.path)
+            if parse is None or self.command != "POST":
+                raise Failure(
+                    "bad_request",
+                    f"the gateway answers POST {COMPLETE_PATH} and POST {MODERATE_PATH} only",
+                )
             if size is None:
                 raise Failure("bad_request", "the request needs a Content-Length")
             if size > MAX_REQUEST_BYTES:
@@ -158,7 +201,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "bad_request",
                     f"the request has {size} bytes; the gateway reads at most {MAX_REQUEST_BYTES}",
                 )
-            record = channel.serve(parse_request(body))
+            record = channel.serve(parse(body))
         except Failure as failure:
             self._send(failure.status, failure.error.to_json())
             return
@@ -279,7 +322,7 @@ class Channel:
         ):
             raise Failure("refused", "this channel's token is required")
 
-    def serve(self, request: CompletionRequest) -> CallRecord:
+    def serve(self, request: CompletionRequest | ModerationRequest) -> CallRecord:
         """Forward one call through the gateway and keep its record.
 
         Inside ``waiting`` (the worker's: the case lends its CPU slot meanwhile, and the

@@ -18,7 +18,12 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from gate_runner.gateway_wire import CompletionReply, CompletionRequest
+from gate_runner.gateway_wire import (
+    CompletionReply,
+    CompletionRequest,
+    ModerationReply,
+    ModerationRequest,
+)
 from gate_runner.models import litellm_reply, request_key
 from gate_service.config import Settings
 from gate_service.secrets.redact import Redactor
@@ -159,8 +164,12 @@ class ModelGateway:
 
     # One call
 
-    def complete(self, channel: Channel, request: CompletionRequest) -> CallRecord:
+    def complete(
+        self, channel: Channel, request: CompletionRequest | ModerationRequest
+    ) -> CallRecord:
         """Route, budget and forward one call; its record, whether it was answered or not."""
+        if isinstance(request, ModerationRequest):
+            return self.moderate(channel, request)
         started = time.monotonic()
         key = request_key(request.replay_request())
         attempts = 0
@@ -179,7 +188,13 @@ class ModelGateway:
                 channel.budgets, deadline=channel.deadline, stopped=lambda: channel.closed
             )
             try:
-                response, attempts = self._forward(channel, request, route)
+                response, attempts = self._forward(
+                    channel,
+                    request,
+                    lambda timeout, cut: self._try(
+                        channel, request, route, timeout, cut_by_deadline=cut
+                    ),
+                )
                 answer = litellm_reply(response)
                 usage = answer.get("usage", {})
                 tokens_in, tokens_out = (
@@ -230,7 +245,10 @@ class ModelGateway:
             return None  # LiteLLM knows no provider for this name
 
     def _forward(
-        self, channel: Channel, request: CompletionRequest, route: Route
+        self,
+        channel: Channel,
+        request: CompletionRequest | ModerationRequest,
+        try_once: Callable[[float, bool], Any],
     ) -> tuple[Any, int]:
         """The provider's response and the tries it took; at most ``request.attempts``
         tries, each within the gate's deadline, waiting as the provider asks between them."""
@@ -247,7 +265,7 @@ class ModelGateway:
             timeout = min(request.timeout_s, left)
             try:
                 cut = timeout < request.timeout_s
-                return self._try(channel, request, route, timeout, cut_by_deadline=cut), attempt
+                return try_once(timeout, cut), attempt
             except Failure as failure:
                 failure.attempts = attempt
                 raise
@@ -302,29 +320,120 @@ class ModelGateway:
                 **extra,
             )
         except Exception as exc:
-            message = self._message(channel, request, exc)
-            if isinstance(exc, litellm.Timeout):
-                if cut_by_deadline:
-                    raise Failure(
-                        "deadline",
-                        f"the gate's deadline came before model {request.model} answered",
-                    ) from None
-                raise _Retryable(Failure("provider", message), None) from None
-            if isinstance(exc, litellm.RateLimitError):
-                raise _Retryable(Failure("rate_limited", message), _retry_after(exc)) from None
-            status = getattr(exc, "status_code", None)
-            if isinstance(exc, litellm.APIConnectionError) or (
-                isinstance(status, int) and status >= 500
-            ):
-                raise _Retryable(Failure("provider", message), _retry_after(exc)) from None
-            raise Failure("provider", message) from None
+            raise self._failure(channel, request, exc, cut_by_deadline=cut_by_deadline) from None
+
+    def moderate(self, channel: Channel, request: ModerationRequest) -> CallRecord:
+        """A moderation guardrail's check at the provider's moderation endpoint (OpenAI's
+        through LiteLLM): routed, budgeted (a call; no tokens) and retried like a completion."""
+        started = time.monotonic()
+        key = request_key(request.replay_request())
+        attempts = 0
+        model = request.model if "/" in request.model else f"openai/{request.model}"
+        try:
+            route = resolve_route(model, channel.secrets, channel.routes)
+            refused = refused_address(route.api_base) if route.api_base else None
+            if refused is not None:
+                raise Failure("no_route", f"model {request.model} ({route.via}): {refused}")
+            self._ledger.admit(
+                channel.budgets, deadline=channel.deadline, stopped=lambda: channel.closed
+            )
+            try:
+                response, attempts = self._forward(
+                    channel,
+                    request,
+                    lambda timeout, cut: self._moderate_once(
+                        channel, request, route, timeout, cut_by_deadline=cut
+                    ),
+                )
+                result = moderation_result(response)
+            finally:
+                self._ledger.settle(channel.budgets, tokens=0, cost_usd=0.0)
+        except Failure as failure:
+            return CallRecord(
+                request_hash=key,
+                request=request.replay_request(),
+                agent=request.agent,
+                status=failure.error.kind,
+                reply=None,
+                error=failure.error,
+                attempts=failure.attempts,
+                latency_ms=_ms_since(started),
+            )
+        reply = ModerationReply(
+            **result, latency_ms=_ms_since(started), request_hash=key, attempts=attempts
+        )
+        return CallRecord(
+            request_hash=key,
+            request=request.replay_request(),
+            agent=request.agent,
+            status="ok",
+            reply=reply,
+            error=None,
+            latency_ms=reply.latency_ms,
+            attempts=attempts,
+        )
+
+    def _moderate_once(
+        self,
+        channel: Channel,
+        request: ModerationRequest,
+        route: Route,
+        timeout: float,
+        *,
+        cut_by_deadline: bool,
+    ) -> Any:
+        extra: dict[str, Any] = {}
+        if route.api_base:
+            extra["api_base"] = route.api_base
+        bare = route.model.split("/", 1)[1] if "/" in route.model else route.model
+        try:
+            return self._litellm.moderation(
+                input=request.input,
+                model=bare,
+                api_key=route.api_key,
+                timeout=timeout,
+                max_retries=0,
+                **extra,
+            )
+        except Exception as exc:
+            raise self._failure(channel, request, exc, cut_by_deadline=cut_by_deadline) from None
+
+    def _failure(
+        self,
+        channel: Channel,
+        request: CompletionRequest | ModerationRequest,
+        exc: Exception,
+        *,
+        cut_by_deadline: bool,
+    ) -> Exception:
+        """A provider's exception as the Failure it ends in, or _Retryable when another try
+        may help."""
+        litellm = self._litellm
+        message = self._message(channel, request, exc)
+        if isinstance(exc, litellm.Timeout):
+            if cut_by_deadline:
+                return Failure(
+                    "deadline", f"the gate's deadline came before model {request.model} answered"
+                )
+            return _Retryable(Failure("provider", message), None)
+        if isinstance(exc, litellm.RateLimitError):
+            return _Retryable(Failure("rate_limited", message), _retry_after(exc))
+        status = getattr(exc, "status_code", None)
+        if isinstance(exc, litellm.APIConnectionError) or (
+            isinstance(status, int) and status >= 500
+        ):
+            return _Retryable(Failure("provider", message), _retry_after(exc))
+        return Failure("provider", message)
 
     @staticmethod
-    def _message(channel: Channel, request: CompletionRequest, exc: BaseException) -> str:
+    def _message(
+        channel: Channel, request: CompletionRequest | ModerationRequest, exc: BaseException
+    ) -> str:
         """The provider's error for the agent, with no secret value of the project in it:
         redacted as everything stored for a case is (one matcher, the longest value first,
         so a value that contains another is never left half in place)."""
-        text = f"model call to {request.model} failed: {type(exc).__name__}: {exc}"
+        what = "moderation" if isinstance(request, ModerationRequest) else "model"
+        text = f"{what} call to {request.model} failed: {type(exc).__name__}: {exc}"
         return Redactor(channel.secrets).text(text)[:MAX_MESSAGE_CHARS]
 
     def _cost(self, response: Any) -> float:
@@ -333,6 +442,24 @@ class ModelGateway:
             return float(self._litellm.completion_cost(completion_response=response) or 0.0)
         except Exception:
             return 0.0
+
+
+def moderation_result(response: Any) -> dict[str, Any]:
+    """LiteLLM's moderation response (OpenAI's shape) as ModerationReply's fields: the first
+    result's flag, categories and scores. One the gateway cannot read is a provider error."""
+    raw = response.model_dump() if hasattr(response, "model_dump") else response
+    try:
+        first = raw["results"][0]
+        categories = {str(k): bool(v) for k, v in (first.get("categories") or {}).items()}
+        scores = {
+            str(k): float(v)
+            for k, v in (first.get("category_scores") or {}).items()
+            if v is not None
+        }
+        flagged = bool(first["flagged"])
+        return {"flagged": flagged, "categories": categories, "category_scores": scores}
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+        raise Failure("provider", "the provider's moderation answer has no result") from None
 
 
 def _ms_since(started: float) -> int:

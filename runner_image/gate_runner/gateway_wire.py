@@ -25,6 +25,10 @@ SOCKET_DIR: Final = "/run/gate-model"  # in the case container, read-only
 SOCKET_NAME: Final = "model.sock"
 SOCKET_PATH: Final = f"{SOCKET_DIR}/{SOCKET_NAME}"
 COMPLETE_PATH: Final = "/v1/complete"
+# A provider-backed guardrail's check (spec 4.3 `moderation`): a ModerationRequest, answered
+# with a ModerationReply, its errors as a completion's.
+MODERATE_PATH: Final = "/v1/moderate"
+DEFAULT_MODERATION_MODEL: Final = "omni-moderation-latest"
 # A request carries the whole conversation so far; an answer, one message.
 MAX_REQUEST_BYTES: Final = 8 * 1024 * 1024
 MAX_REPLY_BYTES: Final = 8 * 1024 * 1024
@@ -94,6 +98,50 @@ class CompletionReply:
         if self.tool_calls:
             reply["tool_calls"] = list(self.tool_calls)
         return reply
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModerationRequest:
+    """A ``moderation`` guardrail's text for the provider's moderation endpoint (OpenAI's,
+    through LiteLLM). ``replay_request()`` is what the replay key is computed over."""
+
+    model: str
+    input: str
+    agent: str = ""
+    attempts: int = 1
+    timeout_s: float = 60.0
+
+    def replay_request(self) -> dict[str, Any]:
+        return {"moderation": {"model": self.model, "input": self.input}}
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModerationReply:
+    """The provider's verdict on one text: OpenAI's ``results[0]`` fields."""
+
+    flagged: bool
+    categories: dict[str, bool]
+    category_scores: dict[str, float]
+    latency_ms: int
+    request_hash: str
+    attempts: int
+    cost_usd: float = 0.0
+
+    def raw(self) -> dict[str, Any]:
+        """As a recording stores it (gate_runner.guardrails reads it back)."""
+        return {
+            "moderation": {
+                "flagged": self.flagged,
+                "categories": dict(self.categories),
+                "category_scores": dict(self.category_scores),
+            }
+        }
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode()

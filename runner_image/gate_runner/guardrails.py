@@ -1,8 +1,10 @@
-"""Guardrails (spec §4.3): the built-in `regex` and `pii` checks and custom ones.
+"""Guardrails (spec §4.3): the built-in `regex` and `pii` checks, `moderation` through the
+model gateway (live) or its recordings (replay), and custom ones.
 
-A rule checks a content string and answers passed / blocked / warned / redacted. Other
-built-in types need a provider (moderation, prompt injection, ...) and are recorded as
-skipped rather than silently passed.
+A rule checks a content string and answers passed / blocked / warned / redacted. The other
+built-in types need a provider the gate does not call (prompt injection, topic restriction,
+...) and are recorded as skipped rather than silently passed; so is `moderation` in scripted
+mode.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .gateway_wire import DEFAULT_MODERATION_MODEL
 from .runtime_errors import AgentRunError
 
 # Deliberately simple, documented patterns: a gate must be predictable more than clever.
@@ -29,9 +32,13 @@ PII_PATTERNS: dict[str, re.Pattern[str]] = {
 PII_INPUT_DEFAULT = tuple(PII_PATTERNS)
 PII_OUTPUT_DEFAULT = ("ssn", "credit_card", "api_key")  # pii_leakage's defaults
 UNSUPPORTED = {
-    "prompt_injection", "moderation", "topic_restriction", "system_prompt_leakage",
-    "data_exfiltration", "relevance",
+    "prompt_injection", "topic_restriction", "system_prompt_leakage", "data_exfiltration",
+    "relevance",
 }  # fmt: skip
+MODERATION_THRESHOLD = 0.7  # spec 4.3's default
+# (text, moderation model) -> {"flagged", "categories", "category_scores"}; None: the agent's
+# model mode has no moderation (scripted), so the rule is recorded skipped.
+Moderate = Callable[[str, str], dict[str, Any]]
 
 
 @dataclass
@@ -75,12 +82,15 @@ def check_rule(
     context: dict[str, Any],
     custom: Callable[[str], Callable[..., Any] | None],
     call: Callable[..., Any],
+    moderate: Moderate | None = None,
 ) -> Verdict:
     kind, mode, config = rule.type, rule.mode, dict(rule.config or {})
     configured = config.get("rejection_message")
     rejection = configured or f"Request blocked by the {kind} guardrail."
     if kind in UNSUPPORTED:
         return Verdict("skipped", content, f"{kind} needs a provider the gate does not call")
+    if kind == "moderation":
+        return _moderation(config, mode, content, rejection, moderate)
     if kind == "regex":
         for entry in config.get("patterns") or []:
             pattern = entry.get("pattern") if isinstance(entry, Mapping) else str(entry)
@@ -124,6 +134,35 @@ def check_rule(
     raise AgentRunError(f"guardrail type {kind!r} is not known")
 
 
+def _moderation(
+    config: dict[str, Any],
+    mode: str,
+    content: str,
+    rejection: str,
+    moderate: Moderate | None,
+) -> Verdict:
+    """OpenAI's moderation endpoint through the model gateway (live, record) or its recording
+    (replay): a violation when a category's score reaches ``threshold`` (0.7), among
+    ``categories`` when given, else among all. Scripted mode calls no provider: skipped."""
+    provider = str(config.get("provider") or "openai")
+    if provider != "openai":
+        return Verdict(
+            "skipped", content, f"moderation provider {provider!r} is not called in a gate"
+        )
+    if moderate is None:
+        return Verdict("skipped", content, "moderation needs a provider: scripted mode calls none")
+    threshold = float(config.get("threshold", MODERATION_THRESHOLD))
+    model = str(config.get("model") or DEFAULT_MODERATION_MODEL)
+    verdict = moderate(content, model)
+    scores: dict[str, float] = verdict["category_scores"]
+    wanted = [str(c) for c in config.get("categories") or []] or sorted(scores)
+    over = [(c, scores[c]) for c in wanted if scores.get(c, 0.0) >= threshold]
+    if not over:
+        return Verdict("passed", content)
+    found = ", ".join(f"{c} {score:.2f}" for c, score in over)
+    return _violation(mode, content, rejection, f"moderation: {found} (threshold {threshold:g})")
+
+
 def _violation(mode: str, content: str, message: str, detail: str | None = None) -> Verdict:
     if mode == "warn":
         return Verdict("warned", content, detail or message)
@@ -149,11 +188,12 @@ def run_rules(
     custom: Callable[[str], Callable[..., Any] | None],
     call: Callable[..., Any],
     record: Callable[[str, str, str, str | None, int], None],
+    moderate: Moderate | None = None,
 ) -> str:
     """Apply every rule in order; returns the (possibly redacted) content or raises blocked."""
     for rule in rules:
         started = time.monotonic()
-        verdict = check_rule(rule, direction, content, context, custom, call)
+        verdict = check_rule(rule, direction, content, context, custom, call, moderate)
         name = rule.name or rule.type
         record(
             name,

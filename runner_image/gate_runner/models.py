@@ -176,6 +176,35 @@ class ReplayModel:
             )
         return parse_reply(self.recordings[key], source=f"recording {key[:16]}")
 
+    def moderate(self, text: str, model: str) -> dict[str, Any]:
+        """A moderation guardrail's recorded verdict (``moderation_result``'s shape)."""
+        request = wire.ModerationRequest(model=model, input=text)
+        key = request_key(request.replay_request())
+        if key not in self.recordings:
+            raise AgentRunError(
+                f"no recording for this moderation (key {key[:16]}, model {model}, text "
+                f"{text[:120]!r}); record it again from a live gate (`gate recordings`)"
+            )
+        return moderation_verdict(self.recordings[key], source=f"recording {key[:16]}")
+
+
+def moderation_verdict(raw: Any, *, source: str) -> dict[str, Any]:
+    """``{"flagged", "categories", "category_scores"}`` from a recorded or gateway moderation
+    (ModerationReply.raw()), each field checked."""
+    verdict = raw.get("moderation") if isinstance(raw, dict) else None
+    if not isinstance(verdict, dict):
+        raise AgentRunError(f"{source}: not a moderation verdict")
+    scores = verdict.get("category_scores")
+    if not isinstance(scores, dict) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in scores.values()
+    ):
+        raise AgentRunError(f"{source}: category_scores must map categories to numbers")
+    return {
+        "flagged": bool(verdict.get("flagged")),
+        "categories": dict(verdict.get("categories") or {}),
+        "category_scores": {str(k): float(v) for k, v in scores.items()},
+    }
+
 
 def litellm_reply(response: Any) -> dict[str, Any]:
     """A LiteLLM completion as parse_reply reads it (and a recording stores it): the text,
@@ -375,7 +404,8 @@ class GatewayModel:
             attempts=self.attempts,
             timeout_s=self.timeout_s,
         )
-        reply = self._exchange(request)
+        data = self._exchange(wire.COMPLETE_PATH, request.to_json(), model)
+        reply = _completion_reply(model, data)
         raw = reply.raw()
         if self.record_to is not None:
             replayed = request.replay_request()
@@ -401,10 +431,32 @@ class GatewayModel:
             },
         )
 
-    def _exchange(self, request: wire.CompletionRequest) -> wire.CompletionReply:
-        """One POST to the gateway and its answer, or the error the agent's run fails with."""
-        model = request.model
-        body = request.to_json()
+    def moderate(self, text: str, model: str) -> dict[str, Any]:
+        """A moderation guardrail's check through the gateway (written as a recording in
+        record mode); its errors are the run's, as a model call's."""
+        request = wire.ModerationRequest(
+            model=model, input=text, agent=self.agent, attempts=self.attempts,
+            timeout_s=self.timeout_s,
+        )  # fmt: skip
+        data = self._exchange(wire.MODERATE_PATH, request.to_json(), f"moderation {model}")
+        try:
+            doc = json.loads(data)
+            raw = {"moderation": {k: doc[k] for k in ("flagged", "categories", "category_scores")}}
+        except (ValueError, KeyError, TypeError):
+            raise ModelCallError(
+                f"moderation call to {model} failed: the model gateway's reply is not a "
+                "moderation verdict",
+                {"error_kind": "bad_reply"},
+            ) from None
+        verdict = moderation_verdict(raw, source=f"the model gateway's moderation by {model}")
+        if self.record_to is not None:
+            replayed = request.replay_request()
+            write_recording(self.record_to, request_key(replayed), replayed, raw)
+        return verdict
+
+    def _exchange(self, path: str, body: bytes, model: str) -> bytes:
+        """One POST to the gateway and its 200's body, or the error the agent's run fails
+        with."""
         if len(body) > wire.MAX_REQUEST_BYTES:
             raise ModelCallError(
                 f"model call to {model} failed: the request takes {len(body)} bytes, over "
@@ -416,7 +468,7 @@ class GatewayModel:
         try:
             connection.request(
                 "POST",
-                wire.COMPLETE_PATH,
+                path,
                 body=body,
                 headers={
                     "Authorization": f"Bearer {self.channel.token}",
@@ -445,7 +497,7 @@ class GatewayModel:
                 {"error_kind": "reply_too_large"},
             )
         if status == 200:
-            return _completion_reply(model, data)
+            return data
         raise _gateway_error(model, status, data)
 
     def _unreachable(self, model: str, why: str) -> ModelCallError:

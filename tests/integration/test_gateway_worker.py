@@ -309,3 +309,90 @@ def test_routes_are_their_projects_own_and_need_the_admin_scope(client: TestClie
     too_many = {"routes": routes["routes"] * 33}
     r = alpha_admin.put("/v1/projects/alpha/model-routes", json=too_many)
     assert r.status_code == 422 and "at most 32" in r.text
+
+
+def moderated_bot(root: Path) -> Path:
+    """A live agent behind a moderation input guardrail: one case passes it, one is blocked
+    (the fake provider flags "attack" as violence)."""
+    files = {
+        "agents/guarded.yaml": """
+            version: "1.0"
+            name: guarded
+            description: Talks to a real provider, behind a moderation guardrail.
+            model: openai/gpt-4o
+            system_prompt: Be brief.
+            retry_options: {attempts: 2, initial_delay: 0, max_delay: 1}
+            guardrails:
+              input:
+                - type: moderation
+                  config: {categories: [violence, hate], threshold: 0.8, rejection_message: Not that.}
+        """,
+        "tests/guarded.yaml": """
+            tests:
+              - name: calm_text_passes
+                payload: a calm day
+                expected_result: output == "hello from the fake provider"
+              - name: violent_text_is_blocked
+                payload: we attack at dawn
+                expected_result: status == "blocked" and output == "Not that."
+        """,
+    }
+    return write(root, files)
+
+
+def test_moderation_runs_through_the_gateway_live_and_replays_from_its_recordings(
+    client: TestClient,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    gateway: ModelGateway,
+    provider: FakeProvider,
+    tmp_path: Path,
+) -> None:
+    """Issue 20 item 7: a provider-backed guardrail is called through the gateway in live
+    mode, replayed from the gate's recordings in replay mode, and skipped in scripted mode."""
+    alpha = tenant(client, "alpha", provider)
+    project = moderated_bot(tmp_path / "p")
+    live = alpha.post("/v1/gates", files={"bundle": ("b.tgz", bundle_of(project))}).json()
+    assert worker(settings, sessions, FakeSandbox(), gateway).run_once()
+    gate = alpha.get(f"/v1/gates/{live['id']}").json()
+    assert gate["status"] == "passed", [c.get("failure_reason") for c in gate["cases"]]
+    paths = sorted(body.get("input", "chat") for _, body in provider.calls)
+    # Two moderations (one each), one model call: the blocked case's agent never ran.
+    assert paths == ["a calm day", "chat", "we attack at dawn"], provider.calls
+    assert gate["model_calls"]["calls"] == 3
+
+    exported = alpha.get(f"/v1/gates/{live['id']}/recordings").json()["recordings"]
+    assert len(exported) == 3
+    for recording in exported:
+        target = project / recording["path"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(recording["content"]))
+    before = len(provider.calls)
+    replayed = alpha.post(
+        "/v1/gates",
+        files={"bundle": ("b.tgz", bundle_of(project))},
+        data={"model_mode": "replay"},
+    ).json()
+    assert worker(settings, sessions, FakeSandbox(), gateway).run_once()
+    again = alpha.get(f"/v1/gates/{replayed['id']}").json()
+    assert again["status"] == "passed", [c.get("failure_reason") for c in again["cases"]]
+    assert len(provider.calls) == before and again["model_calls"]["calls"] == 0
+
+    # Scripted: no provider is called, so the rule is skipped and the block expected fails,
+    # naming the skipped guardrail.
+    write(project, {"tests/models/guarded.py": """
+        def respond(messages, tools, context):
+            return {"content": "hello from the fake provider"}
+    """})  # fmt: skip
+    scripted = alpha.post(
+        "/v1/gates",
+        files={"bundle": ("b.tgz", bundle_of(project))},
+        data={"model_mode": "scripted"},
+    ).json()
+    assert worker(settings, sessions, FakeSandbox(), gateway).run_once()
+    ended = alpha.get(f"/v1/gates/{scripted['id']}").json()
+    by_name = {c["test_name"]: c for c in ended["cases"]}
+    assert by_name["calm_text_passes"]["status"] == "passed"
+    assert by_name["violent_text_is_blocked"]["status"] == "failed"
+    assert "moderation (input)" in by_name["violent_text_is_blocked"]["failure_reason"]
+    assert len(provider.calls) == before

@@ -22,7 +22,7 @@ from gate_runner.gateway_wire import COMPLETE_PATH, MAX_REQUEST_BYTES, SOCKET_NA
 from gate_runner.models import ReplayModel, request_key
 from gate_service.gateway import Budgets, Limits, ModelRoute
 from tests.fixtures.fake_llm import FakeProvider
-from tests.fixtures.gateway import Gateways, ask, post, request
+from tests.fixtures.gateway import Gateways, ask, moderate, post, request
 
 KEY_A = "sk-project-a-0001"
 KEY_B = "sk-project-b-0002"
@@ -492,3 +492,41 @@ def test_a_tool_call_answer_is_passed_on_and_replays(
     assert [(c.id, c.name, c.arguments) for c in reply.tool_calls] == [
         ("call_1", "lookup", {"q": "x"})
     ]
+
+
+def test_a_moderation_reaches_the_providers_moderation_endpoint_and_counts_as_a_call(
+    gateways: Gateways, fake_provider: FakeProvider
+) -> None:
+    channel = gateways.open(openai(fake_provider), budgets=Budgets(gate=Limits(calls=2)))
+    status, answer = moderate(channel, "we attack at dawn")
+    assert status == 200, answer
+    assert answer["flagged"] is True and answer["category_scores"]["violence"] == 0.95
+    ((auth, body),) = fake_provider.calls
+    assert auth == f"Bearer {KEY_A}"
+    assert body == {"input": "we attack at dawn", "model": "omni-moderation-latest"}
+    (record,) = channel.records
+    key = request_key(
+        {"moderation": {"model": "omni-moderation-latest", "input": "we attack at dawn"}}
+    )
+    assert (record.status, record.request_hash, record.agent) == ("ok", key, "bot")
+    assert record.reply is not None and record.reply.raw()["moderation"]["flagged"] is True
+    # A 429 is retried within the tries asked for; the second call reaches the budget.
+    fake_provider.script = ["429:0"]
+    status, answer = moderate(channel, "a calm day", attempts=2)
+    assert status == 200 and answer["flagged"] is False, answer
+    status, answer = moderate(channel, "one more")
+    assert (status, error(answer)["kind"], error(answer)["limit"]) == (429, "budget", "gate.calls")
+
+
+def test_a_moderation_with_no_key_is_no_route_and_nothing_is_sent(
+    gateways: Gateways, fake_provider: FakeProvider
+) -> None:
+    channel = gateways.open({"ANTHROPIC_API_KEY": "sk-ant"})
+    status, answer = moderate(channel, "hi")
+    assert (status, error(answer)["kind"]) == (424, "no_route")
+    assert "OPENAI_API_KEY" in error(answer)["message"]
+    status, answer = post(
+        channel.folder, {"model": "m", "input": 3}, token=channel.token, path="/v1/moderate"
+    )
+    assert (status, error(answer)["kind"]) == (400, "bad_request")
+    assert fake_provider.calls == []

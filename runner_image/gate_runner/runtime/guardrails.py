@@ -8,9 +8,10 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..guardrails import GuardrailBlocked, run_rules
+from ..guardrails import GuardrailBlocked, Moderate, run_rules
 from .middleware import call_middleware
 from .mocking import resolve_phase, violate
+from .model_choice import model_for
 from .payloads import jsonable
 from .trace import Span, Trace
 from .usercode import call_user_function
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
 def run_guardrails(
     rt: Runtime,
+    agent: str,
     rules: list[Any],
     direction: str,
     text: str,
@@ -51,8 +53,21 @@ def run_guardrails(
         check: Callable[..., Any] = found.check
         return check
 
+    # The agent's own model mode decides: its gateway (live, record) or its recordings
+    # (replay); a scripted model calls no provider, so the rule is skipped. Scripted mode
+    # chooses no model at all: a tool agent has no scripted model to find.
+    moderate: Moderate | None = None
+    if rt.model_mode != "scripted" and any(r.type == "moderation" for r in rules):
+        moderate = getattr(model_for(rt, agent), "moderate", None)
     return run_rules(
-        rules, direction, text, context, custom=custom, call=call_user_function, record=record
+        rules,
+        direction,
+        text,
+        context,
+        custom=custom,
+        call=call_user_function,
+        record=record,
+        moderate=moderate,
     )
 
 
@@ -78,7 +93,9 @@ def guard_input(
         return content
     raw_text = "\n".join(str(p["text"]) for p in content["parts"] if "text" in p)
     try:
-        redacted = run_guardrails(rt, rails.input, "input", raw_text, context, trace, span)
+        redacted = run_guardrails(
+            rt, config.name, rails.input, "input", raw_text, context, trace, span
+        )
     except GuardrailBlocked as blocked:
         after = (
             resolve_phase(
@@ -108,7 +125,7 @@ def guard_output(
     if rails is None or not rails.output:
         return output
     text = output if isinstance(output, str) else json.dumps(jsonable(output))
-    checked = run_guardrails(rt, rails.output, "output", text, context, trace, span)
+    checked = run_guardrails(rt, config.name, rails.output, "output", text, context, trace, span)
     if checked == text:
         return output
     if isinstance(output, str):

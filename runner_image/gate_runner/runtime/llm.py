@@ -10,11 +10,12 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..models import Model, ModelCallError, ModelReply, choose_model
+from ..models import Model, ModelCallError, ModelReply
 from ..runtime_errors import AgentRunError
 from .guardrails import guard_input, guard_output
 from .middleware import call_middleware, middleware_of
 from .mocking import resolve_phase
+from .model_choice import model_for
 from .output_schema import final_output
 from .payloads import content_to_message, jsonable, user_content
 from .tool_calls import run_tool_call
@@ -35,22 +36,6 @@ def render_prompt(template: str, context: Mapping[str, Any]) -> str:
         return str(context[key]) if key in context else match.group(0)
 
     return PLACEHOLDER.sub(sub, template)
-
-
-def model_for(rt: Runtime, name: str) -> Model:
-    """The agent's model, chosen once per invocation (scripted, replay or live)."""
-    if name not in rt.models:
-        if rt.project is None:
-            raise AgentRunError("LLM agents need the project directory to find their model")
-        retry = getattr(rt.agents[name].config, "retry_options", None)
-        rt.models[name] = choose_model(
-            rt.project,
-            name,
-            rt.model_mode,
-            attempts=int(getattr(retry, "attempts", 3)),
-            gateway=rt.gateway,
-        )
-    return rt.models[name]
 
 
 def run_llm_agent(

@@ -92,7 +92,7 @@ class Runtime:
         self.model_mode = model_mode
         # The case's model gateway channel, when it has one: live models go through it.
         self.gateway = gateway
-        # Each LLM agent's model, chosen on its first run in this invocation (llm.model_for).
+        # Each agent's model, chosen on its first use in this invocation (model_choice.py).
         self.models: dict[str, Model] = {}
         self.predefined = Predefined()
         self.mocks = Mocks(None, StrictFlags())

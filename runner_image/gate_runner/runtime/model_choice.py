@@ -1,0 +1,30 @@
+"""Which model an agent's calls go to in one invocation: chosen on its first use (an LLM
+agent's first turn, or a moderation guardrail's first check) and kept for the invocation.
+A module of its own because both the LLM loop (llm.py) and the guardrails ask it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..models import Model, choose_model
+from ..runtime_errors import AgentRunError
+
+if TYPE_CHECKING:
+    from .orchestrator import Runtime
+
+
+def model_for(rt: Runtime, name: str) -> Model:
+    """The agent's model, chosen once per invocation (scripted, replay or live)."""
+    if name not in rt.models:
+        if rt.project is None:
+            raise AgentRunError("LLM agents need the project directory to find their model")
+        retry = getattr(rt.agents[name].config, "retry_options", None)
+        rt.models[name] = choose_model(
+            rt.project,
+            name,
+            rt.model_mode,
+            attempts=int(getattr(retry, "attempts", 3)),
+            gateway=rt.gateway,
+        )
+    return rt.models[name]
