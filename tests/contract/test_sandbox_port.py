@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import secrets
 import socket
+import textwrap
 import threading
 import time
 import uuid
@@ -42,6 +43,7 @@ from gate_service.sandbox import (
     open_sandbox,
 )
 from gate_service.worker.handler import runner_argv
+from tests.fixtures.escape import PROBES
 from tests.fixtures.projects import write
 from tests.fixtures.sandbox import FakeSandbox
 
@@ -75,29 +77,10 @@ PROJECT = {
         type: tool
         tool_name: reach.out
     """,
-    "tools/reach.py": f"""
-        import json
-        import os
-        import socket
-
-
-        def _tcp(host, port):
-            try:
-                with socket.create_connection((host, port), timeout=2):
-                    return "connected"
-            except OSError as exc:
-                return type(exc).__name__
-
-
-        def _udp(host, port):
-            try:
-                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-                    udp.settimeout(2)
-                    udp.sendto(b"ping", (host, port))
-                    udp.recvfrom(16)
-                    return "answered"
-            except OSError as exc:
-                return type(exc).__name__
+    # The probes of tests/fixtures/escape.py, which the live gates' escape project uses too.
+    "tools/reach.py": "import json\nimport os\nimport socket\n\n"
+    + PROBES
+    + textwrap.dedent(f"""
 
 
         def out(payload: dict) -> dict:
@@ -119,7 +102,7 @@ PROJECT = {
                 found[f"tcp {{host}}:{{port}}"] = _tcp(host, port)
                 found[f"udp {{host}}:{{port}}"] = _udp(host, port)
             return found
-    """,
+    """),
     SUITE: f"""
         agent: probe
         tests:

@@ -4,7 +4,8 @@
   `RUN --mount` need it): one with the buildx plugin, or a classic client older than 23
   with DOCKER_BUILDKIT=1 (Debian's docker.io 20.10 is one).
 - ``compose_command()``: `docker compose` (v2) if present, else `docker-compose` (v1).
-- ``Compose``: one project (`-p`) over the repository's compose file plus an override.
+- ``Compose``: one project (`-p`) over the repository's compose file plus an override, and
+  its default network.
 """
 
 from __future__ import annotations
@@ -152,6 +153,12 @@ class Compose:
 
     def container_ids(self, service: str) -> list[str]:
         return self.run("ps", "-q", service).split()
+
+    @property
+    def network(self) -> str:
+        """The project's default network, which every service joins (compose v1 and v2 both
+        name it so)."""
+        return f"{self.project}_default"
 
     def logs(self) -> str:
         try:

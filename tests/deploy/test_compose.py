@@ -3,8 +3,12 @@
 Postgres, the API and a worker start from the compose file as a user would start them (the
 registry images are local stand-ins, see standins.py; the service image is built from the
 Dockerfile with BuildKit, the machine's CA bundle as its optional `extra_ca` build secret).
-A passing project is judged through the published port, the workers scale to two, and a
-running gate is cancelled. `down -v` removes everything the project made, pass or fail.
+A passing project is judged through the published port, the workers scale to two, a
+running gate is cancelled, and a live gate finds no key and no way out (tests/fixtures/
+escape.py's project, as tests/e2e/test_live_gateway.py submits it to `gate serve`): its
+model answers from a fake provider on this host through the worker's gateway, while its
+cases reach nothing by TCP or UDP, not the services of the compose network nor the host's
+address on it. `down -v` removes everything the project made, pass or fail.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import docker
 import httpx
 import pytest
 from cryptography.fernet import Fernet
@@ -32,6 +37,20 @@ from tests.deploy.compose import (
     container_state,
 )
 from tests.deploy.standins import ensure_standins
+from tests.fixtures.auth import bearer, project_token
+from tests.fixtures.escape import (
+    ESCAPE_CASES,
+    CaseNetworks,
+    assert_no_network,
+    case_statuses,
+    container_address,
+    escape_project,
+    failure_reasons,
+    neighbour,
+    network_gateway,
+    wait_answering,
+)
+from tests.fixtures.fake_llm import FakeProvider
 from tests.fixtures.ports import free_port
 from tests.fixtures.projects import bundle_of, calculator_project, write
 
@@ -41,6 +60,7 @@ SERVICE_IMAGE = "gate-compose-test:latest"
 # A cold start builds the runner image inside the worker (its wheels fetched from the index).
 READY_SECONDS = 300
 VERDICT_SECONDS = 600
+WORKER_METRICS_PORT = 9101
 
 SLOW_PROJECT = {
     "agents/sleeper.yaml": """
@@ -112,20 +132,24 @@ def compose(
     build_service_image(docker, SERVICE_IMAGE, extra_ca=extra_ca)
     timings.mark("service image")
 
-    files = [COMPOSE_FILE]
+    # What users add: a worker serving its /metrics (a listener on its address, which the
+    # live step's cases must not reach), and behind a TLS proxy the CA bundle, since the
+    # worker fetches the runner's (and bundles') wheels from the index at run time.
+    override = tmp_path / "docker-compose.test.yml"
+    lines = [
+        "services:",
+        "  worker:",
+        "    environment:",
+        f'      GATE_WORKER_METRICS_PORT: "{WORKER_METRICS_PORT}"',
+    ]
     if extra_ca is not None:
-        # What a user behind a TLS proxy adds: the worker fetches the runner's (and
-        # bundles') wheels from the index at run time, so it needs the CA bundle too.
-        override = tmp_path / "docker-compose.extra-ca.yml"
-        override.write_text(
-            "services:\n"
-            "  worker:\n"
-            "    environment:\n"
-            "      PIP_CERT: /etc/gate/ca-bundle.crt\n"
-            "    volumes:\n"
-            f"      - {extra_ca}:/etc/gate/ca-bundle.crt:ro\n"
-        )
-        files.append(override)
+        lines += [
+            "      PIP_CERT: /etc/gate/ca-bundle.crt",
+            "    volumes:",
+            f"      - {extra_ca}:/etc/gate/ca-bundle.crt:ro",
+        ]
+    override.write_text("\n".join(lines) + "\n")
+    files = [COMPOSE_FILE, override]
 
     port = free_port("0.0.0.0")  # docker publishes it on every address
     token = secrets.token_urlsafe(24)
@@ -222,6 +246,9 @@ def test_compose_up_judges_scales_and_cancels(
         assert_no_case_containers(slow["id"], timeout_s=60)
         timings.mark("cancelled a running gate")
 
+        live_gate_finds_no_key_and_no_way_out(project, url, token, tmp_path / "live")
+        timings.mark("live gate: no key, no way out")
+
         # Both workers still up, and nothing restarted along the way (a crash would have).
         for service in ("db", "api", "worker"):
             for cid in project.container_ids(service):
@@ -229,3 +256,74 @@ def test_compose_up_judges_scales_and_cancels(
                 assert state["status"] == "running" and state["restarts"] == "0", (service, state)
     finally:
         client.close()
+
+
+def live_gate_finds_no_key_and_no_way_out(
+    project: Compose, url: str, admin_token: str, root: Path
+) -> None:
+    """A live gate through the compose shape's gateway (issue 20, item 2): the provider, on
+    this host, is reached by the worker at the host's address on the compose network; every
+    address that answers this host (checked first, so each probe can fail) is one its cases
+    must not reach, and neither must a neighbour container on the bridge and the compose
+    network, standing in for a case container a misconfiguration left there."""
+    api_port = int(url.rsplit(":", 1)[1])
+    engine = docker.from_env()
+    provider = FakeProvider(host="0.0.0.0")
+    try:
+        host = network_gateway(engine, project.network)  # the host, seen from the services
+        bridge = network_gateway(engine)
+
+        def on_network(service: str, port: int) -> list[tuple[str, int]]:
+            return [
+                (container_address(engine, cid, project.network), port)
+                for cid in project.container_ids(service)
+            ]
+
+        answering = [
+            (host, api_port),  # the published API
+            (host, provider.port),  # the provider
+            (bridge, api_port),
+            (bridge, provider.port),
+            *on_network("api", 8080),
+            *on_network("db", 5432),
+            *on_network("worker", WORKER_METRICS_PORT),  # each worker's /metrics
+        ]
+        wait_answering(answering)
+        key = f"sk-{secrets.token_hex(16)}"
+        secrets_of_live = {
+            "OPENAI_API_KEY": key,
+            # What the worker's gateway calls: the provider at the host's address there.
+            "OPENAI_API_BASE": f"http://{host}:{provider.port}/v1",
+        }
+        with httpx.Client(base_url=url, headers=bearer(admin_token), timeout=60) as admin:
+            token = project_token(admin, "live", ["submit", "read"])
+            for name, value in secrets_of_live.items():
+                r = admin.put(f"/v1/projects/live/secrets/{name}", json={"value": value})
+                assert r.status_code == 201, r.text
+        live = GateClient(url, token=token)
+        try:
+            with neighbour(("bridge", project.network)) as other, CaseNetworks() as networks:
+                targets = [
+                    ("169.254.169.254", 80),
+                    *answering,
+                    *other.targets(),
+                    ("127.0.0.1", api_port),
+                    ("1.1.1.1", 443),
+                    ("1.1.1.1", 53),
+                ]
+                gate = live.submit(escape_project(root, key, targets))
+                done = live.wait(gate["id"], timeout_s=VERDICT_SECONDS)
+        finally:
+            live.close()
+    finally:
+        provider.close()
+        engine.close()
+    assert case_statuses(done) == dict.fromkeys(ESCAPE_CASES, "passed"), failure_reasons(done)
+    assert done["status"] == "passed", done
+    assert_no_network(networks, done)
+    # The gate's one model call reached the provider, with the project's key.
+    assert [auth for auth, _ in provider.calls] == [f"Bearer {key}"]
+    totals = done["model_calls"]
+    assert (totals["calls"], totals["tokens_in"], totals["tokens_out"]) == (1, 3, 4), totals
+    calls = {case["test_name"]: case["model_calls"]["calls"] for case in done["cases"]}
+    assert calls == {**dict.fromkeys(ESCAPE_CASES, 0), "answers": 1}, calls

@@ -5,9 +5,11 @@ A live case's agent answers through its worker's gateway, which calls the provid
 project's key. Inside a case of the same gate, a tool finds that key nowhere (its
 environment, every file it can read), finds no TCP or UDP address that answers (cloud
 metadata, the engine's bridge gateway where the gate's API and the provider listen, loopback,
-an outside address), finds the gateway refusing a token that is not its channel's, and finds
-no provider library to import (the runner image carries none). The gate's recordings then
-replay it with no model call.
+a neighbour container on the bridge standing in for another case, an outside address), finds
+the gateway refusing a token that is not its channel's, and finds no provider library to
+import (the runner image carries none); the engine shows every case container with network
+`none`. The gate's recordings then replay it with no model call. The probing project is
+tests/fixtures/escape.py's, which the compose test submits too.
 """
 
 from __future__ import annotations
@@ -18,176 +20,35 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import docker
 import httpx
 import pytest
 
-from gate_runner import gateway_wire
 from gate_service.client.api import GateClient
 from tests.e2e.conftest import running
 from tests.fixtures.auth import ADMIN_TOKEN, bearer, project_token
 from tests.fixtures.db import create_database, drop_database
+from tests.fixtures.escape import (
+    ESCAPE_CASES,
+    CaseNetworks,
+    assert_no_network,
+    bridge_gateway,
+    case_statuses,
+    escape_project,
+    failure_reasons,
+    neighbour,
+    wait_answering,
+)
 from tests.fixtures.fake_llm import FakeProvider
 from tests.fixtures.projects import bundle_of, write
 
 pytestmark = pytest.mark.docker
 
-LOOK_TOOL = f"""
-import json
-import os
-import socket
-
-SKIP = ("/proc", "/sys", "/dev")
-
-
-def _tcp(host, port):
-    try:
-        with socket.create_connection((host, port), timeout=2):
-            return "connected"
-    except OSError as exc:
-        return type(exc).__name__
-
-
-def _udp(host, port):
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-            udp.settimeout(2)
-            udp.sendto(b"ping", (host, port))
-            udp.recvfrom(16)
-            return "answered"
-    except OSError as exc:
-        return type(exc).__name__
-
-
-def _gateway_with(token):
-    request = json.dumps({{"model": "openai/gpt-4o", "messages": []}}).encode()
-    head = (
-        f"POST {gateway_wire.COMPLETE_PATH} HTTP/1.1\\r\\nHost: gateway\\r\\n"
-        f"Authorization: Bearer {{token}}\\r\\nContent-Type: application/json\\r\\n"
-        f"Content-Length: {{len(request)}}\\r\\nConnection: close\\r\\n\\r\\n"
-    ).encode()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unix:
-        unix.settimeout(10)
-        unix.connect({gateway_wire.SOCKET_PATH!r})
-        unix.sendall(head + request)
-        answer = unix.recv(64).decode(errors="replace")
-    return int(answer.split()[1])
-
-
-def search(payload: dict) -> dict:
-    key = payload["first"] + payload["second"]  # never whole in the bundle itself
-    found, scanned = [], 0
-    for name, value in os.environ.items():
-        if key in name or key in value:
-            found.append("env:" + name)
-    for top, dirs, files in os.walk("/"):
-        if top.startswith(SKIP):
-            dirs[:] = []
-            continue
-        for name in files:
-            path = os.path.join(top, name)
-            try:
-                with open(path, "rb") as handle:
-                    if key.encode() in handle.read(4 * 1024 * 1024):
-                        found.append(path)
-                scanned += 1
-            except OSError:
-                pass
-    return {{"found": found, "scanned": scanned}}
-
-
-def libraries(payload: dict) -> dict:
-    import importlib.util
-
-    names = ("litellm", "openai", "anthropic", "google.genai", "tiktoken")
-    return {{"importable": [n for n in names if _found(importlib.util, n)]}}
-
-
-def _found(util, name):
-    try:
-        return util.find_spec(name) is not None
-    except ModuleNotFoundError:  # its parent package is missing
-        return False
-
-
-def reach(payload: dict) -> dict:
-    opened = []
-    for host, port in payload["targets"]:
-        if _tcp(host, port) == "connected":
-            opened.append(f"tcp {{host}}:{{port}}")
-        if _udp(host, port) == "answered":
-            opened.append(f"udp {{host}}:{{port}}")
-    return {{"open": opened, "gateway": _gateway_with("not-this-channels-token")}}
-"""
-
-
-def live_project(root: Path, key: str, targets: list[tuple[str, int]]) -> bytes:
-    half = len(key) // 2
-    search_payload = json.dumps({"first": key[:half], "second": key[half:]})
-    files = {
-        "agents/live-bot.yaml": """
-            version: "1.0"
-            name: live-bot
-            description: Talks to a real provider, through the gateway.
-            model: openai/gpt-4o
-            system_prompt: Be brief.
-            retry_options: {attempts: 2, initial_delay: 0, max_delay: 1}
-        """,
-        "agents/search.yaml": """
-            version: "1.0"
-            name: search
-            description: Looks for the provider key everywhere it can read.
-            type: tool
-            tool_name: look.search
-        """,
-        "agents/reach.yaml": """
-            version: "1.0"
-            name: reach
-            description: Tries every way out of the case.
-            type: tool
-            tool_name: look.reach
-        """,
-        "agents/libraries.yaml": """
-            version: "1.0"
-            name: libraries
-            description: Lists the provider libraries the case could import.
-            type: tool
-            tool_name: look.libraries
-        """,
-        "tools/look.py": LOOK_TOOL,
-        "tests/libraries.yaml": """
-            tests:
-              - name: carries_no_provider_library
-                payload: '{}'
-                expected_result: output.importable == []
-        """,
-        "tests/live-bot.yaml": """
-            tests:
-              - name: answers
-                payload: hi
-                expected_result: output == "hello from the fake provider"
-        """,
-        "tests/search.yaml": f"""
-            tests:
-              - name: finds_no_key
-                payload: '{search_payload}'
-                timeout_s: 120
-                expected_result: output.found == [] and output.scanned > 100
-        """,
-        "tests/reach.yaml": f"""
-            tests:
-              - name: reaches_only_the_gateway
-                payload: '{json.dumps({"targets": targets})}'
-                timeout_s: 120
-                expected_result: output.open == [] and output.gateway == 403
-        """,
-    }
-    return bundle_of(write(root, files))
-
 
 @pytest.fixture
 def provider() -> Iterator[FakeProvider]:
-    fake = FakeProvider()
+    # On every address (its url names loopback): a case that reached the bridge gateway at
+    # its port would find it answering.
+    fake = FakeProvider(host="0.0.0.0")
     try:
         yield fake
     finally:
@@ -198,21 +59,15 @@ def provider() -> Iterator[FakeProvider]:
 def serve(
     docker_engine: None, pg_server_url: str, gate_url: str, tmp_path: Path
 ) -> Iterator[dict[str, Any]]:
-    """``gate_url`` first: its serve has prepared the images, so this one starts quickly."""
+    """``gate_url`` first: its serve has prepared the images, so this one starts quickly. It
+    listens on every address of this host (GATE_HOST), as a server's would, so the bridge
+    gateway at its port answers whoever reaches it."""
     database = create_database(pg_server_url)
     try:
-        with running("serve", tmp_path, GATE_DATABASE_URL=database) as served:
+        with running("serve", tmp_path, GATE_DATABASE_URL=database, GATE_HOST="0.0.0.0") as served:
             yield {"url": served.url, "port": int(served.url.rsplit(":", 1)[1])}
     finally:
         drop_database(pg_server_url, database)
-
-
-def bridge_gateway() -> str:
-    client = docker.from_env()
-    try:
-        return str(client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"])
-    finally:
-        client.close()
 
 
 def test_a_live_gate_passes_and_its_cases_find_no_key_and_no_way_out(
@@ -220,15 +75,12 @@ def test_a_live_gate_passes_and_its_cases_find_no_key_and_no_way_out(
 ) -> None:
     key = f"sk-{secrets.token_hex(16)}"
     bridge = bridge_gateway()
-    provider_port = int(provider.url.split(":")[2].split("/")[0])
-    targets = [
-        ("169.254.169.254", 80),
-        (bridge, serve["port"]),  # the gate's API, on all of this host's addresses
-        (bridge, provider_port),  # the provider (it listens on loopback only, too)
-        ("127.0.0.1", serve["port"]),
-        ("1.1.1.1", 443),
-        ("1.1.1.1", 53),
+    answering = [
+        (bridge, serve["port"]),  # the gate's API
+        (bridge, provider.port),  # the provider
     ]
+    # What answers this host must not answer a case: each of these probes could fail.
+    wait_answering(answering)
     with httpx.Client(base_url=serve["url"], headers=bearer(ADMIN_TOKEN), timeout=60) as admin:
         token = project_token(admin, "live", ["submit", "read"])
         for name, value in {"OPENAI_API_KEY": key, "OPENAI_API_BASE": provider.url}.items():
@@ -237,8 +89,20 @@ def test_a_live_gate_passes_and_its_cases_find_no_key_and_no_way_out(
     live = GateClient(serve["url"], token=token)
     project = tmp_path / "p"
     try:
-        gate = live.submit(live_project(project, key, targets))
-        done = live.wait(gate["id"], timeout_s=600)
+        # Another case's container, had a misconfiguration put it on the bridge (it answers
+        # this host by TCP and UDP: neighbour() checks).
+        with neighbour() as other, CaseNetworks() as networks:
+            targets = [
+                ("169.254.169.254", 80),
+                *answering,
+                *other.targets(),
+                ("127.0.0.1", serve["port"]),
+                ("127.0.0.1", provider.port),
+                ("1.1.1.1", 443),
+                ("1.1.1.1", 53),
+            ]
+            gate = live.submit(escape_project(project, key, targets))
+            done = live.wait(gate["id"], timeout_s=600)
         # The live gate as a replay suite: its recordings, written into the project, give
         # the same verdicts with no model call.
         exported = live.recordings(gate["id"])["recordings"]
@@ -250,14 +114,9 @@ def test_a_live_gate_passes_and_its_cases_find_no_key_and_no_way_out(
         replayed = live.wait(again["id"], timeout_s=600)
     finally:
         live.close()
-    by_name = {case["test_name"]: case for case in done["cases"]}
-    assert {name: case["status"] for name, case in by_name.items()} == {
-        "answers": "passed",
-        "carries_no_provider_library": "passed",
-        "finds_no_key": "passed",
-        "reaches_only_the_gateway": "passed",
-    }, {name: case.get("failure_reason") for name, case in by_name.items()}
+    assert case_statuses(done) == dict.fromkeys(ESCAPE_CASES, "passed"), failure_reasons(done)
     assert done["status"] == "passed"
+    assert_no_network(networks, done)
     # The one call the gate made reached the provider with the project's key.
     assert [auth for auth, _ in provider.calls] == [f"Bearer {key}"]
     assert done["model_calls"]["calls"] == 1 and len(exported) == 1
@@ -341,7 +200,7 @@ def test_a_429_then_success_a_budget_reached_and_two_projects_with_their_own_key
         provider.release()
         for client, gate_id in zip((alpha, beta), gates, strict=True):
             assert client.wait(gate_id, timeout_s=600)["status"] == "passed"
-        keys = sorted(auth for auth, _ in provider.calls[before:])
+        keys = sorted(str(auth) for auth, _ in provider.calls[before:])
         assert keys == ["Bearer sk-alpha", "Bearer sk-beta"]
     finally:
         provider.release()

@@ -22,7 +22,7 @@ import pytest
 from rich.console import Console
 
 from gate_service.coverage import compute_coverage, render_coverage
-from tests.fixtures import leaky, outputs, projects, seed_bundle
+from tests.fixtures import escape, leaky, outputs, projects, seed_bundle
 from tests.fixtures.forked import run_forked
 from tests.fixtures.projects import write
 
@@ -84,8 +84,9 @@ BUILDERS: dict[str, Callable[[Path], object]] = {
     "tool-cases": projects.tool_cases_project,
     "big-output": outputs.big_output_project,
     "unstorable-output": outputs.unstorable_output_project,
+    "escape": lambda root: escape.escape_project(root, "sk-parity-0001", [("127.0.0.1", 9)]),
 }
-BUILDER_FUNCTIONS: list[Callable[..., Path]] = [
+BUILDER_FUNCTIONS: list[Callable[..., object]] = [
     projects.calculator_project,
     projects.unknown_agent_project,
     projects.requirements_project,
@@ -100,6 +101,7 @@ BUILDER_FUNCTIONS: list[Callable[..., Path]] = [
     outputs.big_output_project,
     outputs.unstorable_output_project,
     projects.tool_cases_project,
+    escape.escape_project,
 ]
 
 
