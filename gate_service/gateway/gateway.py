@@ -80,9 +80,11 @@ class ModelGateway:
         # Never fetch the model cost map from the internet at import time.
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         import litellm
+        import openai  # LiteLLM's own dependency: the moderation calls' client (see moderate)
 
         litellm.suppress_debug_info = True
         self._litellm: Any = litellm
+        self._openai: Any = openai
         self.budgets = budgets or Budgets()
         self.socket_root = socket_root or default_socket_root()
         self.retry_backoff_s = retry_backoff_s
@@ -382,21 +384,24 @@ class ModelGateway:
         *,
         cut_by_deadline: bool,
     ) -> Any:
-        extra: dict[str, Any] = {}
-        if route.api_base:
-            extra["api_base"] = route.api_base
         bare = route.model.split("/", 1)[1] if "/" in route.model else route.model
+        # LiteLLM's moderation() builds its OpenAI client without the timeout and with the
+        # SDK's own retries, and without an api_base falls back to the process environment:
+        # the gateway hands it a client that has none of that.
+        client = self._openai.OpenAI(
+            api_key=route.api_key,
+            base_url=route.api_base or OPENAI_BASE,
+            timeout=timeout,
+            max_retries=0,
+        )
         try:
             return self._litellm.moderation(
-                input=request.input,
-                model=bare,
-                api_key=route.api_key,
-                timeout=timeout,
-                max_retries=0,
-                **extra,
+                input=request.input, model=bare, api_key=route.api_key, client=client
             )
         except Exception as exc:
             raise self._failure(channel, request, exc, cut_by_deadline=cut_by_deadline) from None
+        finally:
+            client.close()
 
     def _failure(
         self,
@@ -408,18 +413,19 @@ class ModelGateway:
     ) -> Exception:
         """A provider's exception as the Failure it ends in, or _Retryable when another try
         may help."""
-        litellm = self._litellm
+        # LiteLLM's exceptions for completions, the OpenAI SDK's for moderations.
+        litellm, openai = self._litellm, self._openai
         message = self._message(channel, request, exc)
-        if isinstance(exc, litellm.Timeout):
+        if isinstance(exc, litellm.Timeout | openai.APITimeoutError):
             if cut_by_deadline:
                 return Failure(
                     "deadline", f"the gate's deadline came before model {request.model} answered"
                 )
             return _Retryable(Failure("provider", message), None)
-        if isinstance(exc, litellm.RateLimitError):
+        if isinstance(exc, litellm.RateLimitError | openai.RateLimitError):
             return _Retryable(Failure("rate_limited", message), _retry_after(exc))
         status = getattr(exc, "status_code", None)
-        if isinstance(exc, litellm.APIConnectionError) or (
+        if isinstance(exc, litellm.APIConnectionError | openai.APIConnectionError) or (
             isinstance(status, int) and status >= 500
         ):
             return _Retryable(Failure("provider", message), _retry_after(exc))
@@ -442,6 +448,11 @@ class ModelGateway:
             return float(self._litellm.completion_cost(completion_response=response) or 0.0)
         except Exception:
             return 0.0
+
+
+# OpenAI's endpoint, named: the client would otherwise read OPENAI_BASE_URL from the worker's
+# environment, which is no project's.
+OPENAI_BASE = "https://api.openai.com/v1"
 
 
 def moderation_result(response: Any) -> dict[str, Any]:

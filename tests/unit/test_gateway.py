@@ -510,12 +510,27 @@ def test_a_moderation_reaches_the_providers_moderation_endpoint_and_counts_as_a_
     )
     assert (record.status, record.request_hash, record.agent) == ("ok", key, "bot")
     assert record.reply is not None and record.reply.raw()["moderation"]["flagged"] is True
-    # A 429 is retried within the tries asked for; the second call reaches the budget.
+    # A 429 is retried by the gateway within the tries asked for, and by nothing else (the
+    # OpenAI client's own retries would have sent a third request).
     fake_provider.script = ["429:0"]
     status, answer = moderate(channel, "a calm day", attempts=2)
     assert status == 200 and answer["flagged"] is False, answer
+    assert (len(fake_provider.calls), channel.records[-1].attempts) == (3, 2)
     status, answer = moderate(channel, "one more")
     assert (status, error(answer)["kind"], error(answer)["limit"]) == (429, "budget", "gate.calls")
+
+
+def test_a_moderation_s_429_and_5xx_fail_after_the_tries_allowed_and_no_more(
+    gateways: Gateways, fake_provider: FakeProvider
+) -> None:
+    channel = gateways.open(openai(fake_provider))
+    fake_provider.script = ["429:0", "500"]
+    status, answer = moderate(channel, "hi")
+    assert (status, error(answer)["kind"]) == (503, "rate_limited"), answer
+    status, answer = moderate(channel, "hi")
+    assert (status, error(answer)["kind"]) == (502, "provider"), answer
+    assert error(answer)["message"].startswith("moderation call to omni-moderation-latest")
+    assert len(fake_provider.calls) == 2
 
 
 def test_a_moderation_with_no_key_is_no_route_and_nothing_is_sent(
