@@ -50,6 +50,9 @@ class _Retryable(Exception):
         self.retry_after_s = retry_after_s
 
 
+Reply = CompletionReply | ModerationReply
+
+
 def _retry_after(exc: BaseException) -> float | None:
     """The seconds of a provider's ``Retry-After`` (LiteLLM keeps the HTTP response)."""
     response = getattr(exc, "response", None)
@@ -169,9 +172,24 @@ class ModelGateway:
     def complete(
         self, channel: Channel, request: CompletionRequest | ModerationRequest
     ) -> CallRecord:
-        """Route, budget and forward one call; its record, whether it was answered or not."""
+        """Route, budget and forward one call (a completion, or a moderation guardrail's
+        check); its record, whether it was answered or not."""
         if isinstance(request, ModerationRequest):
-            return self.moderate(channel, request)
+            # A moderation model is OpenAI's unless its name says otherwise.
+            model = request.model if "/" in request.model else f"openai/{request.model}"
+            return self._call(channel, request, model, self._moderate_once, self._moderation)
+        return self._call(channel, request, request.model, self._try, self._completion)
+
+    def _call(
+        self,
+        channel: Channel,
+        request: CompletionRequest | ModerationRequest,
+        model: str,
+        try_once: Callable[..., Any],
+        read: Callable[[Any, str, int, float], tuple[Reply, int, int, float]],
+    ) -> CallRecord:
+        """One call's route, budgets, tries (``try_once``) and record; ``read`` turns the
+        provider's response into the reply and its tokens in and out and cost."""
         started = time.monotonic()
         key = request_key(request.replay_request())
         attempts = 0
@@ -179,7 +197,7 @@ class ModelGateway:
         cost = 0.0
         try:
             route = resolve_route(
-                request.model, channel.secrets, channel.routes, provider_of=self._provider_of
+                model, channel.secrets, channel.routes, provider_of=self._provider_of
             )
             # A route's or a provider secret's endpoint is the project's choice: never one at
             # a link-local address (cloud metadata), checked where the call is made.
@@ -193,17 +211,11 @@ class ModelGateway:
                 response, attempts = self._forward(
                     channel,
                     request,
-                    lambda timeout, cut: self._try(
+                    lambda timeout, cut: try_once(
                         channel, request, route, timeout, cut_by_deadline=cut
                     ),
                 )
-                answer = litellm_reply(response)
-                usage = answer.get("usage", {})
-                tokens_in, tokens_out = (
-                    usage.get("prompt_tokens", 0),
-                    usage.get("completion_tokens", 0),
-                )
-                cost = self._cost(response)
+                reply, tokens_in, tokens_out, cost = read(response, key, attempts, started)
             finally:
                 self._ledger.settle(channel.budgets, tokens=tokens_in + tokens_out, cost_usd=cost)
         except Failure as failure:
@@ -217,15 +229,6 @@ class ModelGateway:
                 attempts=failure.attempts,
                 latency_ms=_ms_since(started),
             )
-        reply = CompletionReply(
-            content=answer["content"],
-            tool_calls=answer.get("tool_calls", []),
-            usage={"prompt_tokens": tokens_in, "completion_tokens": tokens_out},
-            cost_usd=cost,
-            latency_ms=_ms_since(started),
-            request_hash=key,
-            attempts=attempts,
-        )
         return CallRecord(
             request_hash=key,
             request=request.replay_request(),
@@ -239,6 +242,37 @@ class ModelGateway:
             latency_ms=reply.latency_ms,
             attempts=attempts,
         )
+
+    def _completion(
+        self, response: Any, key: str, attempts: int, started: float
+    ) -> tuple[Reply, int, int, float]:
+        answer = litellm_reply(response)
+        usage = answer.get("usage", {})
+        tokens_in, tokens_out = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+        cost = self._cost(response)
+        reply = CompletionReply(
+            content=answer["content"],
+            tool_calls=answer.get("tool_calls", []),
+            usage={"prompt_tokens": tokens_in, "completion_tokens": tokens_out},
+            cost_usd=cost,
+            latency_ms=_ms_since(started),
+            request_hash=key,
+            attempts=attempts,
+        )
+        return reply, tokens_in, tokens_out, cost
+
+    @staticmethod
+    def _moderation(
+        response: Any, key: str, attempts: int, started: float
+    ) -> tuple[Reply, int, int, float]:
+        """A moderation counts as a call, with no tokens and no cost (OpenAI's is free)."""
+        reply = ModerationReply(
+            **moderation_result(response),
+            latency_ms=_ms_since(started),
+            request_hash=key,
+            attempts=attempts,
+        )
+        return reply, 0, 0, 0.0
 
     def _provider_of(self, model: str) -> str | None:
         try:
@@ -323,57 +357,6 @@ class ModelGateway:
             )
         except Exception as exc:
             raise self._failure(channel, request, exc, cut_by_deadline=cut_by_deadline) from None
-
-    def moderate(self, channel: Channel, request: ModerationRequest) -> CallRecord:
-        """A moderation guardrail's check at the provider's moderation endpoint (OpenAI's
-        through LiteLLM): routed, budgeted (a call; no tokens) and retried like a completion."""
-        started = time.monotonic()
-        key = request_key(request.replay_request())
-        attempts = 0
-        model = request.model if "/" in request.model else f"openai/{request.model}"
-        try:
-            route = resolve_route(model, channel.secrets, channel.routes)
-            refused = refused_address(route.api_base) if route.api_base else None
-            if refused is not None:
-                raise Failure("no_route", f"model {request.model} ({route.via}): {refused}")
-            self._ledger.admit(
-                channel.budgets, deadline=channel.deadline, stopped=lambda: channel.closed
-            )
-            try:
-                response, attempts = self._forward(
-                    channel,
-                    request,
-                    lambda timeout, cut: self._moderate_once(
-                        channel, request, route, timeout, cut_by_deadline=cut
-                    ),
-                )
-                result = moderation_result(response)
-            finally:
-                self._ledger.settle(channel.budgets, tokens=0, cost_usd=0.0)
-        except Failure as failure:
-            return CallRecord(
-                request_hash=key,
-                request=request.replay_request(),
-                agent=request.agent,
-                status=failure.error.kind,
-                reply=None,
-                error=failure.error,
-                attempts=failure.attempts,
-                latency_ms=_ms_since(started),
-            )
-        reply = ModerationReply(
-            **result, latency_ms=_ms_since(started), request_hash=key, attempts=attempts
-        )
-        return CallRecord(
-            request_hash=key,
-            request=request.replay_request(),
-            agent=request.agent,
-            status="ok",
-            reply=reply,
-            error=None,
-            latency_ms=reply.latency_ms,
-            attempts=attempts,
-        )
 
     def _moderate_once(
         self,

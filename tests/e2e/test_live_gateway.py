@@ -29,6 +29,7 @@ from tests.fixtures.auth import ADMIN_TOKEN, bearer, project_token
 from tests.fixtures.db import create_database, drop_database
 from tests.fixtures.escape import (
     ESCAPE_CASES,
+    LIVE_BOT,
     CaseNetworks,
     assert_no_network,
     bridge_gateway,
@@ -127,14 +128,7 @@ def test_a_live_gate_passes_and_its_cases_find_no_key_and_no_way_out(
 def live_bot(root: Path, cases: int) -> bytes:
     """``cases`` cases of one live agent, which tries a call twice at most."""
     files = {
-        "agents/live-bot.yaml": """
-            version: "1.0"
-            name: live-bot
-            description: Talks to a real provider, through the gateway.
-            model: openai/gpt-4o
-            system_prompt: Be brief.
-            retry_options: {attempts: 2, initial_delay: 0, max_delay: 1}
-        """,
+        "agents/live-bot.yaml": LIVE_BOT,
         "tests/live-bot.yaml": "tests:\n"
         + "".join(
             f"  - name: answers_{i}\n    payload: hi {i}\n"
