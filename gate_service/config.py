@@ -243,14 +243,14 @@ class Settings(BaseSettings):
     gateway_project_max_calls: int = Field(
         default=0,
         ge=0,
-        description="Model calls one project may make per GATE_GATEWAY_PROJECT_WINDOW_SECONDS "
-        "through one worker process (not across workers); 0: no limit.",
+        description="Model calls one project may make per GATE_GATEWAY_PROJECT_WINDOW_SECONDS, "
+        "counted in Postgres across every worker; 0: no limit.",
     )
     gateway_project_max_tokens: int = Field(
-        default=0, ge=0, description="Tokens of one project per window, per worker; 0: none."
+        default=0, ge=0, description="Tokens of one project per window, all workers; 0: none."
     )
     gateway_project_max_cost_usd: float = Field(
-        default=0.0, ge=0, description="Dollars of one project per window, per worker; 0: none."
+        default=0.0, ge=0, description="Dollars of one project per window, all workers; 0: none."
     )
     gateway_project_max_concurrent_calls: int = Field(
         default=16,
@@ -261,7 +261,7 @@ class Settings(BaseSettings):
         default=86400,
         ge=0,
         description="How long a project's call, token and cost counts run before they start "
-        "again; 0: for the worker process's life.",
+        "again (windows aligned to the epoch); 0: never.",
     )
     gateway_retry_backoff_seconds: float = Field(
         default=1.0,

@@ -309,3 +309,19 @@ class ModelCall(Base):
     # Bytes of the JSON text of all the row stores: counted into Gate.result_bytes.
     stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ProjectModelSpend(Base):
+    """A project's model spending in one budget window, shared by every worker's gateway
+    (gate_service/gateway/spend.py): one row per project and window."""
+
+    __tablename__ = "project_model_spend"
+
+    project_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True
+    )
+    # The window's start in seconds since the epoch: windows are aligned to it.
+    window_start: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    calls: Mapped[int] = mapped_column(BigInteger, default=0)
+    tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)

@@ -98,6 +98,7 @@ def _start_workers(
     """The worker threads, and the thread of their shared job wake-up (it ends on stop too)."""
     from ..db import make_engine, make_sessionmaker
     from ..gateway import ModelGateway
+    from ..gateway.spend import ProjectSpend
     from ..sandbox import open_sandbox
     from ..worker.handler import WorkerContext
     from ..worker.loop import Worker
@@ -110,7 +111,12 @@ def _start_workers(
     # One LISTEN connection per process wakes its idle workers when a gate is queued.
     jobs = JobWakeup(url, stop)
     # One model gateway per process, shared by its workers: LiteLLM is imported once, here.
-    gateway = ModelGateway.from_settings(settings) if settings.model_gateway else None
+    # Its projects' spending is kept in Postgres, so a project's budget holds across workers.
+    gateway = (
+        ModelGateway.from_settings(settings, project_spend=ProjectSpend(sessions))
+        if settings.model_gateway
+        else None
+    )
     threads = [jobs.start()]
     for i in range(count):
         # One engine client per worker: the docker SDK's HTTP session is not shared safely.

@@ -4,12 +4,14 @@ Each worker process builds one ``ModelGateway`` at start-up (``gateway``: LiteLL
 once, forwarding, retries) and opens a ``Channel`` per case (``channel``: a Unix socket in a
 host folder of its own, a token only it accepts, the record of its calls). ``keys`` finds a
 call's provider key among the project's secrets (or a project route), ``budget`` counts
-calls, tokens, cost and concurrent calls per gate and per project, ``records`` turns
+calls, tokens, cost and concurrent calls per gate and per project (``spend`` keeps a
+project's spending in Postgres, shared by every worker), ``records`` turns
 recorded calls into totals and replay recordings. The wire it serves is
 gate_runner/gateway_wire.py.
 
-Imports config, the runner's wire and replay key (gate_runner), and LiteLLM (only when a
-gateway is built); never the worker, the CLI, the app or any HTTP-serving module.
+Imports config, db (``spend``), the runner's wire and replay key (gate_runner), and LiteLLM
+(only when a gateway is built); never the worker, the CLI, the app or any HTTP-serving
+module.
 """
 
 from .budget import Budget, BudgetLedger, Budgets, Limits

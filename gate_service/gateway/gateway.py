@@ -29,7 +29,7 @@ from gate_service.config import Settings
 from gate_service.secrets.redact import Redactor
 
 from ..endpoints import refused_address
-from .budget import Budget, BudgetLedger, Budgets, Limits
+from .budget import Budget, BudgetLedger, Budgets, Limits, SpendStore
 from .channel import Channel
 from .failure import Failure
 from .keys import ModelRoute, Route, resolve_route
@@ -79,6 +79,7 @@ class ModelGateway:
         budgets: Budgets | None = None,
         socket_root: Path | None = None,
         retry_backoff_s: float = 1.0,
+        project_spend: SpendStore | None = None,
     ) -> None:
         # Never fetch the model cost map from the internet at import time.
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -91,14 +92,20 @@ class ModelGateway:
         self.budgets = budgets or Budgets()
         self.socket_root = socket_root or default_socket_root()
         self.retry_backoff_s = retry_backoff_s
+        # Where the projects' spending is kept (spend.ProjectSpend: Postgres, shared by every
+        # worker process); None: counted in this process only.
+        self.project_spend = project_spend
         self._ledger = BudgetLedger()
         self._lock = threading.Lock()
         self._gate_budgets: dict[str, Budget] = {}
         self._project_budgets: dict[str, Budget] = {}
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ModelGateway:
+    def from_settings(
+        cls, settings: Settings, *, project_spend: SpendStore | None = None
+    ) -> ModelGateway:
         return cls(
+            project_spend=project_spend,
             budgets=Budgets(
                 gate=Limits(
                     calls=settings.gateway_gate_max_calls,
@@ -147,7 +154,11 @@ class ModelGateway:
             project = self._project_budgets.get(project_id)
             if project is None:
                 project = self._project_budgets[project_id] = Budget(
-                    "project", chosen.project, window_s=chosen.project_window_s
+                    "project",
+                    chosen.project,
+                    window_s=chosen.project_window_s,
+                    store=self.project_spend,
+                    owner=project_id,
                 )
         return Channel(
             root=self.socket_root,
