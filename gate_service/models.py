@@ -185,6 +185,8 @@ class Gate(Base):
     error: Mapped[str | None] = mapped_column(Text)
     failure_reason: Mapped[str | None] = mapped_column(Text)
     problems: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, default=list)
+    # What the gate does not honour as the platform would (bundles/support.py), per agent.
+    warnings: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, default=list, server_default="[]")
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     # Stored bytes of the gate's runs and model calls (their stored_bytes): the project's
     # quota sums it.

@@ -21,6 +21,8 @@ from pydantic import ValidationError
 from gate_runner.assertions import compile_assertions
 from gate_runner.expr import ExpressionError, compile_expression
 
+from .support import MAX_WARNINGS, agent_warnings
+
 # Folders under tests/ that hold support files, not suites (spec §13.1, decided: skip them).
 NON_SUITE_DIRS = ("files", "builders", "mocks", "models", "recordings")
 
@@ -85,6 +87,8 @@ class ProjectReport:
     cases: list[CaseRef] = field(default_factory=list)
     problems: list[dict[str, Any]] = field(default_factory=list)
     agents: set[str] = field(default_factory=set)
+    # What the gate cannot honour as the platform does (support.py): file, agent, key.
+    warnings: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, file: str, message: str, case: str | None = None) -> None:
         self.problems.append({"file": file, "case": case, "message": message})
@@ -114,6 +118,21 @@ def _load_agents(root: Path, report: ProjectReport) -> None:
     report.agents = {a.config.name for a in agents}
     for message in getattr(loader, "_load_errors", []):
         report.add("agents/", str(message))
+    for agent in agents:
+        source = agent.config.source_path
+        if not source:
+            continue
+        try:
+            raw = load_yaml_bounded((root / source).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError, UnicodeDecodeError, SuiteTooComplex, RecursionError):
+            continue  # the loader read it; a second read that fails only loses its warnings
+        if isinstance(raw, dict):
+            predefined = {
+                field: [t.name for t in getattr(agent, field, []) if t.is_predefined]
+                for field in ("tools", "discoverable_tools")
+            }
+            report.warnings.extend(agent_warnings(source, raw, predefined))
+    del report.warnings[MAX_WARNINGS:]
 
 
 def _errors(exc: ValidationError, prefix: str = "") -> list[str]:

@@ -65,6 +65,17 @@ def _outcome(case: dict[str, Any]) -> str:
     return "skipped"
 
 
+def warning_line(warning: Any) -> str:
+    """One gate warning as ``file (agent): message``."""
+    if not isinstance(warning, dict):
+        return str(warning)
+    where = str(warning.get("file") or "")
+    if warning.get("agent"):
+        where += f" (agent {warning['agent']})"
+    message = str(warning.get("message") or warning.get("key") or warning)
+    return f"{where}: {message}" if where else message
+
+
 def _testcase(parent: ET.Element, case: dict[str, Any]) -> str:
     element = ET.SubElement(
         parent,
@@ -103,8 +114,18 @@ def junit_element(gate: dict[str, Any]) -> ET.Element:
         by_suite.setdefault(str(case.get("suite") or "gate"), []).append(case)
     all_outcomes: list[str] = []
     total_ms = 0
+    warnings: list[Any] = gate.get("warnings") or []
     for suite, members in by_suite.items():
         element = ET.SubElement(root, "testsuite", name=xml_text(suite))
+        # The gate's warnings for this suite's agents, first (the schema's order): what the
+        # gate did not run as the platform would.
+        agents = {case.get("agent_name") for case in members}
+        mine = [w for w in warnings if isinstance(w, dict) and w.get("agent") in agents]
+        if mine:
+            properties = ET.SubElement(element, "properties")
+            for warning in mine:
+                value = xml_text(warning_line(warning))
+                ET.SubElement(properties, "property", name="gate.warning", value=value)
         outcomes = [_testcase(element, case) for case in members]
         suite_ms = sum(int(case.get("duration_ms") or 0) for case in members)
         _counts(element, outcomes, suite_ms)

@@ -28,6 +28,8 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from .junit import warning_line
+
 TRUNCATE_AT = 800
 SPAN_ERROR_AT = 160
 SHOWN_RUNS = 3
@@ -266,6 +268,19 @@ def render_results(console: Console, gate: dict[str, Any]) -> None:
             message = problem.get("message") or problem.get("detail") or as_text(problem)
             item = f"    - {where}: {message}" if where else f"    - {message}"
             console.print(Text(visible(item)), soft_wrap=True)
+    warnings = gate.get("warnings") or []
+    if warnings:
+        console.print()
+        console.print(
+            Text(
+                f"  ⚠ {len(warnings)} warning(s): what this gate does not run as the platform "
+                "would, so a pass covers less",
+                style="yellow",
+            ),
+            soft_wrap=True,
+        )
+        for warning in warnings:
+            console.print(Text(visible(f"    - {warning_line(warning)}")), soft_wrap=True)
     passed = sum(1 for c in cases if c.get("passed") is True)
     console.print()
     calls = model_calls_line(gate.get("model_calls"))
@@ -295,12 +310,13 @@ def model_calls_line(totals: Any) -> str | None:
 
 def json_result(gate: dict[str, Any]) -> dict[str, Any]:
     """The format CLI's --json shape: status, test_run_id (the gate id), cases (with
-    failed_runs), plus the gate's failure_reason and results page."""
+    failed_runs), plus the gate's failure_reason, results page and warnings."""
     return {
         "status": gate.get("status"),
         "test_run_id": gate.get("id"),
         "failure_reason": gate.get("failure_reason"),
         "html_url": gate.get("html_url"),
         "labels": gate.get("labels") or {},
+        "warnings": gate.get("warnings") or [],
         "cases": gate.get("cases") or [],
     }

@@ -11,7 +11,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from gate_runner.contract import Span
 
@@ -71,6 +71,11 @@ class GateRead(Schema):
     error: str | None
     failure_reason: str | None
     problems: list[dict[str, Any]]
+    warnings: list[dict[str, Any]] = Field(
+        description="What the gate does not honour as the platform would: one item per agent "
+        "and key ({file, agent, key, support: partial|not_in_gate, message}); see the README's "
+        "support table"
+    )
     model_calls: ModelCallTotals
     cases: list[CaseRead]
 

@@ -245,6 +245,7 @@ def _read_gate(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> t
         error=gate.error,
         failure_reason=gate.failure_reason,
         problems=gate.problems,
+        warnings=gate.warnings,
         model_calls=calls,
         cases=case_views,
     )
@@ -364,6 +365,11 @@ def fail_gate(
 
 def cancel_gate(gate: Gate) -> None:
     _end(gate, GateStatus.cancelled, phase=Phase.done, reason="cancelled on request")
+
+
+def record_warnings(gate: Gate, warnings: Sequence[dict[str, Any]]) -> None:
+    """What the gate's agents use that it does not honour as the platform would."""
+    gate.warnings = storable(list(warnings))
 
 
 def save_cases(session: Session, gate: Gate, refs: Sequence[CaseRef]) -> list[Case]:

@@ -345,6 +345,7 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
 
         def enter_building(session: Session, gate: Gate) -> None:
             service.save_cases(session, gate, report.cases)
+            service.record_warnings(gate, report.warnings)
             service.set_phase(gate, Phase.building)
 
         _write(ctx, job, enter_building)

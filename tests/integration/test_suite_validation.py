@@ -286,3 +286,29 @@ def test_a_filter_that_selects_no_case_names_the_filter(
     worker.run_once()
     gate = client.get(f"/v1/gates/{response.json()['id']}").json()
     assert problems(gate) == [("tests/", None, "no case name contains the filter 'zzz'")]
+
+
+def test_a_gate_carries_warnings_for_what_its_agents_use_and_it_cannot_honour(
+    judge: Any,
+) -> None:
+    gate = judge(
+        {
+            "agents/calc.yaml": """
+                version: "1.0"
+                name: calc
+                description: Adds two numbers, in a session the gate does not keep.
+                type: tool
+                tool_name: math_ops.add
+                session: true
+                timeout: 30
+            """,
+            "tests/calc.yaml": 'tests:\n  - name: a\n    payload: \'{"a": 1, "b": 2}\'\n',
+        }
+    )
+    assert gate["status"] == "passed", gate
+    assert gate["problems"] == []
+    assert [(w["file"], w["agent"], w["key"], w["support"]) for w in gate["warnings"]] == [
+        ("agents/calc.yaml", "calc", "session", "not_in_gate"),
+        ("agents/calc.yaml", "calc", "timeout", "partial"),
+    ]
+    assert gate["warnings"][0]["message"].startswith("session is not in a gate: ")

@@ -104,3 +104,31 @@ def test_a_broken_report_fails_validation() -> None:
     del suite.attrib["failures"]
     with pytest.raises(xmlschema.XMLSchemaValidationError):
         SCHEMA.validate(ET.tostring(root, encoding="unicode"))
+
+
+WARNED = gate("passed", [case("adds", passed=True, suite="tests/calc.yaml")])
+WARNED["warnings"] = [
+    {
+        "file": "agents/calculator.yaml",
+        "agent": WARNED["cases"][0]["agent_name"],
+        "key": "fallback_model",
+        "support": "not_in_gate",
+        "message": "fallback_model is not in a gate: ignored",
+    },
+    {"file": "agents/other.yaml", "agent": "other", "key": "session", "message": "x"},
+]
+
+
+def test_a_gates_warnings_are_properties_of_the_suites_of_their_agent() -> None:
+    SCHEMA.validate(junit_xml(WARNED).decode())
+    (suite,) = ET.fromstring(junit_xml(WARNED)).findall("testsuite")
+    properties = [(p.get("name"), p.get("value")) for p in suite.iter("property")]
+    # Only the suite's own agent's warning: the other agent has no suite here.
+    assert properties == [
+        (
+            "gate.warning",
+            f"agents/calculator.yaml (agent {WARNED['cases'][0]['agent_name']}): "
+            "fallback_model is not in a gate: ignored",
+        )
+    ]
+    assert suite[0].tag == "properties"  # before the testcases, as the schema orders

@@ -456,3 +456,28 @@ def test_a_gate_that_does_not_finish_in_time_exits_2(
     use_api(FakeGate([gate("running", [])]))
     code, _, err = run_cli(capsys, str(project), "--timeout", "1500")
     assert code == 2 and "did not finish within 1500 s" in err
+
+
+def test_a_passed_gates_warnings_are_printed_and_in_the_json(
+    use_api: Callable[[FakeGate], None], project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    warned = gate("passed", [case("adds", passed=True)])
+    warned["warnings"] = [
+        {
+            "file": "agents/calc.yaml",
+            "agent": "calc",
+            "key": "session",
+            "support": "not_in_gate",
+            "message": "session is not in a gate: no session persists\x1b[2J",
+        }
+    ]
+    use_api(FakeGate([gate("running", []), warned]))
+    code, out, _ = run_cli(capsys, str(project))
+    assert code == 0
+    assert "⚠ 1 warning(s)" in out
+    assert "agents/calc.yaml (agent calc): session is not in a gate" in out
+    assert "\x1b" not in out
+    assert out.index("warning(s)") < out.index("1/1 cases passed.")
+    use_api(FakeGate([gate("running", []), warned]))
+    code, out, _ = run_cli(capsys, str(project), "--json")
+    assert code == 0 and json.loads(out)["warnings"] == warned["warnings"]

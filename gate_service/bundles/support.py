@@ -1,0 +1,578 @@
+"""What a gate does with each agent field, predefined tool and guardrail type of the format
+(issue 21): supported as the platform runs it, partial (it runs, and what differs), or not
+in a gate (and why). The README's support table is this table; a bundle whose agents use a
+partial or not-in-a-gate item gets a warning naming file, agent and key, so a pass is never
+silently partial.
+
+tests/unit/test_support_table.py walks the SDK's AgentConfig, so a field a later SDK adds
+that this table does not cover fails there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+Status = Literal["supported", "partial", "not_in_gate"]
+
+
+@dataclass(frozen=True, slots=True)
+class Support:
+    status: Status
+    note: str = ""
+
+
+def _table(rows: Mapping[str, tuple[Status, str]]) -> dict[str, Support]:
+    return {key: Support(status, note) for key, (status, note) in rows.items()}
+
+
+NO_BROWSER = (
+    "no browser in a gate: every call fails, and the model is offered the tool without parameters"
+)
+NO_FILES = (
+    "no file store in a gate: every call fails, and the model is offered the tool without "
+    "parameters"
+)
+NOT_CHECKED = "not checked: recorded as a skipped guardrail and never blocks"
+
+# Every field of connic.core.AgentConfig, in the SDK's order.
+AGENT_FIELDS: Mapping[str, Support] = _table(
+    {
+        "version": (
+            "supported",
+            'checked by the SDK loader: must be "1.0"',
+        ),
+        "name": (
+            "supported",
+            "the agent's identity: suites, children and sequential stages find it by name",
+        ),
+        "description": (
+            "supported",
+            "metadata only; nothing in a run depends on it",
+        ),
+        "type": (
+            "supported",
+            "llm, tool and sequential agents each run",
+        ),
+        "model": (
+            "supported",
+            (
+                "used by scripted, replay and live models; live calls need the provider's key or a"
+                " model route, so connic/ managed models need a route"
+            ),
+        ),
+        "voice_config": (
+            "not_in_gate",
+            (
+                "voice is not simulated: the agent runs as a text LLM agent and every voice "
+                "setting is ignored"
+            ),
+        ),
+        "fallback_model": (
+            "not_in_gate",
+            (
+                "ignored: a failed model call fails the run, the fallback is never tried and "
+                "fallback_model_used is never set"
+            ),
+        ),
+        "system_prompt": (
+            "supported",
+            "sent as the system message, with {var} placeholders filled from the run context",
+        ),
+        "temperature": (
+            "supported",
+            "sent with every model call and part of the replay key",
+        ),
+        "tools": (
+            "supported",
+            (
+                "custom and predefined tools run, with conditions, hooks and mocks; see each "
+                "predefined tool, and api: tools below"
+            ),
+        ),
+        "discoverable_tools": (
+            "not_in_gate",
+            (
+                "discoverable tools never run: use_tool calls are only recorded for tool "
+                "assertions, and search_tools answers an error"
+            ),
+        ),
+        "agents": (
+            "supported",
+            "the stages run in order, each fed the previous stage's output",
+        ),
+        "tool_name": (
+            "supported",
+            (
+                "the tool agent's function is called with payload (and context), with hooks and "
+                "mocks around it"
+            ),
+        ),
+        "database": (
+            "not_in_gate",
+            (
+                "access rules are not enforced: db_* tools may read, write and delete any "
+                "collection of the in-memory store"
+            ),
+        ),
+        "retrieval": (
+            "not_in_gate",
+            (
+                "access rules are not enforced: retrieval_* tools may use any namespace; "
+                "prevent_write and prevent_delete are ignored"
+            ),
+        ),
+        "files": (
+            "not_in_gate",
+            (
+                "file tools do not exist in a gate, so folder permissions and session_only have "
+                "nothing to apply to"
+            ),
+        ),
+        "mcp_servers": (
+            "not_in_gate",
+            "MCP servers are never connected: their tools are not offered to the model",
+        ),
+        "output_schema": (
+            "partial",
+            (
+                "not sent to the model; the final answer must be JSON and is checked for type, "
+                "required, properties, items and enum only"
+            ),
+        ),
+        "output_schema_dict": (
+            "supported",
+            "set by the loader",
+        ),
+        "source_path": (
+            "supported",
+            "set by the loader",
+        ),
+        "is_test_variant": (
+            "supported",
+            "set by the loader",
+        ),
+        "base_agent_name": (
+            "supported",
+            "set by the loader",
+        ),
+        "test_name": (
+            "supported",
+            "set by the loader",
+        ),
+        "reasoning_effort": (
+            "not_in_gate",
+            "ignored: never sent to the model",
+        ),
+        "reasoning_budget": (
+            "not_in_gate",
+            "ignored: never sent to the model",
+        ),
+        "reasoning": (
+            "not_in_gate",
+            "deprecated; the SDK turns it into reasoning_effort, which a gate ignores",
+        ),
+        "max_concurrent_runs": (
+            "partial",
+            (
+                "limits only how many of a case's invocations run at once (at most 8); children "
+                "triggered during a run are not limited"
+            ),
+        ),
+        "retry_options": (
+            "partial",
+            (
+                "tool and sequential agents retry with backoff; LLM agents use attempts only for "
+                "live gateway tries; attempt_timeout is ignored"
+            ),
+        ),
+        "timeout": (
+            "partial",
+            (
+                "the tested agent's timeout counts from invocation start, builder build() "
+                "included; at the limit the process is killed and middleware cleanup is skipped"
+            ),
+        ),
+        "max_iterations": (
+            "supported",
+            "the model loop fails the run after this many model calls without a final answer",
+        ),
+        "concurrency": (
+            "partial",
+            (
+                "key and on_conflict apply between a case's invocations only; children triggered "
+                "within a run are not serialised by key"
+            ),
+        ),
+        "session": (
+            "not_in_gate",
+            (
+                "no session persists: every invocation starts without history; key, ttl, history "
+                "and browser are ignored"
+            ),
+        ),
+        "context_compression": (
+            "not_in_gate",
+            "never applied: the whole conversation is sent on every model call",
+        ),
+        "guardrails": (
+            "supported",
+            (
+                "input and output rules run for every agent kind, with block, warn and redact; see"
+                " each rule type"
+            ),
+        ),
+        "approval": (
+            "supported",
+            (
+                "tools, conditions, inputs and on_rejection work with scripted approval_decisions;"
+                " timeout and message are not used"
+            ),
+        ),
+    }
+)
+# The SDK's predefined tools (connic.loader's names and aliases) and the gate's discovery pair.
+PREDEFINED_TOOLS: Mapping[str, Support] = _table(
+    {
+        "trigger_agent": (
+            "partial",
+            (
+                "waited children run in-process with their own run; with wait_for_response=false "
+                "the call is recorded but the child never runs"
+            ),
+        ),
+        "trigger_agent_at": (
+            "partial",
+            (
+                "recorded with its payload, never run; delay and unix_timestamp are not checked "
+                "and scheduled_at is the time of the call"
+            ),
+        ),
+        "send_connector": (
+            "not_in_gate",
+            "not provided: calling it from code raises the SDK stub's error",
+        ),
+        "retrieval_query": (
+            "partial",
+            (
+                "in-memory store, empty when each invocation starts; scored by word overlap, not "
+                "embeddings, so paraphrases may fall below min_score"
+            ),
+        ),
+        "retrieval_store": (
+            "partial",
+            (
+                "stores into the invocation's in-memory store, indexed at once; nothing persists "
+                "after the invocation"
+            ),
+        ),
+        "retrieval_delete": (
+            "partial",
+            "deletes from the invocation's in-memory store, which starts empty",
+        ),
+        "retrieval_list_namespaces": (
+            "partial",
+            "lists only namespaces stored during this invocation",
+        ),
+        "web_search": (
+            "not_in_gate",
+            "always fails: a gate has no search provider",
+        ),
+        "web_read_page": (
+            "partial",
+            (
+                "fetches only when the operator gives cases a network (GATE_CASE_NETWORK); HTML is"
+                " flattened to plain text, not markdown"
+            ),
+        ),
+        "web_browser_open": (
+            "not_in_gate",
+            NO_BROWSER,
+        ),
+        "web_browser_observe": (
+            "not_in_gate",
+            NO_BROWSER,
+        ),
+        "web_browser_read": (
+            "not_in_gate",
+            NO_BROWSER,
+        ),
+        "web_browser_act": (
+            "not_in_gate",
+            NO_BROWSER,
+        ),
+        "web_browser_close": (
+            "not_in_gate",
+            NO_BROWSER,
+        ),
+        "web_browser_screenshot": (
+            "not_in_gate",
+            NO_BROWSER,
+        ),
+        "web_browser_mouse": (
+            "not_in_gate",
+            NO_BROWSER,
+        ),
+        "web_browser_tabs": (
+            "not_in_gate",
+            NO_BROWSER,
+        ),
+        "web_browser_dialog": (
+            "not_in_gate",
+            NO_BROWSER,
+        ),
+        "web_browser_eval": (
+            "not_in_gate",
+            NO_BROWSER,
+        ),
+        "web_browser_console": (
+            "not_in_gate",
+            NO_BROWSER,
+        ),
+        "web_browser_network": (
+            "not_in_gate",
+            NO_BROWSER,
+        ),
+        "web_browser_upload": (
+            "not_in_gate",
+            NO_BROWSER,
+        ),
+        "web_browser_download": (
+            "not_in_gate",
+            NO_BROWSER,
+        ),
+        "web_browser_pdf": (
+            "not_in_gate",
+            NO_BROWSER,
+        ),
+        "db_find": (
+            "partial",
+            (
+                "in-memory store, empty when each invocation starts; sort compares values as JSON "
+                "text, so numbers sort as strings (10 before 9)"
+            ),
+        ),
+        "db_insert": (
+            "partial",
+            (
+                "inserts into the invocation's in-memory store; nothing persists after the "
+                "invocation"
+            ),
+        ),
+        "db_update": (
+            "partial",
+            "updates the invocation's in-memory store, which starts empty",
+        ),
+        "db_upsert": (
+            "partial",
+            "upserts into the invocation's in-memory store, which starts empty",
+        ),
+        "db_delete": (
+            "partial",
+            "deletes from the invocation's in-memory store, which starts empty",
+        ),
+        "db_count": (
+            "partial",
+            "counts documents stored during this invocation only",
+        ),
+        "db_list_collections": (
+            "partial",
+            "lists collections created during this invocation only; size_bytes is the JSON size",
+        ),
+        "file_list": (
+            "not_in_gate",
+            NO_FILES,
+        ),
+        "file_read": (
+            "not_in_gate",
+            NO_FILES,
+        ),
+        "file_write": (
+            "not_in_gate",
+            NO_FILES,
+        ),
+        "file_update": (
+            "not_in_gate",
+            NO_FILES,
+        ),
+        "file_delete": (
+            "not_in_gate",
+            NO_FILES,
+        ),
+        "query_knowledge": (
+            "partial",
+            (
+                "alias of retrieval_query: in-memory store, empty when each invocation starts, "
+                "scored by word overlap, not embeddings"
+            ),
+        ),
+        "store_knowledge": (
+            "partial",
+            (
+                "alias of retrieval_store: the invocation's in-memory store; nothing persists "
+                "after the invocation"
+            ),
+        ),
+        "delete_knowledge": (
+            "partial",
+            "alias of retrieval_delete: the invocation's in-memory store, which starts empty",
+        ),
+        "kb_list_namespaces": (
+            "partial",
+            "alias of retrieval_list_namespaces: only namespaces stored during this invocation",
+        ),
+        "search_tools": (
+            "not_in_gate",
+            (
+                "added with discoverable tools, but a gate does not answer it: the model gets an "
+                "error"
+            ),
+        ),
+        "use_tool": (
+            "not_in_gate",
+            (
+                "recorded as the named discoverable tool's call for assertions, but that tool "
+                "never runs; the model gets an error"
+            ),
+        ),
+    }
+)
+# Guardrail rule types (spec 4.3).
+GUARDRAIL_TYPES: Mapping[str, Support] = _table(
+    {
+        "regex": (
+            "supported",
+            "each pattern is searched in the text; a match blocks or warns with its message",
+        ),
+        "pii": (
+            "supported",
+            (
+                "email, phone, ssn, credit_card (Luhn-checked), iban, ip_address and api_key by "
+                "the gate's own patterns; block, warn or redact"
+            ),
+        ),
+        "pii_leakage": (
+            "supported",
+            "as pii, on output; ssn, credit_card and api_key by default",
+        ),
+        "custom": (
+            "supported",
+            (
+                "guardrails/<name>.py check(content, context) runs, or its mock; an exception "
+                "counts as a violation"
+            ),
+        ),
+        "moderation": (
+            "partial",
+            (
+                "OpenAI moderation through the model gateway (live) or recordings (replay); "
+                "skipped when the agent's model is scripted, and for provider perspective"
+            ),
+        ),
+        "prompt_injection": (
+            "not_in_gate",
+            NOT_CHECKED,
+        ),
+        "topic_restriction": (
+            "not_in_gate",
+            NOT_CHECKED,
+        ),
+        "system_prompt_leakage": (
+            "not_in_gate",
+            NOT_CHECKED,
+        ),
+        "data_exfiltration": (
+            "not_in_gate",
+            NOT_CHECKED,
+        ),
+        "relevance": (
+            "not_in_gate",
+            NOT_CHECKED,
+        ),
+    }
+)
+# A tool reference `api:<spec>.<operation>` (an OpenAPI spec's operation, spec 3.2).
+API_TOOLS = Support(
+    "not_in_gate",
+    "a gate has no API-spec registry, so the SDK loader drops api: tools and the agent runs "
+    "without them",
+)
+
+# At most this many warnings a gate keeps (one per agent, key and item): the rest counted.
+MAX_WARNINGS = 200
+
+
+def _warning(file: str, agent: str, key: str, support: Support) -> dict[str, Any]:
+    what = "not in a gate" if support.status == "not_in_gate" else "partial"
+    return {
+        "file": file,
+        "agent": agent,
+        "key": key,
+        "support": support.status,
+        "message": f"{key} is {what}: {support.note}",
+    }
+
+
+def agent_warnings(
+    file: str, raw: Mapping[str, Any], predefined: Mapping[str, list[str]]
+) -> list[dict[str, Any]]:
+    """The warnings of one agent file: from its YAML mapping ``raw`` (the keys it sets, not
+    the SDK's defaults) and the predefined tools the loader resolved for it, by field
+    (``tools``, ``discoverable_tools``; wildcards expanded)."""
+    agent = str(raw.get("name") or Path(file).stem)
+    found = []
+    for key in raw:
+        support = AGENT_FIELDS.get(str(key))
+        if support is not None and support.status != "supported":
+            found.append(_warning(file, agent, str(key), support))
+    for field in ("tools", "discoverable_tools"):
+        entries = raw.get(field)
+        refs = [
+            str(next(iter(e))) if isinstance(e, Mapping) and len(e) == 1 else str(e)
+            for e in (entries if isinstance(entries, list) else [])
+        ]
+        if any(ref.startswith("api:") for ref in refs):
+            found.append(_warning(file, agent, f"{field}.api:", API_TOOLS))
+    for field, names in predefined.items():
+        for name in names:
+            support = PREDEFINED_TOOLS.get(name)
+            if support is not None and support.status != "supported":
+                found.append(_warning(file, agent, f"{field}.{name}", support))
+    rails = raw.get("guardrails")
+    for direction in ("input", "output"):
+        rules = rails.get(direction) if isinstance(rails, Mapping) else None
+        for rule in rules if isinstance(rules, list) else []:
+            kind = rule.get("type") if isinstance(rule, Mapping) else None
+            support = GUARDRAIL_TYPES.get(str(kind))
+            if support is not None and support.status != "supported":
+                found.append(_warning(file, agent, f"guardrails.{direction}.{kind}", support))
+    return found
+
+
+_SHOWN: Mapping[Status, str] = {
+    "supported": "supported",
+    "partial": "partial",
+    "not_in_gate": "not in a gate",
+}
+
+
+def _row(kind: str, name: str, support: Support) -> str:
+    note = support.note.replace("|", "\\|")
+    return f"| {kind} | `{name}` | {_SHOWN[support.status]} | {note} |"
+
+
+def markdown_table() -> str:
+    """The README's support table: every agent field, predefined tool and guardrail type."""
+    lines = ["| Kind | Name | In a gate | What differs, or why not |", "|---|---|---|---|"]
+    for kind, rows in (
+        ("agent field", AGENT_FIELDS),
+        ("predefined tool", PREDEFINED_TOOLS),
+        ("guardrail type", GUARDRAIL_TYPES),
+    ):
+        for name, support in rows.items():
+            lines.append(_row(kind, name, support))
+        if kind == "predefined tool":
+            lines.append(_row("tool reference", "api:<spec>.<operation>", API_TOOLS))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,100 @@
+"""The support table (gate_service/bundles/support.py) covers every agent field, predefined
+tool and guardrail type the SDK has, the README shows it as it is, and a bundle whose agents
+use a partial or not-in-a-gate item gets a warning naming file, agent and key (issue 21,
+item 1)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import connic.tools
+from connic.core import BUILTIN_GUARDRAIL_TYPES, AgentConfig
+from connic.loader import PREDEFINED_TOOL_ALIASES, PREDEFINED_TOOL_NAMES
+
+from gate_service.bundles import support
+from gate_service.bundles.suites import validate_project
+from tests.fixtures.projects import write
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+# The gate's own discovery pair, offered with discoverable tools (no SDK stub).
+DISCOVERY = {"search_tools", "use_tool"}
+
+
+def test_every_field_of_the_sdks_agent_config_is_in_the_table_in_its_order() -> None:
+    # A field a later SDK release adds fails here until the table says what a gate does.
+    assert list(support.AGENT_FIELDS) == list(AgentConfig.model_fields)
+
+
+def test_every_predefined_tool_and_guardrail_type_of_the_sdk_is_in_the_table() -> None:
+    sdk_tools = set(PREDEFINED_TOOL_NAMES) | set(PREDEFINED_TOOL_ALIASES) | DISCOVERY
+    sdk_tools |= set(connic.tools.__all__)
+    assert set(support.PREDEFINED_TOOLS) == sdk_tools
+    assert set(support.GUARDRAIL_TYPES) == set(BUILTIN_GUARDRAIL_TYPES)
+
+
+def test_each_partial_or_missing_item_says_what_differs_or_why() -> None:
+    tables = (support.AGENT_FIELDS, support.PREDEFINED_TOOLS, support.GUARDRAIL_TYPES)
+    for table in tables:
+        for name, item in table.items():
+            assert item.status in ("supported", "partial", "not_in_gate"), name
+            assert len(item.note) >= 10, name
+
+
+def test_the_readme_shows_the_table_as_the_code_has_it() -> None:
+    text = README.read_text(encoding="utf-8")
+    found = re.search(r"<!-- support-table:[^\n]*-->\n(.*?)<!-- /support-table -->", text, re.S)
+    assert found is not None, "the README has no support table"
+    assert found.group(1) == support.markdown_table()
+
+
+AGENTS = {
+    "agents/plain.yaml": """
+        version: "1.0"
+        name: plain
+        description: Only what a gate runs as the platform does.
+        model: openai/gpt-4o
+        system_prompt: Be brief.
+        temperature: 0.2
+        max_iterations: 5
+        guardrails: {input: [{type: regex, config: {patterns: [{pattern: x}]}}]}
+    """,
+    "agents/fancy.yaml": """
+        version: "1.0"
+        name: fancy
+        description: Uses what a gate does not run as the platform does.
+        model: openai/gpt-4o
+        system_prompt: Be brief.
+        fallback_model: openai/gpt-4o-mini
+        reasoning_effort: low
+        tools: ["web_browser_o*", "api:billing.get_invoice"]
+        guardrails:
+          input: [{type: prompt_injection}]
+          output: [{type: pii_leakage}]
+    """,
+    "tests/plain.yaml": """
+        tests:
+          - name: answers
+            payload: hi
+            expected_result: output != null
+    """,
+}
+
+
+def test_a_bundle_gets_a_warning_per_agent_and_key_it_cannot_honour(tmp_path: Path) -> None:
+    report = validate_project(write(tmp_path / "p", AGENTS))
+    assert report.problems == []
+    keys = [(w["file"], w["agent"], w["key"], w["support"]) for w in report.warnings]
+    assert keys == [
+        ("agents/fancy.yaml", "fancy", "fallback_model", "not_in_gate"),
+        ("agents/fancy.yaml", "fancy", "reasoning_effort", "not_in_gate"),
+        ("agents/fancy.yaml", "fancy", "tools.api:", "not_in_gate"),
+        # The wildcard as the SDK's loader expands it.
+        ("agents/fancy.yaml", "fancy", "tools.web_browser_observe", "not_in_gate"),
+        ("agents/fancy.yaml", "fancy", "tools.web_browser_open", "not_in_gate"),
+        ("agents/fancy.yaml", "fancy", "guardrails.input.prompt_injection", "not_in_gate"),
+    ]
+    first = report.warnings[0]["message"]
+    assert (
+        first == f"fallback_model is not in a gate: {support.AGENT_FIELDS['fallback_model'].note}"
+    )
