@@ -71,10 +71,11 @@ AGENT_FIELDS: Mapping[str, Support] = _table(
             ),
         ),
         "fallback_model": (
-            "not_in_gate",
+            "supported",
             (
-                "ignored: a failed model call fails the run, the fallback is never tried and "
-                "fallback_model_used is never set"
+                "after a failed primary request (tried once) the fallback gets "
+                "retry_options.attempts and answers the rest of the run; the run context gets "
+                "fallback_model_used"
             ),
         ),
         "system_prompt": (
@@ -163,16 +164,19 @@ AGENT_FIELDS: Mapping[str, Support] = _table(
             "set by the loader",
         ),
         "reasoning_effort": (
-            "not_in_gate",
-            "ignored: never sent to the model",
+            "supported",
+            (
+                "sent with every request (off as LiteLLM's none); dropped for a model LiteLLM's "
+                "map says does not take it"
+            ),
         ),
         "reasoning_budget": (
-            "not_in_gate",
-            "ignored: never sent to the model",
+            "supported",
+            "deprecated; sent as the provider's thinking budget",
         ),
         "reasoning": (
-            "not_in_gate",
-            "deprecated; the SDK turns it into reasoning_effort, which a gate ignores",
+            "supported",
+            "deprecated; the SDK turns it into reasoning_effort",
         ),
         "max_concurrent_runs": (
             "partial",

@@ -32,6 +32,8 @@ from gate_runner.gateway_wire import (
     ERROR_STATUS,
     MAX_REQUEST_BYTES,
     MODERATE_PATH,
+    OPTION_KEYS,
+    REASONING_EFFORTS,
     SOCKET_NAME,
     CompletionRequest,
     ModerationRequest,
@@ -107,8 +109,20 @@ def parse_request(body: bytes) -> CompletionRequest:
     temperature = data.get("temperature", 0.0)
     if isinstance(temperature, bool) or not isinstance(temperature, int | float):
         raise _wrong("temperature", "a number")
+    options = data.get("options", {})
+    if not isinstance(options, dict) or not set(options) <= set(OPTION_KEYS):
+        raise _wrong("options", f"an object of {', '.join(OPTION_KEYS)}")
+    effort = options.get("reasoning_effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise _wrong("options.reasoning_effort", f"one of {', '.join(REASONING_EFFORTS)}")
+    budget = options.get("reasoning_budget")
+    if budget is not None and (
+        isinstance(budget, bool) or not isinstance(budget, int) or budget < 1
+    ):
+        raise _wrong("options.reasoning_budget", "a whole number of tokens, at least 1")
     agent, attempts, timeout_s = _how(data)
     return CompletionRequest(
+        options=options,
         model=model,
         messages=messages,
         tools=tools,

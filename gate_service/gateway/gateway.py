@@ -24,7 +24,7 @@ from gate_runner.gateway_wire import (
     ModerationReply,
     ModerationRequest,
 )
-from gate_runner.models import litellm_reply, request_key
+from gate_runner.models import litellm_options, litellm_reply, request_key
 from gate_service.config import Settings
 from gate_service.secrets.redact import Redactor
 
@@ -364,6 +364,10 @@ class ModelGateway:
                 # The gateway owns retries: neither LiteLLM nor the OpenAI client may add any.
                 num_retries=0,
                 max_retries=0,
+                **litellm_options(request.options),
+                # Reasoning options apply "where the model allows it" (SDK): LiteLLM drops the
+                # ones it knows a model refuses instead of failing the call.
+                **({"drop_params": True} if request.options else {}),
                 **extra,
             )
         except Exception as exc:

@@ -53,6 +53,32 @@ ERROR_STATUS: Final[dict[str, int]] = {
 }
 
 
+# The model options an agent may set (SDK AgentConfig), as the wire carries them.
+REASONING_EFFORTS: Final = ("off", "minimal", "low", "medium", "high", "xhigh")
+OPTION_KEYS: Final = ("reasoning_effort", "reasoning_budget")
+
+
+def replay_request(
+    model: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+    temperature: float,
+    options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """What a completion's replay key is computed over (gate_runner.models.request_key).
+    Options are in it only when the agent set one, so recordings made before options
+    existed keep their keys."""
+    request: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "tools": tools,
+        "temperature": temperature,
+    }
+    if options:
+        request["options"] = dict(options)
+    return request
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CompletionRequest:
     """What the agent asks its model: the fields the replay key is computed over, and how
@@ -67,14 +93,12 @@ class CompletionRequest:
     # retry_options.attempts: the first try counts, so at most attempts - 1 retries.
     attempts: int = 1
     timeout_s: float = 60.0  # one attempt's
+    # reasoning_effort (one of REASONING_EFFORTS), reasoning_budget (tokens): as the agent
+    # set them; empty when it set none ("auto" is no option).
+    options: dict[str, Any] = field(default_factory=dict)
 
     def replay_request(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "messages": self.messages,
-            "tools": self.tools,
-            "temperature": self.temperature,
-        }
+        return replay_request(self.model, self.messages, self.tools, self.temperature, self.options)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), default=str).encode()

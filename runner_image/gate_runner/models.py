@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import http.client
 import importlib.util
+import inspect
 import json
 import os
 import socket
@@ -56,6 +57,10 @@ class ModelCallError(AgentRunError):
 
 
 class Model(Protocol):
+    """``options``: the agent's reasoning options (gateway_wire.OPTION_KEYS), only those it
+    set. ``attempts``: this call's tries, instead of the model's own (a fallback's primary
+    is tried once)."""
+
     mode: str
 
     def complete(
@@ -66,6 +71,8 @@ class Model(Protocol):
         tools: list[dict[str, Any]],
         temperature: float,
         context: dict[str, Any],
+        options: Mapping[str, Any] | None = None,
+        attempts: int | None = None,
     ) -> ModelReply: ...
 
 
@@ -125,6 +132,14 @@ class ScriptedModel:
         if not callable(respond):
             raise AgentRunError(f"{self.source} must define respond(messages, tools, context)")
         self._respond = respond
+        # respond(messages, tools, context, options) also gets what the model is asked with.
+        try:
+            parameters = inspect.signature(respond).parameters
+        except (TypeError, ValueError):
+            parameters = {}  # type: ignore[assignment]
+        self._takes_options = "options" in parameters or any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+        )
 
     def complete(
         self,
@@ -134,11 +149,22 @@ class ScriptedModel:
         tools: list[dict[str, Any]],
         temperature: float,
         context: dict[str, Any],
+        options: Mapping[str, Any] | None = None,
+        attempts: int | None = None,
     ) -> ModelReply:
         # The script sees copies: it cannot rewrite the conversation the trace records.
-        raw = self._respond(
-            json.loads(json.dumps(messages, default=str)), json.loads(json.dumps(tools)), context
+        args = (
+            json.loads(json.dumps(messages, default=str)),
+            json.loads(json.dumps(tools)),
+            context,
         )
+        if self._takes_options:
+            # What the model is asked with: which model (the fallback's name once the primary
+            # failed), its temperature and the agent's reasoning options.
+            asked = {"model": model, "temperature": temperature, **dict(options or {})}
+            raw = self._respond(*args, options=asked)
+        else:
+            raw = self._respond(*args)
         return parse_reply(raw, source=f"{self.source} respond()")
 
 
@@ -164,9 +190,12 @@ class ReplayModel:
         tools: list[dict[str, Any]],
         temperature: float,
         context: dict[str, Any],
+        options: Mapping[str, Any] | None = None,
+        attempts: int | None = None,
     ) -> ModelReply:
-        request = {"model": model, "messages": messages, "tools": tools, "temperature": temperature}
-        key = request_key(request)
+        key = request_key(
+            wire.replay_request(model, messages, tools, temperature, dict(options or {}))
+        )
         if key not in self.recordings:
             last = messages[-1] if messages else {}
             raise AgentRunError(
@@ -204,6 +233,21 @@ def moderation_verdict(raw: Any, *, source: str) -> dict[str, Any]:
         "categories": dict(verdict.get("categories") or {}),
         "category_scores": {str(k): float(v) for k, v in scores.items()},
     }
+
+
+def litellm_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """An agent's reasoning options as LiteLLM's completion() takes them (the runner's
+    LiveModel and the service's gateway both call with these): ``reasoning_effort`` as
+    named, ``off`` as LiteLLM's ``none``; the deprecated ``reasoning_budget`` as Anthropic's
+    and Gemini's thinking budget."""
+    extra: dict[str, Any] = {}
+    effort = options.get("reasoning_effort")
+    if effort:
+        extra["reasoning_effort"] = "none" if effort == "off" else effort
+    budget = options.get("reasoning_budget")
+    if budget:
+        extra["thinking"] = {"type": "enabled", "budget_tokens": int(budget)}
+    return extra
 
 
 def litellm_reply(response: Any) -> dict[str, Any]:
@@ -256,6 +300,8 @@ class LiveModel:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]],
         temperature: float,
+        options: Mapping[str, Any] | None = None,
+        attempts: int | None = None,
     ) -> dict[str, Any]:
         try:
             response = self._litellm.completion(
@@ -266,7 +312,8 @@ class LiveModel:
                 timeout=self.timeout_s,
                 # The library's own retry (its backoff, its Retry-After handling); the first
                 # attempt counts, as retry_options.attempts does.
-                num_retries=self.attempts - 1,
+                num_retries=(attempts or self.attempts) - 1,
+                **litellm_options(options or {}),
             )
         except Exception as exc:
             raise AgentRunError(
@@ -282,9 +329,16 @@ class LiveModel:
         tools: list[dict[str, Any]],
         temperature: float,
         context: dict[str, Any],
+        options: Mapping[str, Any] | None = None,
+        attempts: int | None = None,
     ) -> ModelReply:
         raw = self.raw_completion(
-            model=model, messages=messages, tools=tools, temperature=temperature
+            model=model,
+            messages=messages,
+            tools=tools,
+            temperature=temperature,
+            options=options,
+            attempts=attempts,
         )
         return parse_reply(raw, source=f"live model {model}")
 
@@ -320,12 +374,19 @@ class RecordingModel(LiveModel):
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]],
         temperature: float,
+        options: Mapping[str, Any] | None = None,
+        attempts: int | None = None,
     ) -> dict[str, Any]:
         """The live answer, also written under the replay key of the whole request."""
         raw = super().raw_completion(
-            model=model, messages=messages, tools=tools, temperature=temperature
+            model=model,
+            messages=messages,
+            tools=tools,
+            temperature=temperature,
+            options=options,
+            attempts=attempts,
         )
-        request = {"model": model, "messages": messages, "tools": tools, "temperature": temperature}
+        request = wire.replay_request(model, messages, tools, temperature, dict(options or {}))
         write_recording(self.directory, request_key(request), request, raw)
         return raw
 
@@ -394,6 +455,8 @@ class GatewayModel:
         tools: list[dict[str, Any]],
         temperature: float,
         context: dict[str, Any],
+        options: Mapping[str, Any] | None = None,
+        attempts: int | None = None,
     ) -> ModelReply:
         request = wire.CompletionRequest(
             model=model,
@@ -401,8 +464,9 @@ class GatewayModel:
             tools=tools,
             temperature=temperature,
             agent=self.agent,
-            attempts=self.attempts,
+            attempts=max(1, attempts or self.attempts),
             timeout_s=self.timeout_s,
+            options=dict(options or {}),
         )
         data = self._exchange(wire.COMPLETE_PATH, request.to_json(), model)
         reply = _completion_reply(model, data)

@@ -396,3 +396,56 @@ def test_moderation_runs_through_the_gateway_live_and_replays_from_its_recording
     assert by_name["violent_text_is_blocked"]["status"] == "failed"
     assert "moderation (input)" in by_name["violent_text_is_blocked"]["failure_reason"]
     assert len(provider.calls) == before
+
+
+def test_a_fallback_model_answers_through_the_gateway_after_one_failed_primary_request(
+    client: TestClient,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    gateway: ModelGateway,
+    provider: FakeProvider,
+    tmp_path: Path,
+) -> None:
+    """Issue 21 item 3: the primary is tried once, the fallback gets retry_options.attempts
+    (a 429 then an answer here), the reasoning option reaches the provider, and the run
+    shows which model answered."""
+    alpha = tenant(client, "alpha", provider)
+    steps = {"primary": ["500"], "backup": ["429:0", "ok"]}
+    provider.decide = lambda body: steps[body["model"]].pop(0) if steps[body["model"]] else "ok"
+    project = write(
+        tmp_path / "p",
+        {
+            "agents/live-bot.yaml": """
+                version: "1.0"
+                name: live-bot
+                description: Falls back to another model.
+                model: openai/primary
+                fallback_model: openai/backup
+                reasoning_effort: high
+                system_prompt: Be brief.
+                retry_options: {attempts: 2, initial_delay: 0, max_delay: 1}
+            """,
+            "tests/live-bot.yaml": """
+                tests:
+                  - name: answers
+                    payload: hi
+                    expected_result: output == "hello from the fake provider"
+            """,
+        },
+    )
+    gate = alpha.post("/v1/gates", files={"bundle": ("b.tgz", bundle_of(project))}).json()
+    assert worker(settings, sessions, FakeSandbox(), gateway).run_once()
+    done = alpha.get(f"/v1/gates/{gate['id']}").json()
+    assert done["status"] == "passed", [c.get("failure_reason") for c in done["cases"]]
+    assert [body["model"] for _, body in provider.calls] == ["primary", "backup", "backup"]
+    # Unknown to LiteLLM's model map, so the option is passed as set.
+    assert {body.get("reasoning_effort") for _, body in provider.calls} == {"high"}
+    (run_id,) = done["cases"][0]["agent_run_ids"]
+    run = alpha.get(f"/v1/runs/{run_id}").json()
+    assert run["run_context"]["fallback_model_used"] == "openai/backup"
+    spans = [s for s in run["traces"] if s["type"] == "model_call"]
+    assert [(s["name"], s["status"]) for s in spans] == [
+        ("openai/primary", "error"),
+        ("openai/backup", "ok"),
+    ]
+    assert spans[1]["metadata"]["attempts"] == 2  # the fallback's budget: 429, then answered

@@ -545,3 +545,40 @@ def test_a_moderation_with_no_key_is_no_route_and_nothing_is_sent(
     )
     assert (status, error(answer)["kind"]) == (400, "bad_request")
     assert fake_provider.calls == []
+
+
+@pytest.mark.parametrize(
+    ("model", "options", "sent"),
+    [
+        ("openai/o3-mini", {"reasoning_effort": "low"}, "low"),
+        ("openai/gpt-5.1", {"reasoning_effort": "off"}, "none"),
+        # A model LiteLLM knows takes no reasoning effort: dropped, not a failed call.
+        ("openai/gpt-4o", {"reasoning_effort": "high"}, None),
+        ("openai/gpt-4o", {}, None),
+    ],
+)
+def test_reasoning_options_reach_the_provider_where_the_model_takes_them(
+    gateways: Gateways,
+    fake_provider: FakeProvider,
+    model: str,
+    options: dict[str, Any],
+    sent: str | None,
+) -> None:
+    channel = gateways.open(openai(fake_provider))
+    status, answer = ask(channel, model=model, options=options)
+    assert status == 200, answer
+    ((_, body),) = fake_provider.calls
+    assert body.get("reasoning_effort") == sent
+    (record,) = channel.records
+    # The replay key covers the options the agent set, and only when it set one.
+    assert ("options" in record.request) == bool(options)
+
+
+def test_options_the_wire_does_not_know_are_a_bad_request(
+    gateways: Gateways, fake_provider: FakeProvider
+) -> None:
+    channel = gateways.open(openai(fake_provider))
+    for options in ({"reasoning_effort": "extreme"}, {"top_k": 3}, {"reasoning_budget": 0}):
+        status, answer = ask(channel, options=options)
+        assert (status, error(answer)["kind"]) == (400, "bad_request"), options
+    assert fake_provider.calls == []

@@ -66,7 +66,8 @@ AGENTS = {
         model: openai/gpt-4o
         system_prompt: Be brief.
         fallback_model: openai/gpt-4o-mini
-        reasoning_effort: low
+        session: true
+        database: {collections: [orders]}
         tools: ["web_browser_o*", "api:billing.get_invoice"]
         guardrails:
           input: [{type: prompt_injection}]
@@ -86,8 +87,8 @@ def test_a_bundle_gets_a_warning_per_agent_and_key_it_cannot_honour(tmp_path: Pa
     assert report.problems == []
     keys = [(w["file"], w["agent"], w["key"], w["support"]) for w in report.warnings]
     assert keys == [
-        ("agents/fancy.yaml", "fancy", "fallback_model", "not_in_gate"),
-        ("agents/fancy.yaml", "fancy", "reasoning_effort", "not_in_gate"),
+        ("agents/fancy.yaml", "fancy", "session", "not_in_gate"),
+        ("agents/fancy.yaml", "fancy", "database", "not_in_gate"),
         ("agents/fancy.yaml", "fancy", "tools.api:", "not_in_gate"),
         # The wildcard as the SDK's loader expands it.
         ("agents/fancy.yaml", "fancy", "tools.web_browser_observe", "not_in_gate"),
@@ -95,6 +96,4 @@ def test_a_bundle_gets_a_warning_per_agent_and_key_it_cannot_honour(tmp_path: Pa
         ("agents/fancy.yaml", "fancy", "guardrails.input.prompt_injection", "not_in_gate"),
     ]
     first = report.warnings[0]["message"]
-    assert (
-        first == f"fallback_model is not in a gate: {support.AGENT_FIELDS['fallback_model'].note}"
-    )
+    assert first == f"session is not in a gate: {support.AGENT_FIELDS['session'].note}"

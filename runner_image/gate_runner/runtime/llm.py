@@ -126,6 +126,24 @@ def llm_loop(
     raise AgentRunError(f"max_iterations ({config.max_iterations}) reached without a final answer")
 
 
+# A failed primary request the fallback cannot help: the same budget, deadline or channel
+# would refuse it too.
+NO_FALLBACK_KINDS = frozenset({"budget", "deadline", "refused"})
+
+
+def model_options(config: Any) -> dict[str, Any]:
+    """The reasoning options the agent set (``auto``, the default, is none): what the model
+    is called with besides its temperature."""
+    options: dict[str, Any] = {}
+    effort = getattr(config, "reasoning_effort", None)
+    if effort and effort != "auto":
+        options["reasoning_effort"] = str(effort)
+    budget = getattr(config, "reasoning_budget", None)
+    if budget:
+        options["reasoning_budget"] = int(budget)
+    return options
+
+
 def call_model(
     model: Model,
     config: Any,
@@ -136,22 +154,62 @@ def call_model(
     parent: Span,
     iteration: int,
 ) -> ModelReply:
+    """One model request of the loop. With a ``fallback_model`` (SDK RetryOptions.attempts):
+    the primary is tried once; once a request of it fails, the fallback gets the retry
+    budget, for this request and the rest of the run, and the run's context holds
+    ``fallback_model_used``. Decided: the run stays with the fallback once switched."""
+    fallback = getattr(config, "fallback_model", None)
+    if fallback and not context.get("fallback_model_used"):
+        try:
+            return _ask(model, config, config.model or "", 1, messages, schemas, context, trace,
+                        parent, iteration)  # fmt: skip
+        except ModelCallError as exc:
+            if exc.span_metadata.get("error_kind") in NO_FALLBACK_KINDS:
+                raise
+        except Exception:
+            # Any other failed request (a script that raised, a reply that was no completion,
+            # a recording not found) is the fallback's turn.
+            pass
+        context["fallback_model_used"] = fallback
+    name = context.get("fallback_model_used") or config.model or ""
+    return _ask(model, config, str(name), None, messages, schemas, context, trace, parent,
+                iteration)  # fmt: skip
+
+
+def _ask(
+    model: Model,
+    config: Any,
+    name: str,
+    attempts: int | None,
+    messages: list[dict[str, Any]],
+    schemas: list[dict[str, Any]],
+    context: dict[str, Any],
+    trace: Trace,
+    parent: Span,
+    iteration: int,
+) -> ModelReply:
+    options = model_options(config)
     span = trace.open(
         "model_call",
-        config.model or "model",
+        name or "model",
         parent,
         iteration=iteration,
         mode=model.mode,
+        model=name,  # the model that was asked: the fallback's name once switched
         temperature=config.temperature,
+        **({"fallback": True} if name != (config.model or "") else {}),
+        **options,
     )
     try:
         with timed(span):
             reply = model.complete(
-                model=config.model or "",
+                model=name,
                 messages=messages,
                 tools=schemas,
                 temperature=config.temperature,
                 context=context,
+                options=options,
+                attempts=attempts,
             )
     except ModelCallError as exc:
         span.metadata.update(exc.span_metadata)  # why it failed: e.g. which budget, how much
