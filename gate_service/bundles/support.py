@@ -94,10 +94,10 @@ AGENT_FIELDS: Mapping[str, Support] = _table(
             ),
         ),
         "discoverable_tools": (
-            "not_in_gate",
+            "supported",
             (
-                "discoverable tools never run: use_tool calls are only recorded for tool "
-                "assertions, and search_tools answers an error"
+                "found by search_tools (shared words of name, ref and description) and run "
+                "through use_tool like a listed tool; assertions see each under its own name"
             ),
         ),
         "agents": (
@@ -428,17 +428,17 @@ PREDEFINED_TOOLS: Mapping[str, Support] = _table(
             "alias of retrieval_list_namespaces: only namespaces stored during this invocation",
         ),
         "search_tools": (
-            "not_in_gate",
+            "partial",
             (
-                "added with discoverable tools, but a gate does not answer it: the model gets an "
-                "error"
+                "ranks the agent's discoverable tools by words shared with the query (at most "
+                "10, with their schemas), not by meaning; no hooks run for it"
             ),
         ),
         "use_tool": (
-            "not_in_gate",
+            "supported",
             (
-                "recorded as the named discoverable tool's call for assertions, but that tool "
-                "never runs; the model gets an error"
+                "calls the discoverable tool it names (name or ref) with approval, hooks, mocks "
+                "and strict flags, as a listed tool"
             ),
         ),
     }

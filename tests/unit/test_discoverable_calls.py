@@ -1,14 +1,16 @@
-"""Discoverable tools are asserted under their own name (issue 19, item 10; SDK
-test_schema.py: "Discoverable calls use the actual tool name or canonical ref in every tool
-assertion, with that tool's parameters and result").
+"""Discoverable tools run and are asserted under their own name (issue 19, item 10; issue
+21, item 2; SDK test_schema.py: "Discoverable calls use the actual tool name or canonical
+ref in every tool assertion, with that tool's parameters and result").
 
-Running discoverable tools belongs to the runtime-features issue: today the runtime records a
-`use_tool` call as an attempt of the tool it names (the trace's `discovered`), and the
-assertions read that call as the tool's own, executed once the runtime runs it.
+`search_tools(query)` finds the agent's discoverable tools by the words of their name, ref
+and description; `use_tool(tool_name, arguments)` calls one through the path of a listed
+tool (approval, hooks, mocks, strict flags, trace), and the span's `discovered` makes every
+tool assertion see that tool's own call.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -16,8 +18,6 @@ import pytest
 from gate_runner.assertions import calls_in_scope, check_tool_calls, compile_assertions
 from tests.fixtures.projects import write
 from tests.fixtures.runner import judged
-
-NOT_YET = "discoverable tools do not run in a gate yet"
 
 FINDER = {
     "agents/finder.yaml": """
@@ -61,24 +61,132 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_a_call_through_use_tool_is_the_tools_call(project: Path) -> None:
     no_add = judged(project, "tests/finder.yaml", "no_add")
-    assert no_add.invocations[0].failed_assertions == [
-        f"expected no call to add, saw 1 (0 executed; called 1 time(s), not executed ({NOT_YET}))"
-    ]
+    assert no_add.invocations[0].failed_assertions == ["expected no call to add, saw 1"]
     (span,) = [s for s in no_add.invocations[0].traces if s.type == "tool_call"]
-    assert (span.name, span.metadata["discovered"]) == (
+    assert (span.name, span.status, span.metadata["discovered"], span.metadata["result"]) == (
         "use_tool",
+        "ok",
         {"tool_name": "add", "tool_ref": "calc.add", "params": {"a": 2, "b": 3}},
+        5,
     )
     by_ref = judged(project, "tests/finder.yaml", "add_by_ref_with_its_params")
     assert by_ref.passed, by_ref.failure_reason
 
 
-def test_its_result_waits_for_the_runtime_to_run_it(project: Path) -> None:
+def test_it_runs_and_assertions_see_its_result(project: Path) -> None:
     returned = judged(project, "tests/finder.yaml", "add_returned")
-    assert returned.invocations[0].failed_assertions == [
-        'expected a call to add with `result == 5`; saw 1 call(s): add({"a": 2, "b": 3}) -> no '
-        f"recorded return; it was called 1 time(s), not executed ({NOT_YET})"
-    ]
+    assert returned.passed, returned.failure_reason
+
+
+SEARCHER = {
+    "agents/searcher.yaml": """
+        version: "1.0"
+        name: searcher
+        description: Searches for its tools, then uses the one it found.
+        model: openai/gpt-4o
+        system_prompt: Help.
+        tools: [calc.add]
+        discoverable_tools: [calc.multiply, calc.weather_for, db_count]
+    """,
+    "tools/calc.py": """
+        def add(a: int, b: int) -> int:
+            \"\"\"Add two numbers.\"\"\"
+            return a + b
+
+
+        def multiply(a: int, b: int) -> int:
+            \"\"\"Multiply two numbers together.\"\"\"
+            return a * b
+
+
+        def weather_for(city: str) -> str:
+            \"\"\"The weather forecast of a city.\"\"\"
+            return "sunny"
+    """,
+    "hooks/searcher.py": """
+        def before(tool_name, params):
+            if tool_name == "multiply":
+                return {"b": params["b"] + 1}
+    """,
+    "tests/models/searcher.py": """
+        import json
+
+
+        def respond(messages, tools, context):
+            results = [json.loads(m["content"]) for m in messages if m["role"] == "tool"]
+            offered = sorted(t["function"]["name"] for t in tools)
+            if not results:
+                return {"tool_calls": [{"name": "search_tools",
+                                        "arguments": {"query": "multiply numbers"}}]}
+            if len(results) == 1:
+                found = results[0]["tools"]
+                return {"tool_calls": [{"name": "use_tool", "arguments": {
+                    "tool_name": found[0]["name"], "arguments": {"a": 3, "b": 4}}}]}
+            return {"content": json.dumps({"offered": offered, "found": results[0],
+                                           "product": results[1]})}
+    """,
+    "tests/mocks/swapped.py": """
+        def mock_calc_multiply(tool_name, params, context):
+            return -1
+    """,
+    "tests/searcher.yaml": """
+        tests:
+          - name: finds_and_uses_it
+            payload: go
+            expected_tool_calls: [{multiply: params.a == 3 and result == 15}]
+          - name: its_mock_serves_it
+            payload: go
+            mocks: swapped
+            expected_result: output.product == -1
+    """,
+}
+
+
+def test_search_tools_finds_by_words_and_use_tool_goes_through_hooks_and_mocks(
+    tmp_path: Path,
+) -> None:
+    root = write(tmp_path / "p", SEARCHER)
+    ran = judged(root, "tests/searcher.yaml", "finds_and_uses_it")
+    assert ran.passed, ran.failure_reason
+    answer = json.loads(ran.invocations[0].output)
+    # Offered upfront: the listed tool and the discovery pair, not the discoverable tools.
+    assert answer["offered"] == ["add", "search_tools", "use_tool"]
+    found = answer["found"]
+    # "multiply numbers": multiply shares two words, add's docstring is not discoverable,
+    # weather_for and db_count share none.
+    assert [t["name"] for t in found["tools"]] == ["multiply"] and found["count"] == 1
+    assert found["tools"][0]["parameters"]["required"] == ["a", "b"]
+    assert answer["product"] == 15  # the before hook made b 5
+    mocked = judged(root, "tests/searcher.yaml", "its_mock_serves_it")
+    assert mocked.passed, mocked.failure_reason
+
+
+def test_use_tool_naming_no_discoverable_tool_tells_the_model_which_there_are(
+    tmp_path: Path,
+) -> None:
+    files = dict(SEARCHER)
+    files["tests/models/searcher.py"] = """
+        import json
+
+
+        def respond(messages, tools, context):
+            results = [json.loads(m["content"]) for m in messages if m["role"] == "tool"]
+            if not results:
+                return {"tool_calls": [{"name": "use_tool", "arguments": {"tool_name": "add"}}]}
+            return {"content": json.dumps(results[0])}
+    """
+    files["tests/searcher.yaml"] = """
+        tests:
+          - name: names_a_listed_tool
+            payload: go
+            expected_no_tool_calls: [add]
+    """
+    root = write(tmp_path / "p", files)
+    ran = judged(root, "tests/searcher.yaml", "names_a_listed_tool")
+    assert ran.passed, ran.failure_reason
+    error = json.loads(ran.invocations[0].output)["error"]
+    assert "'add' is not one of this agent's discoverable tools" in error
+    assert "they are: db_count, multiply, weather_for" in error
 
 
 def test_once_it_runs_assertions_see_its_result() -> None:

@@ -8,6 +8,7 @@ violation, a pending or failing approval) propagates.
 from __future__ import annotations
 
 import inspect
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,7 @@ from ..mocks import StrictViolation, check_arguments, normalise
 from ..runtime_errors import AgentRunError
 from .mocking import guard, resolve_phase, violate
 from .payloads import jsonable
-from .toolset import approval_inputs
+from .toolset import approval_inputs, tool_schemas
 from .trace import Span, Trace, error_text, timed
 from .usercode import accepts, call_user_function
 
@@ -74,8 +75,20 @@ def run_tool_call(
             # Hidden by its condition or never declared: the model asked, nothing ran.
             span.metadata.update(executed=False, not_executed="unknown or hidden tool")
             raise AgentRunError(f"unknown tool {name!r}")
+        if tool.is_predefined and tool.name == "search_tools":
+            answer = search_discoverable(rt, agent, arguments)
+            span.metadata["result"] = jsonable(answer)
+            return answer
         if tool.is_predefined and tool.name == "use_tool":
-            return use_discoverable(agent, arguments, span)
+            found = use_discoverable(agent, arguments, span)
+            if not isinstance(found, tuple):
+                return found  # it named no discoverable tool: the model is told so
+            # From here on the call is the discoverable tool's own, through the path of a
+            # listed tool: approval, hooks, mocks, strict flags; the span's `discovered` is
+            # what every tool assertion reads.
+            tool, params = found
+            name, ref = tool.name, tool.ref or tool.name
+            original = jsonable(params)
         refused = approval(rt, agent, tool, ref, name, params, context, trace, span)
         if refused is not None:
             span.status = "error"
@@ -254,36 +267,58 @@ def approval(
     raise ApprovalRejected(str(rejection_error(decision, ref)))
 
 
-def use_discoverable(agent: Any, arguments: Mapping[str, Any], span: Span) -> Any:
-    """`use_tool(tool_name, arguments)`: a call of the discoverable tool it names.
-
-    The span records that tool's call as ``discovered`` (name, canonical ref, params), which
-    every tool assertion reads as the tool's own call (SDK test_schema.py: "Discoverable
-    calls use the actual tool name or canonical ref in every tool assertion"). Running it
-    belongs to the runtime-features issue: until then it is a call the model made that the
-    tool never received, and the model is told so.
-    """
+def use_discoverable(
+    agent: Any, arguments: Mapping[str, Any], span: Span
+) -> tuple[Any, dict[str, Any]] | dict[str, Any]:
+    """`use_tool(tool_name, arguments)`: the discoverable tool it names (by name or
+    canonical ref) and the arguments for it; or the error the model gets when it names
+    none. The span records the call as ``discovered`` (name, ref, params), which every tool
+    assertion reads as that tool's own call (SDK test_schema.py: "Discoverable calls use the
+    actual tool name or canonical ref in every tool assertion")."""
     wanted = arguments.get("tool_name")
     found = next(
         (t for t in agent.discoverable_tools if wanted in (t.name, t.ref)),
         None,
     )
-    span.status = "error"
     if found is None:
+        span.status = "error"
         span.metadata.update(executed=False, not_executed="use_tool named no discoverable tool")
-        return {"error": f"use_tool: {wanted!r} is not one of this agent's discoverable tools"}
+        known = ", ".join(sorted(t.name for t in agent.discoverable_tools)) or "none"
+        return {
+            "error": f"use_tool: {wanted!r} is not one of this agent's discoverable tools "
+            f"(search_tools finds them; they are: {known})"
+        }
     inner = arguments.get("arguments")
-    ref = found.ref or found.name
-    span.metadata.update(
-        discovered={
-            "tool_name": found.name,
-            "tool_ref": ref,
-            "params": jsonable(inner if isinstance(inner, Mapping) else {}),
-        },
-        executed=False,
-        not_executed="discoverable tools do not run in a gate yet",
-    )
-    return {"error": f"the discoverable tool {ref} cannot run in a gate yet"}
+    params = dict(inner) if isinstance(inner, Mapping) else {}
+    span.metadata["discovered"] = {
+        "tool_name": found.name,
+        "tool_ref": found.ref or found.name,
+        "params": jsonable(params),
+    }
+    return found, params
+
+
+# At most this many tools one search_tools call answers with.
+MAX_FOUND = 10
+WORD = re.compile(r"[a-z0-9]+")
+
+
+def search_discoverable(rt: Runtime, agent: Any, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """`search_tools(query)`: the agent's discoverable tools whose name, ref or description
+    shares a word with the query, most shared words first (then by name), at most
+    ``MAX_FOUND``; an empty query lists them all. Each comes with its schema, so the model can
+    call it through use_tool. Decided: the platform documents a natural-language query and no
+    ranking; a gate ranks by shared words, which is predictable."""
+    query = set(WORD.findall(str(arguments.get("query") or "").lower()))
+    scored = []
+    for tool in agent.discoverable_tools:
+        text = f"{tool.name} {tool.ref or ''} {tool.description or ''}".lower().replace("_", " ")
+        shared = len(query & set(WORD.findall(text))) if query else 1
+        if shared:
+            scored.append((-shared, tool.name, tool))
+    scored.sort(key=lambda item: (item[0], item[1]))
+    found = [tool_schemas(rt, {t.name: t})[0]["function"] for _, _, t in scored[:MAX_FOUND]]
+    return {"tools": found, "count": len(found)}
 
 
 SENSITIVE = "[sensitive]"
