@@ -211,15 +211,18 @@ AGENT_FIELDS: Mapping[str, Support] = _table(
             ),
         ),
         "session": (
-            "not_in_gate",
+            "partial",
             (
-                "no session persists: every invocation starts without history; key, ttl, history "
-                "and browser are ignored"
+                "kept per invocation: runs within one invocation continue its history, keyed as "
+                "configured; invocations never share one; ttl and browser do not apply"
             ),
         ),
         "context_compression": (
-            "not_in_gate",
-            "never applied: the whole conversation is sent on every model call",
+            "partial",
+            (
+                "older messages summarised past max_prompt_tokens or on a context-window "
+                "refusal, keeping keep_recent_messages; session_history compaction does not run"
+            ),
         ),
         "guardrails": (
             "supported",

@@ -449,3 +449,54 @@ def test_a_fallback_model_answers_through_the_gateway_after_one_failed_primary_r
         ("openai/backup", "ok"),
     ]
     assert spans[1]["metadata"]["attempts"] == 2  # the fallback's budget: 429, then answered
+
+
+def test_a_context_window_refusal_through_the_gateway_is_repaired_by_compression(
+    client: TestClient,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    gateway: ModelGateway,
+    provider: FakeProvider,
+    tmp_path: Path,
+) -> None:
+    """Issue 21 item 4: the provider's context-window 400 reaches the agent through the
+    gateway as an error it recognises; one summary request and one repaired request follow."""
+    alpha = tenant(client, "alpha", provider)
+    provider.script = ["tool", "context", "ok", "ok"]
+    project = write(
+        tmp_path / "p",
+        {
+            "agents/live-bot.yaml": """
+                version: "1.0"
+                name: live-bot
+                description: Looks something up, then runs out of context.
+                model: openai/gpt-4o
+                system_prompt: Be brief.
+                tools: [look.lookup]
+                context_compression: {keep_recent_messages: 2}
+                retry_options: {attempts: 1}
+            """,
+            "tools/look.py": "def lookup(q: str) -> str:\n    return 'found ' + q\n",
+            "tests/live-bot.yaml": """
+                tests:
+                  - name: answers
+                    payload: hi
+                    expected_result: output == "hello from the fake provider"
+            """,
+        },
+    )
+    gate = alpha.post("/v1/gates", files={"bundle": ("b.tgz", bundle_of(project))}).json()
+    assert worker(settings, sessions, FakeSandbox(), gateway).run_once()
+    done = alpha.get(f"/v1/gates/{gate['id']}").json()
+    assert done["status"] == "passed", [c.get("failure_reason") for c in done["cases"]]
+    bodies = [body for _, body in provider.calls]
+    assert len(bodies) == 4
+    summary_request = bodies[2]["messages"]
+    assert summary_request[0]["content"].startswith("Summarise the conversation")
+    repaired = bodies[3]["messages"]
+    assert repaired[1]["content"].startswith("[Summary of the earlier conversation]")
+    assert [m["role"] for m in repaired] == ["system", "user", "assistant", "tool"]
+    (run_id,) = done["cases"][0]["agent_run_ids"]
+    spans = alpha.get(f"/v1/runs/{run_id}").json()["traces"]
+    (compressed,) = [s for s in spans if s["type"] == "context_compression"]
+    assert compressed["metadata"]["reason"].endswith("for its context window")

@@ -308,7 +308,7 @@ def test_a_gate_carries_warnings_for_what_its_agents_use_and_it_cannot_honour(
     assert gate["status"] == "passed", gate
     assert gate["problems"] == []
     assert [(w["file"], w["agent"], w["key"], w["support"]) for w in gate["warnings"]] == [
-        ("agents/calc.yaml", "calc", "session", "not_in_gate"),
+        ("agents/calc.yaml", "calc", "session", "partial"),
         ("agents/calc.yaml", "calc", "timeout", "partial"),
     ]
-    assert gate["warnings"][0]["message"].startswith("session is not in a gate: ")
+    assert gate["warnings"][0]["message"].startswith("session is partial: ")

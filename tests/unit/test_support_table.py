@@ -87,7 +87,7 @@ def test_a_bundle_gets_a_warning_per_agent_and_key_it_cannot_honour(tmp_path: Pa
     assert report.problems == []
     keys = [(w["file"], w["agent"], w["key"], w["support"]) for w in report.warnings]
     assert keys == [
-        ("agents/fancy.yaml", "fancy", "session", "not_in_gate"),
+        ("agents/fancy.yaml", "fancy", "session", "partial"),
         ("agents/fancy.yaml", "fancy", "database", "not_in_gate"),
         ("agents/fancy.yaml", "fancy", "tools.api:", "not_in_gate"),
         # The wildcard as the SDK's loader expands it.
@@ -96,4 +96,4 @@ def test_a_bundle_gets_a_warning_per_agent_and_key_it_cannot_honour(tmp_path: Pa
         ("agents/fancy.yaml", "fancy", "guardrails.input.prompt_injection", "not_in_gate"),
     ]
     first = report.warnings[0]["message"]
-    assert first == f"session is not in a gate: {support.AGENT_FIELDS['session'].note}"
+    assert first == f"session is partial: {support.AGENT_FIELDS['session'].note}"

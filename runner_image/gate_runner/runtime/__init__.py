@@ -13,6 +13,8 @@ One module per concern, so that a change to one of them has one place to go:
 - ``tool_calls``: one tool call: approval, hooks, the tool itself or its mock
 - ``middleware``, ``guardrails``, ``triggers``, ``output_schema``: one call phase each
 - ``mocking``: mock-or-real for a phase, and strict-flag violations
+- ``model_choice``: an agent's model for the invocation; ``sessions``: session history and
+  context compression of LLM agents
 - ``trace``, ``payloads``, ``usercode``: spans, payload shapes, calling user code
 """
 

@@ -18,6 +18,7 @@ from .mocking import resolve_phase
 from .model_choice import model_for
 from .output_schema import final_output
 from .payloads import content_to_message, jsonable, user_content
+from .sessions import compress, compression_of, is_context_window_error, session_key
 from .tool_calls import run_tool_call
 from .toolset import approval_inputs, input_schema, tool_schemas, visible_tools
 from .trace import Span, Trace, timed
@@ -86,17 +87,46 @@ def llm_loop(
     tools = {t.name: t for t in visible_tools(agent, context)}
     schemas = tool_schemas(rt, tools)
     schemas += [input_schema(name, spec) for name, spec in approval_inputs(agent).items()]
+    # A session agent's run continues the history of its session in this invocation.
+    key = session_key(config, context)
+    history = list(rt.sessions.get(key, [])) if key is not None else []
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": render_prompt(config.system_prompt or "", context)},
+        *history,
         content_to_message(content),
     ]
     span.metadata.update(model=config.model, model_mode=model.mode)
+    if key is not None:
+        span.metadata["session"] = {"key": key[1] or None, "history_messages": len(history)}
+    compression = compression_of(config)
+    last_prompt = 0
     for iteration in range(config.max_iterations):
         rt.check_deadline()
-        reply = call_model(model, config, messages, schemas, context, trace, span, iteration)
+        limit = compression.max_prompt_tokens if compression is not None else None
+        if limit and last_prompt > limit:
+            why = f"the last prompt took {last_prompt} tokens, over max_prompt_tokens ({limit})"
+            shorter = compress(rt, model, config, compression, messages, why, context, trace, span)
+            messages = shorter if shorter is not None else messages
+        try:
+            reply = call_model(model, config, messages, schemas, context, trace, span, iteration)
+        except Exception as exc:
+            if compression is None or not is_context_window_error(exc):
+                raise
+            why = "the provider refused the prompt for its context window"
+            shorter = compress(rt, model, config, compression, messages, why, context, trace, span)
+            if shorter is None:
+                raise
+            # The one repair request, separate from the retry budget (SDK RetryOptions).
+            messages = shorter
+            reply = call_model(model, config, messages, schemas, context, trace, span, iteration)
+        last_prompt = int(reply.usage.get("prompt_tokens", 0) or 0)
         rt.count_tokens(context, reply.usage)
         if not reply.tool_calls:
-            return final_output(agent, reply.content or "")
+            output = final_output(agent, reply.content or "")
+            if key is not None:
+                answer = {"role": "assistant", "content": reply.content}
+                rt.sessions[key] = [*messages[1:], answer]
+            return output
         messages.append(
             {
                 "role": "assistant",
@@ -166,10 +196,13 @@ def call_model(
         except ModelCallError as exc:
             if exc.span_metadata.get("error_kind") in NO_FALLBACK_KINDS:
                 raise
-        except Exception:
+            if compression_of(config) is not None and is_context_window_error(exc):
+                raise  # compression repairs the prompt first (llm_loop)
+        except Exception as exc:
             # Any other failed request (a script that raised, a reply that was no completion,
             # a recording not found) is the fallback's turn.
-            pass
+            if compression_of(config) is not None and is_context_window_error(exc):
+                raise
         context["fallback_model_used"] = fallback
     name = context.get("fallback_model_used") or config.model or ""
     return _ask(model, config, str(name), None, messages, schemas, context, trace, parent,

@@ -94,6 +94,8 @@ class Runtime:
         self.gateway = gateway
         # Each agent's model, chosen on its first use in this invocation (model_choice.py).
         self.models: dict[str, Model] = {}
+        # Session agents' histories in this invocation, by agent and key (sessions.py).
+        self.sessions: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self.predefined = Predefined()
         self.mocks = Mocks(None, StrictFlags())
         self.approvals = Approvals()
