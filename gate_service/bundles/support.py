@@ -356,10 +356,7 @@ PREDEFINED_TOOLS: Mapping[str, Support] = _table(
         ),
         "db_find": (
             "partial",
-            (
-                "in-memory store, empty when each invocation starts; sort compares values as JSON "
-                "text, so numbers sort as strings (10 before 9)"
-            ),
+            "in-memory store, empty when each invocation starts (builders seed it)",
         ),
         "db_insert": (
             "partial",

@@ -40,6 +40,9 @@ def _get(doc: Any, path: str) -> Any:
 
 
 def _compare(op: str, value: Any, arg: Any) -> bool:
+    # As MongoDB's comparisons, a boolean is not a number: True is not greater than 0.
+    if isinstance(value, bool) != isinstance(arg, bool):
+        return False
     try:
         if op == "$gt":
             return value is not _MISSING and bool(value > arg)
@@ -111,9 +114,22 @@ def matches(doc: Mapping[str, Any], flt: Mapping[str, Any] | None) -> bool:
     return True
 
 
-def _sort_key(path: str) -> Callable[[Mapping[str, Any]], str]:
-    def key(doc: Mapping[str, Any]) -> str:
-        return json.dumps(_get(doc, path), default=str, sort_keys=True)
+def _sort_key(path: str) -> Callable[[Mapping[str, Any]], tuple[int, Any]]:
+    """MongoDB's order across types (missing and null, numbers, strings, objects, arrays,
+    booleans), each type by its own order: numbers as numbers, not as their text."""
+
+    def key(doc: Mapping[str, Any]) -> tuple[int, Any]:
+        value = _get(doc, path)
+        if value is _MISSING or value is None:
+            return (0, 0)
+        if isinstance(value, bool):
+            return (5, value)
+        if isinstance(value, int | float):
+            return (1, value)
+        if isinstance(value, str):
+            return (2, value)
+        text = json.dumps(value, default=str, sort_keys=True)
+        return (4, text) if isinstance(value, list) else (3, text)
 
     return key
 

@@ -109,3 +109,49 @@ def test_user_code_importing_connic_tools_reaches_the_gate_store(tmp_path: Path)
     )
     result = judged(project, "tests/crm.yaml", "counts_only_this_invocations_rows")
     assert result.passed, result.failure_reason
+
+
+def test_db_find_sorts_numbers_as_numbers_and_types_in_mongodbs_order() -> None:
+    store = DocumentStore()
+    values: list[object] = [9, "b", 10, None, 2.5, "a", True, [1], {"k": 1}]
+    store.db_insert("c", [{"v": v} for v in values] + [{"other": 1}])
+    found = store.db_find("c", sort={"v": 1})["documents"]
+    assert [d.get("v", "missing") for d in found] == [
+        None, "missing", 2.5, 9, 10, "a", "b", {"k": 1}, [1], True,
+    ]  # fmt: skip
+    newest_first = store.db_find("c", filter={"v": {"$gt": 0}}, sort={"v": -1})["documents"]
+    assert [d["v"] for d in newest_first] == [10, 9, 2.5]
+
+
+def test_the_model_is_told_what_each_predefined_tool_does(tmp_path: Path) -> None:
+    # The SDK's loader leaves a predefined tool's description empty; the model gets the
+    # first paragraph of the SDK stub's docstring instead.
+    root = write(
+        tmp_path / "p",
+        {
+            "agents/asker.yaml": """
+                version: "1.0"
+                name: asker
+                description: Lists what it is offered.
+                model: openai/gpt-4o
+                system_prompt: List.
+                tools: [db_find, trigger_agent]
+            """,
+            "tests/models/asker.py": """
+                import json
+
+
+                def respond(messages, tools, context):
+                    return {"content": json.dumps({t["function"]["name"]: t["function"]["description"]
+                                                   for t in tools})}
+            """,
+            "tests/asker.yaml": """
+                tests:
+                  - name: lists
+                    payload: go
+                    expected_result: output.db_find == "Query documents from a database collection using JSON filters."
+            """,
+        },
+    )
+    result = judged(root, "tests/asker.yaml", "lists")
+    assert result.passed, result.failure_reason

@@ -4,6 +4,7 @@ the function schemas they are described by.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +76,25 @@ def predefined_schema(rt: Runtime, name: str) -> dict[str, Any]:
     return PREDEFINED_SCHEMAS.get(name, {"type": "object", "properties": {}})
 
 
+# The discovery pair has no SDK stub to describe it.
+DISCOVERY_DESCRIPTIONS = {
+    "search_tools": "Find this agent's discoverable tools by a natural-language query; "
+    "answers each match's name, description and parameters.",
+    "use_tool": "Call one of this agent's discoverable tools (found with search_tools) by "
+    "its name, with its arguments.",
+}
+
+
+def predefined_description(name: str) -> str:
+    """What the model is told a predefined tool does: the first paragraph of the SDK stub's
+    docstring (the SDK's loader leaves a predefined tool's description empty)."""
+    stub = PREDEFINED_STUBS.get(name)
+    doc = inspect.getdoc(stub) if stub is not None else None
+    if not doc:
+        return DISCOVERY_DESCRIPTIONS.get(name, "")
+    return " ".join(doc.split("\n\n", 1)[0].split())
+
+
 def approval_inputs(agent: Any) -> dict[str, Any]:
     """The agent's `approval.inputs`: generated tools by name (SDK ApprovalInput)."""
     config = getattr(agent.config, "approval", None)
@@ -122,7 +142,7 @@ def tool_schemas(rt: Runtime, tools: Mapping[str, Any]) -> list[dict[str, Any]]:
                     "type": "function",
                     "function": {
                         "name": tool.name,
-                        "description": tool.description or "",
+                        "description": tool.description or predefined_description(tool.name),
                         "parameters": schema,
                     },
                 }
