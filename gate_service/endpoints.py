@@ -8,8 +8,10 @@ may import the other.
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from collections.abc import Iterable
+from typing import Any
 from urllib.parse import urlsplit
 
 
@@ -39,12 +41,37 @@ def endpoint_problem(url: str) -> str | None:
     return _address_problem(url, [address])
 
 
+# Cloud metadata services outside the link-local ranges: AWS's IPv6 address, Alibaba's.
+METADATA = frozenset(
+    {ipaddress.ip_address("fd00:ec2::254"), ipaddress.ip_address("100.100.100.200")}
+)
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def _embedded(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> list[Any]:
+    """The address and the IPv4 addresses it carries (mapped, 6to4, NAT64, Teredo)."""
+    found: list[Any] = [address]
+    if isinstance(address, ipaddress.IPv6Address):
+        found += [a for a in (address.ipv4_mapped, address.sixtofour) if a is not None]
+        if address.teredo is not None:
+            found.append(address.teredo[1])
+        if address in NAT64:
+            found.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    return found
+
+
 def _address_problem(
     url: str, addresses: Iterable[ipaddress.IPv4Address | ipaddress.IPv6Address]
 ) -> str | None:
     for address in addresses:
-        mapped = getattr(address, "ipv4_mapped", None) or address
-        if mapped.is_link_local or mapped.is_unspecified or mapped.is_multicast:
+        for mapped in _embedded(address):
+            if not (
+                mapped.is_link_local
+                or mapped.is_unspecified
+                or mapped.is_multicast
+                or mapped in METADATA
+            ):
+                continue
             return (
                 f"endpoint {url} is at {address}, a link-local, unspecified or multicast "
                 "address (cloud metadata lives there): the gateway does not call it"
@@ -72,3 +99,42 @@ def refused_address(url: str) -> str | None:
         except ValueError:
             continue
     return _address_problem(url, found)
+
+
+def egress_problem(pattern: str) -> str | None:
+    """What is wrong with ``pattern`` as an egress allowlist entry, or None: a host name
+    (``api.example.com``), a wildcard of one (``*.example.com``: its subdomains), or an
+    address; not a URL, and not a link-local, unspecified or multicast address."""
+    host = pattern.removeprefix("*.")
+    if _is_address(host):
+        if pattern != host:
+            return f"{pattern!r}: a wildcard of an address"
+        return _address_problem(pattern, [ipaddress.ip_address(host)])
+    if not HOST_NAME.fullmatch(host):
+        return f"{pattern!r} is not a host name, *.domain or address"
+    return None
+
+
+HOST_NAME = re.compile(r"(?=.{1,253}$)([A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\.?)+")
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def host_allowed(host: str, allowlist: Iterable[str]) -> bool:
+    """Whether ``host`` is on the allowlist: equal to an entry (case-insensitive), or a
+    subdomain of a ``*.`` entry."""
+    host = host.lower().rstrip(".")
+    for entry in allowlist:
+        entry = entry.lower().rstrip(".")
+        if entry.startswith("*."):
+            if host.endswith(entry[1:]) and host != entry[2:]:
+                return True
+        elif host == entry:
+            return True
+    return False

@@ -101,6 +101,9 @@ class Project(Base):
     model_routes: Mapped[list[dict[str, Any]]] = mapped_column(
         JSONB, default=list, server_default="[]"
     )
+    # Hosts a case's web_read_page may reach through the model gateway (endpoints.py's
+    # host_allowed: a name, *.domain or address); empty: none.
+    egress_hosts: Mapped[list[str]] = mapped_column(JSONB, default=list, server_default="[]")
 
 
 class ApiToken(Base):

@@ -18,6 +18,8 @@ from .deps import Admin
 from .schemas import (
     AuditList,
     AuditRead,
+    Egress,
+    EgressPut,
     ModelRoutes,
     ModelRouteSpec,
     ModelRoutesPut,
@@ -98,6 +100,30 @@ def put_model_routes(
         detail={"project": project.name, "routes": routes},
     )
     return _routes_of(project.name, routes)
+
+
+@router.get("/projects/{name}/egress", response_model=Egress, responses=ERRORS)
+def get_egress(name: str, session: SessionDep, who: Admin) -> Egress:
+    """The hosts the project's cases may fetch pages from through the model gateway."""
+    project = service.visible_project(session, who, name)
+    return Egress(project=project.name, hosts=list(project.egress_hosts))
+
+
+@router.put("/projects/{name}/egress", response_model=Egress, responses=ERRORS)
+def put_egress(name: str, body: EgressPut, session: SessionDep, who: Admin) -> Egress:
+    """Replace the project's egress allowlist. Cases that start from now on may fetch pages
+    (web_read_page) from these hosts through the gateway, and from no other."""
+    project = service.visible_project(session, who, name)
+    project.egress_hosts = list(body.hosts)
+    session.flush()
+    service.record(
+        session,
+        "project.egress_set",
+        project_id=project.id,
+        token_id=who.token_id,
+        detail={"project": project.name, "hosts": list(body.hosts)},
+    )
+    return Egress(project=project.name, hosts=list(body.hosts))
 
 
 def _routes_of(project: str, stored: list[dict[str, Any]]) -> ModelRoutes:

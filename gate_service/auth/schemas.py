@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gate_runner.case_env import ENV_NAME
 
-from ..endpoints import endpoint_problem
+from ..endpoints import egress_problem, endpoint_problem
 from ..text import StorableStr
 from .tokens import Scope
 
@@ -94,6 +94,35 @@ class ModelRoutesPut(BaseModel):
 class ModelRoutes(BaseModel):
     project: str
     routes: list[ModelRouteSpec]
+
+
+# At most this many hosts on a project's egress allowlist.
+MAX_EGRESS_HOSTS = 100
+
+
+class EgressPut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    hosts: list[StorableStr] = Field(
+        max_length=MAX_EGRESS_HOSTS,
+        description="Host names (api.example.com), *.domains (their subdomains) or addresses "
+        "a case's web_read_page may reach through the gateway; not link-local addresses. An "
+        "empty list allows none.",
+    )
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, hosts: list[str]) -> list[str]:
+        for host in hosts:
+            problem = egress_problem(host)
+            if problem is not None:
+                raise ValueError(problem)
+        return hosts
+
+
+class Egress(BaseModel):
+    project: str
+    hosts: list[str]
 
 
 class TokenCreate(BaseModel):

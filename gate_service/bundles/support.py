@@ -290,8 +290,8 @@ PREDEFINED_TOOLS: Mapping[str, Support] = _table(
         "web_read_page": (
             "partial",
             (
-                "fetches only when the operator gives cases a network (GATE_CASE_NETWORK); HTML is"
-                " flattened to plain text, not markdown"
+                "through the model gateway, hosts on the project's egress allowlist only, each "
+                "page recorded and replayed; HTML is flattened to plain text, not markdown"
             ),
         ),
         "web_browser_open": (
@@ -504,7 +504,7 @@ API_TOOLS = Support(
     "without them",
 )
 
-# At most this many warnings a gate keeps (one per agent, key and item): the rest counted.
+# At most this many warnings a gate keeps (one per agent, key and item); the rest are left out.
 MAX_WARNINGS = 200
 
 

@@ -116,6 +116,25 @@ def routes_set(
     _call(ctx, lambda c: c.set_model_routes(project, parsed))
 
 
+@admin.command("egress")
+def egress(ctx: typer.Context, project: str) -> None:
+    """The hosts a project's cases may fetch pages from."""
+    _call(ctx, lambda c: c.egress(project))
+
+
+@admin.command("egress-set")
+def egress_set(
+    ctx: typer.Context,
+    project: str,
+    host: Annotated[
+        list[str] | None,
+        typer.Option(help="a host name, *.domain or address, repeatable; none: allow none"),
+    ] = None,
+) -> None:
+    """Replace a project's egress allowlist (web_read_page through the gateway)."""
+    _call(ctx, lambda c: c.set_egress(project, list(host or [])))
+
+
 @admin.command("audit")
 def audit(ctx: typer.Context, limit: Annotated[int, typer.Option()] = 100) -> None:
     """Recorded events, newest first."""

@@ -122,6 +122,12 @@ class GateClient:
             self._http.put(f"/v1/projects/{project}/model-routes", json={"routes": routes})
         )
 
+    def egress(self, project: str) -> dict[str, Any]:
+        return self._check(self._http.get(f"/v1/projects/{project}/egress"))
+
+    def set_egress(self, project: str, hosts: list[str]) -> dict[str, Any]:
+        return self._check(self._http.put(f"/v1/projects/{project}/egress", json={"hosts": hosts}))
+
     def revoke_token(self, token_id: str) -> dict[str, Any]:
         return self._check(self._http.delete(f"/v1/tokens/{token_id}"))
 

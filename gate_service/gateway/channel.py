@@ -30,12 +30,14 @@ from typing import Any
 from gate_runner.gateway_wire import (
     COMPLETE_PATH,
     ERROR_STATUS,
+    FETCH_PATH,
     MAX_REQUEST_BYTES,
     MODERATE_PATH,
     OPTION_KEYS,
     REASONING_EFFORTS,
     SOCKET_NAME,
     CompletionRequest,
+    FetchRequest,
     ModerationRequest,
 )
 
@@ -52,11 +54,11 @@ MAX_ATTEMPTS = 10  # a request asking for more tries gets this many
 # A connection that sends nothing for this long is dropped: it must not hold a thread.
 IDLE_TIMEOUT_S = 30.0
 
-# A completion or a moderation: the gateway's one entry, which tells them apart.
-Complete = Callable[["Channel", CompletionRequest | ModerationRequest], CallRecord]
+# A completion, a moderation or a page: the gateway's one entry, which tells them apart.
+Complete = Callable[["Channel", "Request"], CallRecord]
 
 
-def _object(body: bytes, shape: type[CompletionRequest | ModerationRequest]) -> dict[str, Any]:
+def _object(body: bytes, shape: type[Request]) -> dict[str, Any]:
     """The request's JSON object, with no field ``shape`` does not have; else ``bad_request``."""
     try:
         data = json.loads(body)
@@ -147,9 +149,26 @@ def parse_moderation(body: bytes) -> ModerationRequest:
     )
 
 
-PARSERS: dict[str, Callable[[bytes], CompletionRequest | ModerationRequest]] = {
+def parse_fetch(body: bytes) -> FetchRequest:
+    """A FetchRequest from its JSON, checked field by field; else ``bad_request``."""
+    data = _object(body, FetchRequest)
+    url = data.get("url")
+    if not isinstance(url, str) or not url or len(url) > 8192:
+        raise _wrong("url", "a URL of 1 to 8192 characters")
+    follow = data.get("follow_redirects", True)
+    if not isinstance(follow, bool):
+        raise _wrong("follow_redirects", "true or false")
+    agent, attempts, timeout_s = _how(data)
+    return FetchRequest(
+        url=url, follow_redirects=follow, agent=agent, attempts=attempts, timeout_s=timeout_s
+    )
+
+
+Request = CompletionRequest | ModerationRequest | FetchRequest
+PARSERS: dict[str, Callable[[bytes], Request]] = {
     COMPLETE_PATH: parse_request,
     MODERATE_PATH: parse_moderation,
+    FETCH_PATH: parse_fetch,
 }
 
 
@@ -206,7 +225,7 @@ class _Handler(BaseHTTPRequestHandler):
             if parse is None or self.command != "POST":
                 raise Failure(
                     "bad_request",
-                    f"the gateway answers POST {COMPLETE_PATH} and POST {MODERATE_PATH} only",
+                    f"the gateway answers POST {', '.join(PARSERS)} only",
                 )
             if size is None:
                 raise Failure("bad_request", "the request needs a Content-Length")
@@ -261,6 +280,7 @@ class Channel:
         project_id: str,
         secrets_: Mapping[str, str],
         routes: Sequence[ModelRoute],
+        egress: Sequence[str] = (),
         budgets: Sequence[Budget],
         deadline: float,
         complete: Complete,
@@ -271,6 +291,9 @@ class Channel:
         self.project_id = project_id
         self.secrets: Mapping[str, str] = dict(secrets_)
         self.routes = tuple(routes)
+        # Hosts the case's web_read_page may reach through the gateway (the project's egress
+        # allowlist; empty: none).
+        self.egress = tuple(egress)
         self.budgets = tuple(budgets)
         self.deadline = deadline  # time.monotonic() of the gate's deadline
         self.token = secrets.token_urlsafe(32)
@@ -336,7 +359,7 @@ class Channel:
         ):
             raise Failure("refused", "this channel's token is required")
 
-    def serve(self, request: CompletionRequest | ModerationRequest) -> CallRecord:
+    def serve(self, request: Request) -> CallRecord:
         """Forward one call through the gateway and keep its record.
 
         Inside ``waiting`` (the worker's: the case lends its CPU slot meanwhile, and the

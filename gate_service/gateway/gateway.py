@@ -17,23 +17,30 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
 
 from gate_runner.gateway_wire import (
     CompletionReply,
     CompletionRequest,
+    FetchReply,
+    FetchRequest,
     ModerationReply,
     ModerationRequest,
 )
 from gate_runner.models import litellm_options, litellm_reply, request_key
+from gate_runner.predefined import page_text
 from gate_service.config import Settings
 from gate_service.secrets.redact import Redactor
 
-from ..endpoints import refused_address
+from ..endpoints import host_allowed, refused_address
 from .budget import Budget, BudgetLedger, Budgets, Limits, SpendStore
 from .channel import Channel
 from .failure import Failure
 from .keys import ModelRoute, Route, resolve_route
 from .records import CallRecord
+from .transport import RefusedAddress, guarded_client
 
 # The longest wait between two tries when the provider names none, and the longest message
 # of a provider's error passed back to the agent.
@@ -50,7 +57,39 @@ class _Retryable(Exception):
         self.retry_after_s = retry_after_s
 
 
-Reply = CompletionReply | ModerationReply
+Reply = CompletionReply | ModerationReply | FetchReply
+Request = CompletionRequest | ModerationRequest | FetchRequest
+MAX_REDIRECTS = 5
+MAX_PAGE_BYTES = 2 * 1024 * 1024
+
+
+def _refused_in(exc: BaseException) -> RefusedAddress | None:
+    """The RefusedAddress a client library wrapped (its cause or context), if any."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None or isinstance(seen, RefusedAddress):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _what(request: Request) -> str:
+    """What a call asked, for messages: a model, or a page."""
+    return f"page {request.url}" if isinstance(request, FetchRequest) else f"model {request.model}"
+
+
+def _allowed_url(channel: Channel, url: str) -> None:
+    """Raise ``Failure("no_route")`` unless ``url`` may be fetched for ``channel``'s case."""
+    problem = refused_address(url)
+    if problem is not None:
+        raise Failure("no_route", f"web_read_page {url}: {problem}")
+    host = urlsplit(url).hostname or ""
+    if not host_allowed(host, channel.egress):
+        raise Failure(
+            "no_route",
+            f"web_read_page {url}: {host} is not on the project's egress allowlist "
+            "(PUT /v1/projects/{name}/egress)",
+        )
 
 
 def _retry_after(exc: BaseException) -> float | None:
@@ -136,11 +175,13 @@ class ModelGateway:
         secrets: Mapping[str, str],
         deadline: float,
         routes: Sequence[ModelRoute] = (),
+        egress: Sequence[str] = (),
         budgets: Budgets | None = None,
         waiting: Callable[[], AbstractContextManager[None]] | None = None,
     ) -> Channel:
         """A channel for one case of ``gate_id``, calling with ``project_id``'s ``secrets``
-        (name → value) and ``routes``, until ``deadline`` (a ``time.monotonic()`` instant).
+        (name → value) and ``routes``, fetching pages of the ``egress`` hosts, until
+        ``deadline`` (a ``time.monotonic()`` instant).
 
         ``budgets`` (default: the gateway's own) sets the gate's limits when its first
         channel opens and the project's when the project is first seen in this process;
@@ -167,6 +208,7 @@ class ModelGateway:
             project_id=project_id,
             secrets_=secrets,
             routes=routes,
+            egress=egress,
             budgets=(gate, project),
             deadline=deadline,
             complete=self.complete,
@@ -180,41 +222,62 @@ class ModelGateway:
 
     # One call
 
-    def complete(
-        self, channel: Channel, request: CompletionRequest | ModerationRequest
-    ) -> CallRecord:
-        """Route, budget and forward one call (a completion, or a moderation guardrail's
-        check); its record, whether it was answered or not."""
+    def complete(self, channel: Channel, request: Request) -> CallRecord:
+        """Route, budget and forward one call (a completion, a moderation guardrail's check,
+        or a page the case's code reads); its record, whether it was answered or not."""
+        if isinstance(request, FetchRequest):
+            return self._call(
+                channel, request, lambda: self._egress(channel, request), self._fetch_once,
+                self._fetched,
+            )  # fmt: skip
         if isinstance(request, ModerationRequest):
             # A moderation model is OpenAI's unless its name says otherwise.
             model = request.model if "/" in request.model else f"openai/{request.model}"
-            return self._call(channel, request, model, self._moderate_once, self._moderation)
-        return self._call(channel, request, request.model, self._try, self._completion)
+            return self._call(
+                channel, request, lambda: self._route(channel, request, model),
+                self._moderate_once, self._moderation,
+            )  # fmt: skip
+        return self._call(
+            channel, request, lambda: self._route(channel, request, request.model), self._try,
+            self._completion,
+        )  # fmt: skip
+
+    def _route(
+        self, channel: Channel, request: CompletionRequest | ModerationRequest, model: str
+    ) -> Route:
+        route = resolve_route(model, channel.secrets, channel.routes, provider_of=self._provider_of)
+        # A route's or a provider secret's endpoint is the project's choice: never one at a
+        # link-local address (cloud metadata), checked where the call is made.
+        refused = refused_address(route.api_base) if route.api_base else None
+        if refused is not None:
+            # The endpoint may be a secret's value (OPENAI_API_BASE): never in the message.
+            message = f"model {request.model} ({route.via}): {refused}"
+            raise Failure("no_route", Redactor(channel.secrets).text(message))
+        return route
+
+    def _egress(self, channel: Channel, request: FetchRequest) -> None:
+        """A page's URL may be fetched: http(s), its host on the project's egress allowlist,
+        not at a link-local address. Each redirect is checked again (_fetch_once)."""
+        _allowed_url(channel, request.url)
 
     def _call(
         self,
         channel: Channel,
-        request: CompletionRequest | ModerationRequest,
-        model: str,
+        request: Request,
+        prepare: Callable[[], Route | None],
         try_once: Callable[..., Any],
         read: Callable[[Any, str, int, float], tuple[Reply, int, int, float]],
     ) -> CallRecord:
-        """One call's route, budgets, tries (``try_once``) and record; ``read`` turns the
-        provider's response into the reply and its tokens in and out and cost."""
+        """One call's checks (``prepare``: its route, or why it may not go), budgets, tries
+        (``try_once``) and record; ``read`` turns the response into the reply and its tokens
+        in and out and cost."""
         started = time.monotonic()
         key = request_key(request.replay_request())
         attempts = 0
         tokens_in = tokens_out = 0
         cost = 0.0
         try:
-            route = resolve_route(
-                model, channel.secrets, channel.routes, provider_of=self._provider_of
-            )
-            # A route's or a provider secret's endpoint is the project's choice: never one at
-            # a link-local address (cloud metadata), checked where the call is made.
-            refused = refused_address(route.api_base) if route.api_base else None
-            if refused is not None:
-                raise Failure("no_route", f"model {request.model} ({route.via}): {refused}")
+            route = prepare()
             self._ledger.admit(
                 channel.budgets, deadline=channel.deadline, stopped=lambda: channel.closed
             )
@@ -253,6 +316,67 @@ class ModelGateway:
             latency_ms=reply.latency_ms,
             attempts=attempts,
         )
+
+    def _fetch_once(
+        self,
+        channel: Channel,
+        request: FetchRequest,
+        route: None,
+        timeout: float,
+        *,
+        cut_by_deadline: bool,
+    ) -> dict[str, Any]:
+        """One fetch of the page, following redirects itself (at most MAX_REDIRECTS) so that
+        every hop is checked against the allowlist; at most MAX_PAGE_BYTES are read."""
+        url = request.url
+        with guarded_client(timeout=timeout) as client:
+            for _ in range(MAX_REDIRECTS + 1):
+                try:
+                    with client.stream("GET", url) as response:
+                        if response.is_redirect:
+                            target = str(response.next_request.url) if response.next_request else ""
+                            if not request.follow_redirects or not target:
+                                return {"url": url, "status": response.status_code, "body": b"",
+                                        "redirect_url": target or None}  # fmt: skip
+                            _allowed_url(channel, target)
+                            url = target
+                            continue
+                        body = b""
+                        for chunk in response.iter_bytes():
+                            body += chunk
+                            if len(body) >= MAX_PAGE_BYTES:
+                                break
+                        return {"url": url, "status": response.status_code,
+                                "body": body[:MAX_PAGE_BYTES], "redirect_url": None}  # fmt: skip
+                except httpx.TimeoutException:
+                    if cut_by_deadline:
+                        raise Failure(
+                            "deadline", f"the gate's deadline came before {url} answered"
+                        ) from None
+                    raise _Retryable(
+                        Failure("provider", f"{url} did not answer in time"), None
+                    ) from None
+                except RefusedAddress as exc:
+                    raise Failure("no_route", f"web_read_page {url}: {exc}") from None
+                except httpx.HTTPError as exc:
+                    message = f"fetching {url} failed: {type(exc).__name__}: {exc}"
+                    raise _Retryable(Failure("provider", message), None) from None
+        raise Failure("provider", f"{request.url}: more than {MAX_REDIRECTS} redirects")
+
+    @staticmethod
+    def _fetched(
+        response: dict[str, Any], key: str, attempts: int, started: float
+    ) -> tuple[Reply, int, int, float]:
+        reply = FetchReply(
+            url=response["url"],
+            status=response["status"],
+            text=page_text(response["body"].decode("utf-8", errors="replace")),
+            redirect_url=response["redirect_url"],
+            latency_ms=_ms_since(started),
+            request_hash=key,
+            attempts=attempts,
+        )
+        return reply, 0, 0, 0.0
 
     def _completion(
         self, response: Any, key: str, attempts: int, started: float
@@ -294,7 +418,7 @@ class ModelGateway:
     def _forward(
         self,
         channel: Channel,
-        request: CompletionRequest | ModerationRequest,
+        request: Request,
         try_once: Callable[[float, bool], Any],
     ) -> tuple[Any, int]:
         """The provider's response and the tries it took; at most ``request.attempts``
@@ -306,7 +430,7 @@ class ModelGateway:
             if left <= 0:
                 raise Failure(
                     "deadline",
-                    f"the gate's deadline came before model {request.model} answered "
+                    f"the gate's deadline came before {_what(request)} answered "
                     f"({attempt - 1} tries made)",
                 )
             timeout = min(request.timeout_s, left)
@@ -353,6 +477,18 @@ class ModelGateway:
             extra["api_base"] = route.api_base
         if route.api_version:
             extra["api_version"] = route.api_version
+        client = None
+        if route.model.startswith("openai/"):
+            # OpenAI-compatible calls (openai/ and every project route) go through a client
+            # that checks each request's address and follows no redirect (transport.py).
+            client = self._openai.OpenAI(
+                api_key=route.api_key,
+                base_url=route.api_base or OPENAI_BASE,
+                timeout=timeout,
+                max_retries=0,
+                http_client=guarded_client(timeout=timeout),
+            )
+            extra["client"] = client
         try:
             return litellm.completion(
                 model=route.model,
@@ -372,6 +508,9 @@ class ModelGateway:
             )
         except Exception as exc:
             raise self._failure(channel, request, exc, cut_by_deadline=cut_by_deadline) from None
+        finally:
+            if client is not None:
+                client.close()
 
     def _moderate_once(
         self,
@@ -391,6 +530,7 @@ class ModelGateway:
             base_url=route.api_base or OPENAI_BASE,
             timeout=timeout,
             max_retries=0,
+            http_client=guarded_client(timeout=timeout),
         )
         try:
             return self._litellm.moderation(
@@ -414,6 +554,9 @@ class ModelGateway:
         # LiteLLM's exceptions for completions, the OpenAI SDK's for moderations.
         litellm, openai = self._litellm, self._openai
         message = self._message(channel, request, exc)
+        refused = _refused_in(exc)
+        if refused is not None:  # a hop to metadata: no other try can get past it
+            return Failure("no_route", self._message(channel, request, refused))
         if isinstance(exc, litellm.Timeout | openai.APITimeoutError):
             if cut_by_deadline:
                 return Failure(

@@ -475,6 +475,7 @@ class _CaseStart:
     secrets: dict[str, str]  # all the project's secrets: the gateway's to call with
     project_id: uuid.UUID
     routes: tuple[ModelRoute, ...]  # the project's model routes, as the case starts
+    egress: tuple[str, ...]  # the project's egress allowlist, as the case starts
     seconds_left: float  # until the gate's deadline
 
 
@@ -559,6 +560,7 @@ def _model_channel(
         project_id=str(start.project_id),
         secrets=start.secrets,
         routes=start.routes,
+        egress=start.egress,
         deadline=time.monotonic() + start.seconds_left,
         waiting=lease.waiting_on_model if lease is not None else None,
     )
@@ -638,7 +640,8 @@ def _mark_running(ctx: WorkerContext, job: ClaimedJob, case_id: uuid.UUID) -> _C
             withheld = provider_secret_names() | {r.key_secret for r in routes if r.key_secret}
             case_secrets = {k: v for k, v in project_env.items() if k not in withheld}
         env = {**case_environment(ctx.settings), **case_secrets}
-        return _CaseStart(gate.model_mode, env, project_env, gate.project_id, routes, left)
+        egress = tuple(str(host) for host in project.egress_hosts)
+        return _CaseStart(gate.model_mode, env, project_env, gate.project_id, routes, egress, left)
 
     try:
         return _write(ctx, job, mark)

@@ -29,6 +29,10 @@ COMPLETE_PATH: Final = "/v1/complete"
 # with a ModerationReply, its errors as a completion's.
 MODERATE_PATH: Final = "/v1/moderate"
 DEFAULT_MODERATION_MODEL: Final = "omni-moderation-latest"
+# A web_read_page of the case's code (spec 3.2): a FetchRequest, fetched by the gateway when
+# the URL's host is on the project's egress allowlist, answered with a FetchReply.
+FETCH_PATH: Final = "/v1/fetch"
+MAX_PAGE_CHARS: Final = 100_000
 # A request carries the whole conversation so far; an answer, one message.
 MAX_REQUEST_BYTES: Final = 8 * 1024 * 1024
 MAX_REPLY_BYTES: Final = 8 * 1024 * 1024
@@ -164,6 +168,51 @@ class ModerationReply:
                 "flagged": self.flagged,
                 "categories": dict(self.categories),
                 "category_scores": dict(self.category_scores),
+            }
+        }
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchRequest:
+    """A page the case's code reads; ``replay_request()`` is what its replay key covers."""
+
+    url: str
+    follow_redirects: bool = True
+    agent: str = ""
+    attempts: int = 1
+    timeout_s: float = 20.0
+
+    def replay_request(self) -> dict[str, Any]:
+        return {"fetch": {"url": self.url, "follow_redirects": self.follow_redirects}}
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchReply:
+    """The page as web_read_page answers it: its final URL, HTTP status and text (HTML
+    flattened, at most MAX_PAGE_CHARS), or the redirect it was not allowed to follow."""
+
+    url: str
+    status: int
+    text: str
+    redirect_url: str | None
+    latency_ms: int
+    request_hash: str
+    attempts: int
+    cost_usd: float = 0.0
+
+    def raw(self) -> dict[str, Any]:
+        return {
+            "fetch": {
+                "url": self.url,
+                "status": self.status,
+                "text": self.text,
+                "redirect_url": self.redirect_url,
             }
         }
 

@@ -196,6 +196,10 @@ class ReplayModel:
         key = request_key(
             wire.replay_request(model, messages, tools, temperature, dict(options or {}))
         )
+        if key not in self.recordings and options:
+            # Recorded before options went into the key: the same request without them.
+            bare = request_key(wire.replay_request(model, messages, tools, temperature))
+            key = bare if bare in self.recordings else key
         if key not in self.recordings:
             last = messages[-1] if messages else {}
             raise AgentRunError(
@@ -215,6 +219,18 @@ class ReplayModel:
                 f"{text[:120]!r}); record it again from a live gate (`gate recordings`)"
             )
         return moderation_verdict(self.recordings[key], source=f"recording {key[:16]}")
+
+    def fetch(self, url: str, follow_redirects: bool = True) -> dict[str, Any]:
+        """A page web_read_page read in the recorded gate (FetchReply.raw()["fetch"])."""
+        request = wire.FetchRequest(url=url, follow_redirects=follow_redirects)
+        key = request_key(request.replay_request())
+        recorded = self.recordings.get(key)
+        if not isinstance(recorded, dict) or not isinstance(recorded.get("fetch"), dict):
+            raise AgentRunError(
+                f"no recording for web_read_page {url} (key {key[:16]}); record it again "
+                "from a live gate (`gate recordings`)"
+            )
+        return dict(recorded["fetch"])
 
 
 def moderation_verdict(raw: Any, *, source: str) -> dict[str, Any]:
@@ -314,12 +330,32 @@ class LiveModel:
                 # attempt counts, as retry_options.attempts does.
                 num_retries=(attempts or self.attempts) - 1,
                 **litellm_options(options or {}),
+                # As the gateway: an option LiteLLM's map says a model refuses is dropped.
+                **({"drop_params": True} if options else {}),
             )
         except Exception as exc:
             raise AgentRunError(
                 f"model call to {model} failed: {type(exc).__name__}: {exc}"
             ) from None
         return litellm_reply(response)
+
+    def moderate(self, text: str, model: str) -> dict[str, Any]:
+        """A moderation guardrail's check at OpenAI (keys from the environment)."""
+        try:
+            response = self._litellm.moderation(input=text, model=model)
+            raw = response.model_dump() if hasattr(response, "model_dump") else response
+            first = raw["results"][0]
+        except Exception as exc:
+            raise AgentRunError(
+                f"moderation call to {model} failed: {type(exc).__name__}: {exc}"
+            ) from None
+        fields = ("flagged", "categories", "category_scores")
+        verdict = {"moderation": {k: first.get(k) for k in fields}}
+        self.record_moderation(text, model, verdict)
+        return moderation_verdict(verdict, source=f"live moderation by {model}")
+
+    def record_moderation(self, text: str, model: str, verdict: dict[str, Any]) -> None:
+        """Nothing for a live model; RecordingModel writes it."""
 
     def complete(
         self,
@@ -389,6 +425,10 @@ class RecordingModel(LiveModel):
         request = wire.replay_request(model, messages, tools, temperature, dict(options or {}))
         write_recording(self.directory, request_key(request), request, raw)
         return raw
+
+    def record_moderation(self, text: str, model: str, verdict: dict[str, Any]) -> None:
+        request = wire.ModerationRequest(model=model, input=text).replay_request()
+        write_recording(self.directory, request_key(request), request, verdict)
 
 
 @dataclass(frozen=True)
@@ -517,6 +557,24 @@ class GatewayModel:
             replayed = request.replay_request()
             write_recording(self.record_to, request_key(replayed), replayed, raw)
         return verdict
+
+    def fetch(self, url: str, follow_redirects: bool = True) -> dict[str, Any]:
+        """A page through the gateway, when its host is on the project's egress allowlist
+        (written as a recording in record mode); FetchReply.raw()["fetch"]."""
+        request = wire.FetchRequest(url=url, follow_redirects=follow_redirects, agent=self.agent)
+        data = self._exchange(wire.FETCH_PATH, request.to_json(), f"page {url}")
+        try:
+            doc = json.loads(data)
+            fetched = {k: doc[k] for k in ("url", "status", "text", "redirect_url")}
+        except (ValueError, KeyError, TypeError):
+            raise ModelCallError(
+                f"web_read_page {url}: the model gateway's reply is not a page",
+                {"error_kind": "bad_reply"},
+            ) from None
+        if self.record_to is not None:
+            replayed = request.replay_request()
+            write_recording(self.record_to, request_key(replayed), replayed, {"fetch": fetched})
+        return fetched
 
     def _exchange(self, path: str, body: bytes, model: str) -> bytes:
         """One POST to the gateway and its 200's body, or the error the agent's run fails

@@ -342,6 +342,13 @@ def web_search(
     raise AgentRunError("web_search needs a search provider, and a gate has none")
 
 
+def page_answer(fetched: dict[str, Any]) -> dict[str, Any]:
+    """web_read_page's answer from a page the gateway fetched (FetchReply.raw()["fetch"])."""
+    if fetched.get("redirect_url"):
+        return {"error": "redirect", "redirect_url": fetched["redirect_url"], "url": fetched["url"]}
+    return {"markdown": str(fetched.get("text") or ""), "url": fetched.get("url")}
+
+
 def web_read_page(url: str, follow_redirects: bool = True) -> dict[str, Any]:
     import httpx
 
@@ -354,8 +361,14 @@ def web_read_page(url: str, follow_redirects: bool = True) -> dict[str, Any]:
         ) from None
     if response.is_redirect and not follow_redirects:
         return {"error": "redirect", "redirect_url": response.headers.get("location"), "url": url}
-    text = re.sub(r"<[^>]+>", " ", response.text)
-    return {"markdown": re.sub(r"\s+", " ", text).strip()[:100_000], "url": str(response.url)}
+    return {"markdown": page_text(response.text), "url": str(response.url)}
+
+
+def page_text(html: str) -> str:
+    """A page as web_read_page answers it: tags dropped, white space folded, at most 100,000
+    characters (the runner's direct fetch and the gateway's both read pages with this)."""
+    text = re.sub(r"<[^>]+>", " ", html)
+    return re.sub(r"\s+", " ", text).strip()[:100_000]
 
 
 ALIASES = {
@@ -372,6 +385,9 @@ class Predefined:
     def __init__(self) -> None:
         self.db = DocumentStore()
         self.retrieval = RetrievalStore()
+        # How web_read_page reads a page: directly (a case with a network), unless the
+        # runtime routes it through the model gateway or the recordings (Runtime.web_page).
+        self.read_page: Callable[[str, bool], dict[str, Any]] = web_read_page
 
     def get(self, name: str) -> Callable[..., Any] | None:
         name = ALIASES.get(name, name)
@@ -380,6 +396,8 @@ class Predefined:
                 return getattr(owner, name)  # type: ignore[no-any-return]
         web: dict[str, Callable[..., Any]] = {
             "web_search": web_search,
-            "web_read_page": web_read_page,
+            "web_read_page": lambda url, follow_redirects=True: self.read_page(
+                url, follow_redirects
+            ),
         }
         return web.get(name)

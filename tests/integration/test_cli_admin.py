@@ -95,3 +95,23 @@ def test_admin_sets_and_lists_a_projects_model_routes(
     assert code == 2 and "PATTERN=URL" in err
     code, out, _ = run(capsys, "admin", "--url", url, "routes-set", "routed")
     assert code == 0 and json.loads(out)["routes"] == []
+
+
+def test_admin_sets_and_lists_a_projects_egress_hosts(
+    live_server: tuple[str, int],  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = "http://{}:{}".format(*live_server)
+    monkeypatch.setenv("GATE_TOKEN", ADMIN_TOKEN)
+    assert run(capsys, "admin", "--url", url, "project-create", "fetching")[0] == 0
+    code, out, err = run(
+        capsys, "admin", "--url", url, "egress-set", "fetching", "--host", "api.example.com",
+        "--host", "*.example.org",
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["hosts"] == ["api.example.com", "*.example.org"]
+    code, out, _ = run(capsys, "admin", "--url", url, "egress", "fetching")
+    assert code == 0 and json.loads(out)["hosts"] == ["api.example.com", "*.example.org"]
+    code, _, err = run(capsys, "admin", "--url", url, "egress-set", "fetching", "--host", "a b")
+    assert code == 2 and "not a host name" in err

@@ -27,6 +27,7 @@ from gate_service.worker.handler import WorkerContext
 from gate_service.worker.loop import Worker
 from tests.fixtures.auth import as_token, project_token
 from tests.fixtures.fake_llm import FakeProvider
+from tests.fixtures.pages import PageServer
 from tests.fixtures.projects import bundle_of, write
 from tests.fixtures.sandbox import FakeSandbox
 
@@ -500,3 +501,75 @@ def test_a_context_window_refusal_through_the_gateway_is_repaired_by_compression
     spans = alpha.get(f"/v1/runs/{run_id}").json()["traces"]
     (compressed,) = [s for s in spans if s["type"] == "context_compression"]
     assert compressed["metadata"]["reason"].endswith("for its context window")
+
+
+def test_web_read_page_goes_through_the_gateway_and_its_allowlist_and_replays(
+    client: TestClient,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    gateway: ModelGateway,
+    provider: FakeProvider,
+    tmp_path: Path,
+) -> None:
+    """Issue 21 item 6: a case's web_read_page reaches a host only through the gateway and
+    only on the project's egress allowlist; its page is recorded like a model call, so the
+    gate's recordings replay it with the server gone."""
+    alpha = tenant(client, "alpha", provider)
+    pages = PageServer()
+    try:
+        bad = client.put("/v1/projects/alpha/egress", json={"hosts": ["169.254.169.254"]})
+        assert bad.status_code == 422 and "link-local" in bad.text
+        r = client.put("/v1/projects/alpha/egress", json={"hosts": ["127.0.0.1"]})
+        assert r.status_code == 200 and r.json()["hosts"] == ["127.0.0.1"]
+        project = write(
+            tmp_path / "p",
+            {
+                "agents/reader.yaml": """
+                    version: "1.0"
+                    name: reader
+                    description: Reads a page.
+                    type: tool
+                    tool_name: web.read
+                """,
+                "tools/web.py": """
+                    from connic.tools import web_read_page
+
+
+                    async def read(payload: dict) -> dict:
+                        return await web_read_page(payload["url"])
+                """,
+                "tests/reader.yaml": f"""
+                    tests:
+                      - name: reads_the_price
+                        payload: '{{"url": "{pages.url}/page"}}'
+                        expected_result: '"Tea costs 3 coins" in output.markdown'
+                      - name: is_refused_off_the_allowlist
+                        payload: '{{"url": "http://localhost:{pages.port}/page"}}'
+                        expected_result: error != null
+                """,
+            },
+        )
+        live = alpha.post("/v1/gates", files={"bundle": ("b.tgz", bundle_of(project))}).json()
+        assert worker(settings, sessions, FakeSandbox(), gateway).run_once()
+        done = alpha.get(f"/v1/gates/{live['id']}").json()
+        assert done["status"] == "passed", [c.get("failure_reason") for c in done["cases"]]
+        assert pages.paths == ["/page"]  # localhost (off the allowlist) was never asked
+    finally:
+        pages.close()
+    exported = alpha.get(f"/v1/gates/{live['id']}/recordings").json()["recordings"]
+    (recording,) = exported
+    assert recording["path"].startswith("tests/recordings/reader/")
+    target = project / recording["path"]
+    target.parent.mkdir(parents=True)
+    target.write_text(json.dumps(recording["content"]))
+    replayed = alpha.post(
+        "/v1/gates",
+        files={"bundle": ("b.tgz", bundle_of(project))},
+        data={"model_mode": "replay"},
+    ).json()
+    assert worker(settings, sessions, FakeSandbox(), gateway).run_once()
+    again = alpha.get(f"/v1/gates/{replayed['id']}").json()
+    by_name = {c["test_name"]: c for c in again["cases"]}
+    # The page from its recording, the server gone; the refused one has none to replay.
+    assert by_name["reads_the_price"]["status"] == "passed", by_name["reads_the_price"]
+    assert again["model_calls"]["calls"] == 0

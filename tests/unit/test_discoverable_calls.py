@@ -175,6 +175,10 @@ def test_use_tool_naming_no_discoverable_tool_tells_the_model_which_there_are(
                 return {"tool_calls": [{"name": "use_tool", "arguments": {"tool_name": "add"}}]}
             return {"content": json.dumps(results[0])}
     """
+    # A discoverable tool whose condition does not hold is neither found nor usable.
+    files["agents/searcher.yaml"] = SEARCHER["agents/searcher.yaml"].replace(
+        "calc.weather_for", '{calc.weather_for: "context.run_id == null"}'
+    )
     files["tests/searcher.yaml"] = """
         tests:
           - name: names_a_listed_tool
@@ -186,7 +190,7 @@ def test_use_tool_naming_no_discoverable_tool_tells_the_model_which_there_are(
     assert ran.passed, ran.failure_reason
     error = json.loads(ran.invocations[0].output)["error"]
     assert "'add' is not one of this agent's discoverable tools" in error
-    assert "they are: db_count, multiply, weather_for" in error
+    assert "they are: db_count, multiply)" in error
 
 
 def test_once_it_runs_assertions_see_its_result() -> None:

@@ -21,8 +21,10 @@ import pytest
 from gate_runner.gateway_wire import COMPLETE_PATH, MAX_REQUEST_BYTES, SOCKET_NAME
 from gate_runner.models import ReplayModel, request_key
 from gate_service.gateway import Budgets, Limits, ModelRoute
+from gate_service.gateway.transport import RefusedAddress, guarded_client
 from tests.fixtures.fake_llm import FakeProvider
 from tests.fixtures.gateway import Gateways, ask, moderate, post, request
+from tests.fixtures.pages import PageServer
 
 KEY_A = "sk-project-a-0001"
 KEY_B = "sk-project-b-0002"
@@ -243,6 +245,9 @@ def test_a_route_or_a_base_secret_at_a_link_local_address_is_never_called(
         assert (status, error(answer)["kind"]) == (424, "no_route"), answer
         assert "link-local" in error(answer)["message"]
     assert "route 'meta/*'" in error(ask(channel, model="meta/x")[1])["message"]
+    # The base secret's value is the project's secret: the agent is told its name only.
+    message = error(ask(channel, model="openai/gpt-4o")[1])["message"]
+    assert "http://[fe80::1]:8080/v1" not in message and "[REDACTED:OPENAI_API_BASE]" in message
     assert fake_provider.calls == []
 
 
@@ -582,3 +587,77 @@ def test_options_the_wire_does_not_know_are_a_bad_request(
         status, answer = ask(channel, options=options)
         assert (status, error(answer)["kind"]) == (400, "bad_request"), options
     assert fake_provider.calls == []
+
+
+def fetch(channel: Any, url: str, **fields: Any) -> tuple[int, dict[str, Any]]:
+    body = {"url": url, "agent": "bot", **fields}
+    return post(channel.folder, body, token=channel.token, path="/v1/fetch")
+
+
+def test_a_page_on_the_egress_allowlist_is_fetched_recorded_and_every_redirect_checked(
+    gateways: Gateways,
+) -> None:
+    pages = PageServer()
+    try:
+        channel = gateways.open({}, egress=["127.0.0.1"])
+        status, answer = fetch(channel, f"{pages.url}/page")
+        assert status == 200, answer
+        assert (answer["status"], answer["text"]) == (200, "Prices Tea costs 3 coins.")
+        (record,) = channel.records
+        assert record.request == {"fetch": {"url": f"{pages.url}/page", "follow_redirects": True}}
+        # A redirect within the allowlist is followed; one to a host off it is refused.
+        status, answer = fetch(channel, f"{pages.url}/to/{pages.url}/page")
+        assert (status, answer["url"]) == (200, f"{pages.url}/page")
+        off = f"http://localhost:{pages.port}/page"
+        status, answer = fetch(channel, f"{pages.url}/to/{off}")
+        assert (status, error(answer)["kind"]) == (424, "no_route"), answer
+        assert "localhost is not on the project's egress allowlist" in error(answer)["message"]
+        # Not followed when the agent asks not to: the redirect is the answer.
+        status, answer = fetch(channel, f"{pages.url}/to/{off}", follow_redirects=False)
+        assert (status, answer["redirect_url"]) == (200, off)
+        assert pages.paths.count("/page") == 2  # localhost's page was never fetched
+    finally:
+        pages.close()
+
+
+@pytest.mark.parametrize(
+    ("egress", "url", "says"),
+    [
+        ([], "http://127.0.0.1:9/page", "not on the project's egress allowlist"),
+        (["example.com"], "http://api.example.com/", "not on the project's egress allowlist"),
+        (["169.254.169.254"], "http://169.254.169.254/latest", "link-local"),
+        (["127.0.0.1"], "file:///etc/passwd", "http:// or https://"),
+    ],
+)
+def test_a_page_off_the_allowlist_or_at_metadata_is_never_fetched(
+    gateways: Gateways, egress: list[str], url: str, says: str
+) -> None:
+    channel = gateways.open({}, egress=egress)
+    status, answer = fetch(channel, url)
+    assert (status, error(answer)["kind"]) == (424, "no_route"), answer
+    assert says in error(answer)["message"]
+
+
+def test_a_model_endpoint_s_redirect_is_not_followed(gateways: Gateways) -> None:
+    # A project's endpoint answers a redirect (it could point at cloud metadata): the
+    # gateway's clients follow none, so the target is never asked.
+    pages = PageServer()
+    try:
+        base = f"{pages.url}/to/{pages.url}/elsewhere"
+        channel = gateways.open({}, routes=[ModelRoute("corp/*", base)])
+        status, answer = ask(channel, model="corp/llm", attempts=1)
+        assert status == 502, answer
+        secrets = {"OPENAI_API_KEY": "k", "OPENAI_API_BASE": base}
+        status, answer = moderate(gateways.open(secrets, case="c2"), "hi")
+        assert status == 502, answer
+        # Each endpoint asked once; the redirect's target, /elsewhere..., never.
+        assert [p.startswith("/to/") for p in pages.paths] == [True, True], pages.paths
+    finally:
+        pages.close()
+
+
+def test_the_guarded_transport_refuses_metadata_before_connecting() -> None:
+    with guarded_client(timeout=5) as client:
+        for url in ("http://169.254.169.254/latest", "http://[fd00:ec2::254]/", "http://0.0.0.0/"):
+            with pytest.raises(RefusedAddress, match="the gateway does not call it"):
+                client.get(url)

@@ -67,6 +67,10 @@ def test_the_first_matching_route_wins_and_may_take_no_key() -> None:
         ("http://[fe80::1]:8000/v1", "link-local"),
         ("http://[::ffff:169.254.169.254]/v1", "link-local"),
         ("http://0.0.0.0:4000/v1", "unspecified"),
+        ("http://[fd00:ec2::254]/v1", "cloud metadata"),  # AWS's IPv6 metadata address
+        ("http://100.100.100.200/v1", "cloud metadata"),  # Alibaba's
+        ("http://[64:ff9b::a9fe:a9fe]/v1", "cloud metadata"),  # NAT64 of 169.254.169.254
+        ("http://[2002:a9fe:a9fe::]/v1", "cloud metadata"),  # 6to4 of it
         ("http://224.0.0.1/v1", "multicast"),
         ("ftp://proxy/v1", "http:// or https://"),
         ("proxy:4000/v1", "http:// or https://"),

@@ -130,3 +130,17 @@ def test_without_a_fallback_a_failed_request_fails_the_run(tmp_path: Path) -> No
     result = judged(root, "tests/bot.yaml", "asks")
     assert not result.passed
     assert "the primary is down" in (result.invocations[0].error or "")
+
+
+def test_a_recording_made_before_options_entered_the_key_still_replays(tmp_path: Path) -> None:
+    from gate_runner import gateway_wire as wire
+    from gate_runner.models import ReplayModel, request_key, write_recording
+
+    messages = [{"role": "user", "content": "hi"}]
+    old = wire.replay_request("openai/x", messages, [], 1.0)  # no options in the key
+    write_recording(tmp_path / "bot", request_key(old), old, {"content": "recorded"})
+    reply = ReplayModel(tmp_path / "bot").complete(
+        model="openai/x", messages=messages, tools=[], temperature=1.0, context={},
+        options={"reasoning_effort": "high"},
+    )  # fmt: skip
+    assert reply.content == "recorded"

@@ -103,7 +103,8 @@ LOOPER = """
 
     def respond(messages, tools, context):
         if messages[0]["content"].startswith("Summarise"):
-            return {"content": "SUMMARY of " + str(len(json.loads(messages[1]["content"])))}
+            older = [json.loads(line) for line in messages[1]["content"].splitlines()]
+            return {"content": "SUMMARY of " + str(len(older))}
         results = [m for m in messages if m["role"] == "tool"]
         if len(results) < 4 and not any("SUMMARY" in str(m["content"]) for m in messages):
             return {"tool_calls": [{"name": "echo", "arguments": {"n": len(results)}}],
@@ -198,3 +199,11 @@ def test_without_compression_the_refusal_fails_the_run(tmp_path: Path) -> None:
     assert not result.passed
     assert "maximum context length" in (result.invocations[0].error or "")
     assert spans(result, "context_compression") == []
+
+
+def test_the_summary_request_cuts_long_messages() -> None:
+    from gate_runner.runtime.sessions import MAX_MESSAGE_CHARS, transcript
+
+    text = transcript([{"role": "tool", "content": "x" * (MAX_MESSAGE_CHARS + 500)}])
+    assert json.loads(text)["content"].endswith("…[500 characters cut]")
+    assert len(text) < MAX_MESSAGE_CHARS + 100

@@ -21,13 +21,14 @@ from connic import StopProcessing
 from ..approvals import Approvals, AwaitingApproval
 from ..guardrails import GuardrailBlocked
 from ..mocks import Mocks, StrictFlags, StrictViolation
-from ..models import GatewayChannel, Model
-from ..predefined import Predefined
+from ..models import GatewayChannel, GatewayModel, Model, ReplayModel
+from ..predefined import Predefined, page_answer, web_read_page
 from ..runtime_errors import AgentNotFound, AgentRunError
 from . import triggers
 from .llm import run_llm_agent
 from .middleware import middleware_of
 from .mocking import resolve_phase
+from .model_choice import model_for
 from .payloads import as_payload, jsonable
 from .sequential import run_sequential
 from .tool_agent import run_tool_agent
@@ -97,6 +98,7 @@ class Runtime:
         # Session agents' histories in this invocation, by agent and key (sessions.py).
         self.sessions: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self.predefined = Predefined()
+        self.predefined.read_page = self.web_page
         self.mocks = Mocks(None, StrictFlags())
         self.approvals = Approvals()
         # Strict-flag and mock-signature violations: they fail the invocation whatever the
@@ -116,6 +118,25 @@ class Runtime:
         self._deadline: contextvars.ContextVar[float] = contextvars.ContextVar(
             "gate_runner_deadline", default=math.inf
         )
+
+    def web_page(self, url: str, follow_redirects: bool = True) -> dict[str, Any]:
+        """web_read_page for the agent whose run calls it: from its recordings in replay
+        mode, else through the case's model gateway (the project's egress allowlist, every
+        page recorded), else directly (only a case the operator gave a network reaches any)."""
+        agent = str(self.current_frame()[2].get("agent_name") or "")
+        chosen: Model | None = None
+        if agent and self.project is not None:
+            try:
+                chosen = model_for(self, agent)
+            except AgentRunError:
+                chosen = None  # live without a gateway: the direct fetch below
+        if isinstance(chosen, ReplayModel):
+            return page_answer(chosen.fetch(url, follow_redirects))
+        if isinstance(chosen, GatewayModel):
+            return page_answer(chosen.fetch(url, follow_redirects))
+        if self.gateway is not None:
+            return page_answer(GatewayModel(self.gateway, agent=agent).fetch(url, follow_redirects))
+        return web_read_page(url, follow_redirects)
 
     def current_frame(self) -> Frame:
         """The innermost run in progress in this context: where a trigger opens its span."""

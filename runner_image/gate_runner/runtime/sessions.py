@@ -41,6 +41,27 @@ CONTEXT_WINDOW = re.compile(
 )
 
 
+# What of the older messages the summary request carries: each message's content cut to
+# MAX_MESSAGE_CHARS, the whole to MAX_TRANSCRIPT_CHARS (its newest part), so that the repair
+# request after a context-window refusal is not as large as the prompt it repairs.
+MAX_MESSAGE_CHARS = 4_000
+MAX_TRANSCRIPT_CHARS = 60_000
+
+
+def transcript(messages: list[dict[str, Any]]) -> str:
+    """The older messages as the summary request reads them: one JSON line each, cut."""
+    lines = []
+    for message in messages:
+        shown = dict(message)
+        content = shown.get("content")
+        if isinstance(content, str) and len(content) > MAX_MESSAGE_CHARS:
+            cut = len(content) - MAX_MESSAGE_CHARS
+            shown["content"] = f"{content[:MAX_MESSAGE_CHARS]}…[{cut} characters cut]"
+        lines.append(json.dumps(shown, default=str))
+    text = "\n".join(lines)
+    return text[-MAX_TRANSCRIPT_CHARS:]
+
+
 def session_key(config: Any, context: Mapping[str, Any]) -> tuple[str, str] | None:
     """The session a run of this agent continues, or None: no session, ``history: false``,
     or a key whose value this run does not have."""
@@ -112,7 +133,7 @@ def compress(
             model=name,
             messages=[
                 {"role": "system", "content": SUMMARY_PROMPT},
-                {"role": "user", "content": json.dumps(older, default=str)},
+                {"role": "user", "content": transcript(older)},
             ],
             tools=[],
             temperature=0.0,

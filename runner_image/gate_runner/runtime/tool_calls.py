@@ -21,7 +21,7 @@ from ..mocks import StrictViolation, check_arguments, normalise
 from ..runtime_errors import AgentRunError
 from .mocking import guard, resolve_phase, violate
 from .payloads import jsonable
-from .toolset import approval_inputs, tool_schemas
+from .toolset import approval_inputs, tool_schemas, visible_tools
 from .trace import Span, Trace, error_text, timed
 from .usercode import accepts, call_user_function
 
@@ -76,11 +76,11 @@ def run_tool_call(
             span.metadata.update(executed=False, not_executed="unknown or hidden tool")
             raise AgentRunError(f"unknown tool {name!r}")
         if tool.is_predefined and tool.name == "search_tools":
-            answer = search_discoverable(rt, agent, arguments)
+            answer = search_discoverable(rt, agent, arguments, context)
             span.metadata["result"] = jsonable(answer)
             return answer
         if tool.is_predefined and tool.name == "use_tool":
-            found = use_discoverable(agent, arguments, span)
+            found = use_discoverable(agent, arguments, context, span)
             if not isinstance(found, tuple):
                 return found  # it named no discoverable tool: the model is told so
             # From here on the call is the discoverable tool's own, through the path of a
@@ -268,7 +268,7 @@ def approval(
 
 
 def use_discoverable(
-    agent: Any, arguments: Mapping[str, Any], span: Span
+    agent: Any, arguments: Mapping[str, Any], context: dict[str, Any], span: Span
 ) -> tuple[Any, dict[str, Any]] | dict[str, Any]:
     """`use_tool(tool_name, arguments)`: the discoverable tool it names (by name or
     canonical ref) and the arguments for it; or the error the model gets when it names
@@ -276,14 +276,13 @@ def use_discoverable(
     assertion reads as that tool's own call (SDK test_schema.py: "Discoverable calls use the
     actual tool name or canonical ref in every tool assertion")."""
     wanted = arguments.get("tool_name")
-    found = next(
-        (t for t in agent.discoverable_tools if wanted in (t.name, t.ref)),
-        None,
-    )
+    # Only those whose condition holds for this run, as for listed tools.
+    usable = visible_tools(agent, context, discoverable=True)
+    found = next((t for t in usable if wanted in (t.name, t.ref)), None)
     if found is None:
         span.status = "error"
         span.metadata.update(executed=False, not_executed="use_tool named no discoverable tool")
-        known = ", ".join(sorted(t.name for t in agent.discoverable_tools)) or "none"
+        known = ", ".join(sorted(t.name for t in usable)) or "none"
         return {
             "error": f"use_tool: {wanted!r} is not one of this agent's discoverable tools "
             f"(search_tools finds them; they are: {known})"
@@ -303,7 +302,9 @@ MAX_FOUND = 10
 WORD = re.compile(r"[a-z0-9]+")
 
 
-def search_discoverable(rt: Runtime, agent: Any, arguments: Mapping[str, Any]) -> dict[str, Any]:
+def search_discoverable(
+    rt: Runtime, agent: Any, arguments: Mapping[str, Any], context: dict[str, Any]
+) -> dict[str, Any]:
     """`search_tools(query)`: the agent's discoverable tools whose name, ref or description
     shares a word with the query, most shared words first (then by name), at most
     ``MAX_FOUND``; an empty query lists them all. Each comes with its schema, so the model can
@@ -311,7 +312,7 @@ def search_discoverable(rt: Runtime, agent: Any, arguments: Mapping[str, Any]) -
     ranking; a gate ranks by shared words, which is predictable."""
     query = set(WORD.findall(str(arguments.get("query") or "").lower()))
     scored = []
-    for tool in agent.discoverable_tools:
+    for tool in visible_tools(agent, context, discoverable=True):
         text = f"{tool.name} {tool.ref or ''} {tool.description or ''}".lower().replace("_", " ")
         shared = len(query & set(WORD.findall(text))) if query else 1
         if shared:

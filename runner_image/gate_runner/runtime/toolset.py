@@ -114,11 +114,13 @@ def input_schema(name: str, spec: Any) -> dict[str, Any]:
     }
 
 
-def visible_tools(agent: Any, context: dict[str, Any]) -> list[Any]:
+def visible_tools(agent: Any, context: dict[str, Any], *, discoverable: bool = False) -> list[Any]:
+    """The agent's tools (or, with ``discoverable``, its discoverable tools) whose condition
+    holds for this run; a condition that cannot be evaluated hides its tool (spec 2.3)."""
     from ..expr import EvaluationError, ExpressionError, compile_expression
 
     visible = []
-    for tool in agent.tools:
+    for tool in agent.discoverable_tools if discoverable else agent.tools:
         condition = getattr(tool, "condition", None)
         if condition:
             try:
