@@ -29,7 +29,7 @@ from gate_runner.gateway_wire import (
     ModerationReply,
     ModerationRequest,
 )
-from gate_runner.models import litellm_options, litellm_reply, request_key
+from gate_runner.models import litellm_moderation, litellm_options, litellm_reply, request_key
 from gate_runner.predefined import page_text
 from gate_service.config import Settings
 from gate_service.secrets.redact import Redactor
@@ -401,8 +401,12 @@ class ModelGateway:
         response: Any, key: str, attempts: int, started: float
     ) -> tuple[Reply, int, int, float]:
         """A moderation counts as a call, with no tokens and no cost (OpenAI's is free)."""
+        try:
+            verdict = litellm_moderation(response)
+        except ValueError as exc:
+            raise Failure("provider", str(exc)) from None
         reply = ModerationReply(
-            **moderation_result(response),
+            **verdict,
             latency_ms=_ms_since(started),
             request_hash=key,
             attempts=attempts,
@@ -481,13 +485,7 @@ class ModelGateway:
         if route.model.startswith("openai/"):
             # OpenAI-compatible calls (openai/ and every project route) go through a client
             # that checks each request's address and follows no redirect (transport.py).
-            client = self._openai.OpenAI(
-                api_key=route.api_key,
-                base_url=route.api_base or OPENAI_BASE,
-                timeout=timeout,
-                max_retries=0,
-                http_client=guarded_client(timeout=timeout),
-            )
+            client = self._openai_client(route, timeout)
             extra["client"] = client
         try:
             return litellm.completion(
@@ -512,6 +510,18 @@ class ModelGateway:
             if client is not None:
                 client.close()
 
+    def _openai_client(self, route: Route, timeout: float) -> Any:
+        """An OpenAI client for one try: its endpoint named (never the worker's environment's),
+        its timeout, no retries of its own, and a transport that checks each request's address
+        and follows no redirect (transport.py)."""
+        return self._openai.OpenAI(
+            api_key=route.api_key,
+            base_url=route.api_base or OPENAI_BASE,
+            timeout=timeout,
+            max_retries=0,
+            http_client=guarded_client(timeout=timeout),
+        )
+
     def _moderate_once(
         self,
         channel: Channel,
@@ -525,13 +535,7 @@ class ModelGateway:
         # LiteLLM's moderation() builds its OpenAI client without the timeout and with the
         # SDK's own retries, and without an api_base falls back to the process environment:
         # the gateway hands it a client that has none of that.
-        client = self._openai.OpenAI(
-            api_key=route.api_key,
-            base_url=route.api_base or OPENAI_BASE,
-            timeout=timeout,
-            max_retries=0,
-            http_client=guarded_client(timeout=timeout),
-        )
+        client = self._openai_client(route, timeout)
         try:
             return self._litellm.moderation(
                 input=request.input, model=bare, api_key=route.api_key, client=client
@@ -594,24 +598,6 @@ class ModelGateway:
 # OpenAI's endpoint, named: the client would otherwise read OPENAI_BASE_URL from the worker's
 # environment, which is no project's.
 OPENAI_BASE = "https://api.openai.com/v1"
-
-
-def moderation_result(response: Any) -> dict[str, Any]:
-    """LiteLLM's moderation response (OpenAI's shape) as ModerationReply's fields: the first
-    result's flag, categories and scores. One the gateway cannot read is a provider error."""
-    raw = response.model_dump() if hasattr(response, "model_dump") else response
-    try:
-        first = raw["results"][0]
-        categories = {str(k): bool(v) for k, v in (first.get("categories") or {}).items()}
-        scores = {
-            str(k): float(v)
-            for k, v in (first.get("category_scores") or {}).items()
-            if v is not None
-        }
-        flagged = bool(first["flagged"])
-        return {"flagged": flagged, "categories": categories, "category_scores": scores}
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError):
-        raise Failure("provider", "the provider's moderation answer has no result") from None
 
 
 def _ms_since(started: float) -> int:

@@ -210,7 +210,7 @@ class ReplayModel:
         return parse_reply(self.recordings[key], source=f"recording {key[:16]}")
 
     def moderate(self, text: str, model: str) -> dict[str, Any]:
-        """A moderation guardrail's recorded verdict (``moderation_result``'s shape)."""
+        """A moderation guardrail's recorded verdict (``litellm_moderation``'s shape)."""
         request = wire.ModerationRequest(model=model, input=text)
         key = request_key(request.replay_request())
         if key not in self.recordings:
@@ -264,6 +264,25 @@ def litellm_options(options: Mapping[str, Any]) -> dict[str, Any]:
     if budget:
         extra["thinking"] = {"type": "enabled", "budget_tokens": int(budget)}
     return extra
+
+
+def litellm_moderation(response: Any) -> dict[str, Any]:
+    """LiteLLM's moderation answer (OpenAI's shape) as ``{"flagged", "categories",
+    "category_scores"}`` of its first result; ValueError when it has none. The runner's
+    LiveModel and the service's gateway both read moderations with this."""
+    raw = response.model_dump() if hasattr(response, "model_dump") else response
+    try:
+        first = raw["results"][0]
+        categories = {str(k): bool(v) for k, v in (first.get("categories") or {}).items()}
+        scores = {
+            str(k): float(v)
+            for k, v in (first.get("category_scores") or {}).items()
+            if v is not None
+        }
+        flagged = bool(first["flagged"])
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+        raise ValueError("the provider's moderation answer has no result") from None
+    return {"flagged": flagged, "categories": categories, "category_scores": scores}
 
 
 def litellm_reply(response: Any) -> dict[str, Any]:
@@ -342,15 +361,13 @@ class LiveModel:
     def moderate(self, text: str, model: str) -> dict[str, Any]:
         """A moderation guardrail's check at OpenAI (keys from the environment)."""
         try:
-            response = self._litellm.moderation(input=text, model=model)
-            raw = response.model_dump() if hasattr(response, "model_dump") else response
-            first = raw["results"][0]
+            verdict = {
+                "moderation": litellm_moderation(self._litellm.moderation(input=text, model=model))
+            }
         except Exception as exc:
             raise AgentRunError(
                 f"moderation call to {model} failed: {type(exc).__name__}: {exc}"
             ) from None
-        fields = ("flagged", "categories", "category_scores")
-        verdict = {"moderation": {k: first.get(k) for k in fields}}
         self.record_moderation(text, model, verdict)
         return moderation_verdict(verdict, source=f"live moderation by {model}")
 

@@ -130,9 +130,7 @@ class Runtime:
                 chosen = model_for(self, agent)
             except AgentRunError:
                 chosen = None  # live without a gateway: the direct fetch below
-        if isinstance(chosen, ReplayModel):
-            return page_answer(chosen.fetch(url, follow_redirects))
-        if isinstance(chosen, GatewayModel):
+        if isinstance(chosen, ReplayModel | GatewayModel):
             return page_answer(chosen.fetch(url, follow_redirects))
         if self.gateway is not None:
             return page_answer(GatewayModel(self.gateway, agent=agent).fetch(url, follow_redirects))
