@@ -32,3 +32,30 @@ def test_no_route_is_built_on_a_request(monkeypatch: pytest.MonkeyPatch) -> None
     assert client.get("/healthz").status_code == 200
     assert client.get("/v1/no-such-route").status_code == 404
     assert built_late == []
+
+
+def test_an_app_builds_while_another_thread_swaps_the_warning_filters() -> None:
+    """The cause of a CI failure: one thread's catch_warnings() (FastAPI's own, around its
+    pydantic-v1 checks while a request is answered) restored the process-wide filters while
+    another app was building its routes, and the "error" filter turned FastAPI's hidden
+    UnsupportedFieldAttributeWarning into an exception in create_app. The test filters
+    ignore that warning by category, so the build holds whatever the other thread does."""
+    import threading
+
+    stop = threading.Event()
+
+    def swap() -> None:
+        while not stop.is_set():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", BytesWarning)
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    try:
+        for _ in range(15):
+            create_app(
+                Settings(database_url="postgresql://nobody@127.0.0.1:9/none", trusted_hosts="x")
+            )
+    finally:
+        stop.set()
+        swapper.join()
