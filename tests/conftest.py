@@ -26,6 +26,7 @@ pytest_plugins = [
     "tests.fixtures.fake_llm",
     "tests.fixtures.gateway",
     "tests.fixtures.live",
+    "tests.fixtures.mcp_server",
 ]
 
 POSTGRES_FIXTURES = {"pg_server_url", "empty_database_url", "database_url", "sessions"}

@@ -133,8 +133,12 @@ AGENT_FIELDS: Mapping[str, Support] = _table(
             ),
         ),
         "mcp_servers": (
-            "not_in_gate",
-            "MCP servers are never connected: their tools are not offered to the model",
+            "partial",
+            (
+                "connected through the case's model gateway, only to hosts on the project's "
+                "egress allowlist; each list and call is an MCP session of its own; a server "
+                "with bridge or oauth is skipped (its own warning says why)"
+            ),
         ),
         "output_schema": (
             "partial",
@@ -504,6 +508,20 @@ API_TOOLS = Support(
     "without them",
 )
 
+# An MCP server a gate skips for every run, by the field that makes it so (runtime/mcp.py).
+MCP_SKIPPED: Mapping[str, Support] = {
+    "bridge": Support(
+        "not_in_gate",
+        "a bridge tunnels to the platform's agent containers; a self-hosted gate cannot use "
+        "one, so the server is skipped and its tools are not offered",
+    ),
+    "oauth": Support(
+        "not_in_gate",
+        "per-user OAuth needs a stored token, and a gate stores none, so the server is "
+        "skipped as the SDK skips one without a token",
+    ),
+}
+
 # At most this many warnings a gate keeps (one per agent, key and item); the rest are left out.
 MAX_WARNINGS = 200
 
@@ -539,6 +557,12 @@ def agent_warnings(
         ]
         if any(ref.startswith("api:") for ref in refs):
             found.append(_warning(file, agent, f"{field}.api:", API_TOOLS))
+    servers = raw.get("mcp_servers")
+    for server in servers if isinstance(servers, list) else []:
+        for key, support in MCP_SKIPPED.items():
+            if isinstance(server, Mapping) and server.get(key):
+                name = str(server.get("name") or "?")
+                found.append(_warning(file, agent, f"mcp_servers.{name}", support))
     for field, names in predefined.items():
         for name in names:
             support = PREDEFINED_TOOLS.get(name)
@@ -577,6 +601,9 @@ def markdown_table() -> str:
     ):
         for name, support in rows.items():
             lines.append(_row(kind, name, support))
+        if kind == "agent field":
+            for key, support in MCP_SKIPPED.items():
+                lines.append(_row("MCP server field", f"mcp_servers[].{key}", support))
         if kind == "predefined tool":
             lines.append(_row("tool reference", "api:<spec>.<operation>", API_TOOLS))
     return "\n".join(lines) + "\n"

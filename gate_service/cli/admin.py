@@ -131,7 +131,8 @@ def egress_set(
         typer.Option(help="a host name, *.domain or address, repeatable; none: allow none"),
     ] = None,
 ) -> None:
-    """Replace a project's egress allowlist (web_read_page through the gateway)."""
+    """Replace a project's egress allowlist (web_read_page and MCP servers, through the
+    gateway)."""
     _call(ctx, lambda c: c.set_egress(project, list(host or [])))
 
 

@@ -32,12 +32,15 @@ from gate_runner.gateway_wire import (
     ERROR_STATUS,
     FETCH_PATH,
     MAX_REQUEST_BYTES,
+    MCP_OPS,
+    MCP_PATH,
     MODERATE_PATH,
     OPTION_KEYS,
     REASONING_EFFORTS,
     SOCKET_NAME,
     CompletionRequest,
     FetchRequest,
+    McpRequest,
     ModerationRequest,
 )
 
@@ -164,11 +167,55 @@ def parse_fetch(body: bytes) -> FetchRequest:
     )
 
 
-Request = CompletionRequest | ModerationRequest | FetchRequest
+def _strings(data: dict[str, Any], name: str) -> dict[str, str]:
+    value = data.get(name, {})
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and len(k) <= 256 and len(v) <= 8192
+        for k, v in value.items()
+    ):
+        raise _wrong(name, "an object of strings (names to 256, values to 8192 characters)")
+    return value
+
+
+def parse_mcp(body: bytes) -> McpRequest:
+    """An McpRequest from its JSON, checked field by field; else ``bad_request``."""
+    data = _object(body, McpRequest)
+    server = data.get("server")
+    if not isinstance(server, str) or not server or len(server) > 256:
+        raise _wrong("server", "an MCP server's name of 1 to 256 characters")
+    url = data.get("url")
+    if not isinstance(url, str) or not url or len(url) > 8192:
+        raise _wrong("url", "a URL of 1 to 8192 characters")
+    op = data.get("op", "list")
+    if op not in MCP_OPS:
+        raise _wrong("op", f"one of {', '.join(MCP_OPS)}")
+    tool = data.get("tool", "")
+    if not isinstance(tool, str) or len(tool) > 256 or (op == "call" and not tool):
+        raise _wrong("tool", "the name of the tool to call (1 to 256 characters)")
+    arguments = data.get("arguments", {})
+    if not isinstance(arguments, dict):
+        raise _wrong("arguments", "an object")
+    agent, attempts, timeout_s = _how(data)
+    return McpRequest(
+        server=server,
+        url=url,
+        op=op,
+        tool=tool,
+        arguments=arguments,
+        headers=_strings(data, "headers"),
+        context_values=_strings(data, "context_values"),
+        agent=agent,
+        attempts=attempts,
+        timeout_s=timeout_s,
+    )
+
+
+Request = CompletionRequest | ModerationRequest | FetchRequest | McpRequest
 PARSERS: dict[str, Callable[[bytes], Request]] = {
     COMPLETE_PATH: parse_request,
     MODERATE_PATH: parse_moderation,
     FETCH_PATH: parse_fetch,
+    MCP_PATH: parse_mcp,
 }
 
 

@@ -26,6 +26,8 @@ from gate_runner.gateway_wire import (
     CompletionRequest,
     FetchReply,
     FetchRequest,
+    McpReply,
+    McpRequest,
     ModerationReply,
     ModerationRequest,
 )
@@ -38,7 +40,8 @@ from ..endpoints import host_allowed, refused_address
 from .budget import Budget, BudgetLedger, Budgets, Limits, SpendStore
 from .channel import Channel
 from .failure import Failure
-from .keys import ModelRoute, Route, resolve_route
+from .keys import ModelRoute, Route, provider_secret_names, resolve_route
+from .mcp import fill_headers, mcp_once
 from .records import CallRecord
 from .transport import RefusedAddress, guarded_client
 
@@ -57,8 +60,8 @@ class _Retryable(Exception):
         self.retry_after_s = retry_after_s
 
 
-Reply = CompletionReply | ModerationReply | FetchReply
-Request = CompletionRequest | ModerationRequest | FetchRequest
+Reply = CompletionReply | ModerationReply | FetchReply | McpReply
+Request = CompletionRequest | ModerationRequest | FetchRequest | McpRequest
 MAX_REDIRECTS = 5
 MAX_PAGE_BYTES = 2 * 1024 * 1024
 
@@ -74,20 +77,26 @@ def _refused_in(exc: BaseException) -> RefusedAddress | None:
 
 
 def _what(request: Request) -> str:
-    """What a call asked, for messages: a model, or a page."""
-    return f"page {request.url}" if isinstance(request, FetchRequest) else f"model {request.model}"
+    """What a call asked, for messages: a model, a page or an MCP server."""
+    if isinstance(request, FetchRequest):
+        return f"page {request.url}"
+    if isinstance(request, McpRequest):
+        return f"MCP server {request.server}"
+    return f"model {request.model}"
 
 
-def _allowed_url(channel: Channel, url: str) -> None:
-    """Raise ``Failure("no_route")`` unless ``url`` may be fetched for ``channel``'s case."""
+def _allowed_url(channel: Channel, url: str, asker: str | None = None) -> None:
+    """Raise ``Failure("no_route")`` unless ``url`` may be reached for ``channel``'s case
+    (``asker``: who asks, for the message; a web_read_page by default)."""
+    asker = asker or f"web_read_page {url}"
     problem = refused_address(url)
     if problem is not None:
-        raise Failure("no_route", f"web_read_page {url}: {problem}")
+        raise Failure("no_route", f"{asker}: {problem}")
     host = urlsplit(url).hostname or ""
     if not host_allowed(host, channel.egress):
         raise Failure(
             "no_route",
-            f"web_read_page {url}: {host} is not on the project's egress allowlist "
+            f"{asker}: {host} is not on the project's egress allowlist "
             "(PUT /v1/projects/{name}/egress)",
         )
 
@@ -230,6 +239,12 @@ class ModelGateway:
                 channel, request, lambda: self._egress(channel, request), self._fetch_once,
                 self._fetched,
             )  # fmt: skip
+        if isinstance(request, McpRequest):
+            asker = f"MCP server {request.server} ({request.url})"
+            return self._call(
+                channel, request, lambda: _allowed_url(channel, request.url, asker),
+                self._mcp_once, self._mcp_answered,
+            )  # fmt: skip
         if isinstance(request, ModerationRequest):
             # A moderation model is OpenAI's unless its name says otherwise.
             model = request.model if "/" in request.model else f"openai/{request.model}"
@@ -362,6 +377,39 @@ class ModelGateway:
                     message = f"fetching {url} failed: {type(exc).__name__}: {exc}"
                     raise _Retryable(Failure("provider", message), None) from None
         raise Failure("provider", f"{request.url}: more than {MAX_REDIRECTS} redirects")
+
+    def _mcp_once(
+        self,
+        channel: Channel,
+        request: McpRequest,
+        route: None,
+        timeout: float,
+        *,
+        cut_by_deadline: bool,
+    ) -> dict[str, Any]:
+        """One MCP session (gateway/mcp.py). Never retried: spec 3.3 has a tool's errors go
+        back to the model, with no blind retries."""
+        withheld = provider_secret_names() | {r.key_secret for r in channel.routes if r.key_secret}
+        headers = fill_headers(request, channel.secrets, withheld)
+        try:
+            return mcp_once(request, headers, timeout)
+        except Failure as failure:
+            if failure.error.kind == "deadline" and not cut_by_deadline:
+                raise Failure("provider", failure.error.message) from None
+            raise
+
+    @staticmethod
+    def _mcp_answered(
+        response: dict[str, Any], key: str, attempts: int, started: float
+    ) -> tuple[Reply, int, int, float]:
+        reply = McpReply(
+            tools=response.get("tools"),
+            result=response.get("result"),
+            latency_ms=_ms_since(started),
+            request_hash=key,
+            attempts=attempts,
+        )
+        return reply, 0, 0, 0.0
 
     @staticmethod
     def _fetched(

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gate_runner.gateway_wire import CompletionReply, FetchReply, GatewayError, ModerationReply
+from gate_runner.gateway_wire import (
+    CompletionReply,
+    FetchReply,
+    GatewayError,
+    McpReply,
+    ModerationReply,
+)
 from gate_runner.models import recording, write_recording
 
 # An agent's name as a recording folder: one plain path component.
@@ -32,7 +38,7 @@ class CallRecord:
     request: dict[str, Any]  # the request's replay_request()
     agent: str
     status: str  # "ok" or the GatewayError's kind
-    reply: CompletionReply | ModerationReply | FetchReply | None  # when ok; recorded raw()
+    reply: CompletionReply | ModerationReply | FetchReply | McpReply | None  # when ok: raw()
     error: GatewayError | None
     tokens_in: int = 0
     tokens_out: int = 0

@@ -33,6 +33,11 @@ DEFAULT_MODERATION_MODEL: Final = "omni-moderation-latest"
 # the URL's host is on the project's egress allowlist, answered with a FetchReply.
 FETCH_PATH: Final = "/v1/fetch"
 MAX_PAGE_CHARS: Final = 100_000
+# An MCP server's tools (spec 3.3, remote Streamable HTTP): an McpRequest that lists them or
+# calls one, which the gateway makes with the mcp SDK's client when the server's host is on
+# the project's egress allowlist, answered with an McpReply.
+MCP_PATH: Final = "/v1/mcp"
+MCP_OPS: Final = ("list", "call")
 # A request carries the whole conversation so far; an answer, one message.
 MAX_REQUEST_BYTES: Final = 8 * 1024 * 1024
 MAX_REPLY_BYTES: Final = 8 * 1024 * 1024
@@ -215,6 +220,57 @@ class FetchReply:
                 "redirect_url": self.redirect_url,
             }
         }
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class McpRequest:
+    """One MCP operation on the case's behalf: ``list`` the server's tools, or ``call`` one.
+
+    ``headers`` are the agent's as written, ``${VAR}`` and ``${context.path}`` unresolved;
+    the gateway fills them in one pass, ``${VAR}`` from the project's secrets (never a
+    provider key) and ``${context.path}`` from ``context_values``, which the runner resolved
+    from the run's context. Neither is in the replay key, which covers what was asked."""
+
+    server: str
+    url: str
+    op: str = "list"
+    tool: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    context_values: dict[str, str] = field(default_factory=dict)
+    agent: str = ""
+    attempts: int = 1
+    timeout_s: float = 30.0
+
+    def replay_request(self) -> dict[str, Any]:
+        asked: dict[str, Any] = {"server": self.server, "url": self.url, "op": self.op}
+        if self.op == "call":
+            asked.update(tool=self.tool, arguments=self.arguments)
+        return {"mcp": asked}
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), default=str).encode()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class McpReply:
+    """For ``list``: the server's tools (``name``, ``description``, ``input_schema``); for
+    ``call``: the tool's result, ``is_error`` and its content ``parts`` as the MCP wire
+    spells them (``{"type": "text", "text": ...}``, ...)."""
+
+    tools: list[dict[str, Any]] | None
+    result: dict[str, Any] | None
+    latency_ms: int
+    request_hash: str
+    attempts: int
+    cost_usd: float = 0.0
+
+    def raw(self) -> dict[str, Any]:
+        answer = {"tools": self.tools} if self.tools is not None else {"result": self.result}
+        return {"mcp": answer}
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode()

@@ -79,6 +79,19 @@ class Mocks:
     def tool(self, ref: str) -> Callable[..., Any] | None:
         return self._find(*self._ladder(ref, "mock", ""))
 
+    def mcp_tool(self, server: str, tool: str) -> Callable[..., Any] | None:
+        """An MCP tool's mock: `mock_mcp_<server>_<tool>` → `mock_mcp_<server>` → `mock_mcp`.
+        Decided: the catch-all `mock` is not on this ladder, because on the platform it
+        covers custom file tools only and a suite's `mock` expects one of those."""
+        return self._find(*self._ladder(f"mcp:{server}.{tool}", "mock", "")[:-1])
+
+    def mcp_server_mocked(self, server: str, tools: list[str] | None) -> bool:
+        """Whether every call to ``server`` has a mock without knowing its tool list: a
+        server-wide mock, or (with a ``tools:`` filter) one for each listed tool."""
+        if self._find(*self._ladder(f"mcp:{server}", "mock", "")[:-1]) is not None:
+            return True
+        return bool(tools) and all(self.mcp_tool(server, name) is not None for name in tools or [])
+
     def hook(self, ref: str, phase: str) -> Callable[..., Any] | None:
         return self._find(*self._ladder(ref, "mock", f"_hook_{phase}"))
 

@@ -232,6 +232,46 @@ class ReplayModel:
             )
         return dict(recorded["fetch"])
 
+    def mcp(self, request: wire.McpRequest) -> dict[str, Any]:
+        """An MCP list or call as the recorded gate answered it (McpReply.raw()["mcp"])."""
+        key = request_key(request.replay_request())
+        recorded = self.recordings.get(key)
+        if not isinstance(recorded, dict) or not isinstance(recorded.get("mcp"), dict):
+            what = f"{request.op} of {request.tool}" if request.op == "call" else "tool list"
+            raise AgentRunError(
+                f"no recording for MCP server {request.server}'s {what} (key {key[:16]}); "
+                "record it again from a live gate (`gate recordings`)"
+            )
+        return mcp_answer(recorded["mcp"], source=f"recording {key[:16]}")
+
+
+def mcp_answer(raw: Any, *, source: str) -> dict[str, Any]:
+    """``{"tools": [...]}`` or ``{"result": {"is_error", "parts"}}``, each field checked.
+
+    Every mapping in it is put in key order: an answer goes into later model requests (a
+    tool's schema, a call's result), whose replay keys hash it as JSON, and a recording
+    stored in Postgres (JSONB) comes back with its keys in another order than the live
+    answer had."""
+    raw = json.loads(json.dumps(raw, sort_keys=True, default=str))
+    if isinstance(raw, dict) and isinstance(raw.get("tools"), list):
+        tools = []
+        for tool in raw["tools"]:
+            if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+                raise AgentRunError(f"{source}: an MCP tool must have a name")
+            schema = tool.get("input_schema")
+            tools.append(
+                {
+                    "name": tool["name"],
+                    "description": str(tool.get("description") or ""),
+                    "input_schema": schema if isinstance(schema, dict) else {"type": "object"},
+                }
+            )
+        return {"tools": tools}
+    result = raw.get("result") if isinstance(raw, dict) else None
+    if isinstance(result, dict) and isinstance(result.get("parts"), list):
+        return {"result": {"is_error": bool(result.get("is_error")), "parts": result["parts"]}}
+    raise AgentRunError(f"{source}: not an MCP tool list or tool result")
+
 
 def moderation_verdict(raw: Any, *, source: str) -> dict[str, Any]:
     """``{"flagged", "categories", "category_scores"}`` from a recorded or gateway moderation
@@ -592,6 +632,30 @@ class GatewayModel:
             replayed = request.replay_request()
             write_recording(self.record_to, request_key(replayed), replayed, {"fetch": fetched})
         return fetched
+
+    def mcp(self, request: wire.McpRequest) -> dict[str, Any]:
+        """An MCP list or call through the gateway, when the server's host is on the
+        project's egress allowlist (written as a recording in record mode)."""
+        request = dataclasses.replace(request, agent=self.agent)
+        what = f"MCP server {request.server}"
+        data = self._exchange(wire.MCP_PATH, request.to_json(), what)
+        try:
+            doc = json.loads(data)
+            raw = (
+                {"tools": doc["tools"]}
+                if doc.get("tools") is not None
+                else {"result": doc["result"]}
+            )
+            answer = mcp_answer(raw, source=f"the model gateway's answer for {what}")
+        except (ValueError, KeyError, TypeError, AttributeError, AgentRunError):
+            raise ModelCallError(
+                f"{what}: the model gateway's reply is not an MCP answer",
+                {"error_kind": "bad_reply"},
+            ) from None
+        if self.record_to is not None:
+            replayed = request.replay_request()
+            write_recording(self.record_to, request_key(replayed), replayed, {"mcp": answer})
+        return answer
 
     def _exchange(self, path: str, body: bytes, model: str) -> bytes:
         """One POST to the gateway and its 200's body, or the error the agent's run fails

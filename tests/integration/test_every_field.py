@@ -66,6 +66,10 @@ PROJECT = {
             - {type: pii_leakage}
             - {type: moderation}
         approval: {tools: [notes.save], on_rejection: continue}
+        # Off the project's egress allowlist (it has none) and optional: skipped, its reason
+        # in context["mcp_errors"], and the run goes on without its tools.
+        mcp_servers:
+          - {name: orders, url: "http://mcp.invalid/mcp", optional: true, tools: [lookup]}
     """,
     "agents/thinker.yaml": """
         version: "1.0"
@@ -224,4 +228,5 @@ def test_a_live_gate_of_every_honoured_field_ends_each_case_on_an_assertion(
         ("talker", "session"),
         ("talker", "context_compression"),
         ("talker", "timeout"),
+        ("talker", "mcp_servers"),
     }

@@ -16,6 +16,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -27,6 +28,7 @@ from gate_service.worker.handler import WorkerContext
 from gate_service.worker.loop import Worker
 from tests.fixtures.auth import as_token, project_token
 from tests.fixtures.fake_llm import FakeProvider
+from tests.fixtures.mcp_server import McpServer
 from tests.fixtures.pages import PageServer
 from tests.fixtures.projects import bundle_of, write
 from tests.fixtures.sandbox import FakeSandbox
@@ -572,4 +574,88 @@ def test_web_read_page_goes_through_the_gateway_and_its_allowlist_and_replays(
     by_name = {c["test_name"]: c for c in again["cases"]}
     # The page from its recording, the server gone; the refused one has none to replay.
     assert by_name["reads_the_price"]["status"] == "passed", by_name["reads_the_price"]
+    assert again["model_calls"]["calls"] == 0
+
+
+def mcp_desk(root: Path, url: str) -> Path:
+    """A live agent with one MCP server, whose case asserts on the call the fake provider's
+    ``tool`` step makes (``lookup``)."""
+    return write(
+        root,
+        {
+            "agents/desk.yaml": f"""
+                version: "1.0"
+                name: desk
+                description: Looks orders up on an MCP server.
+                model: openai/gpt-4o
+                system_prompt: Help.
+                retry_options: {{attempts: 1}}
+                mcp_servers:
+                  - name: orders
+                    url: {url}
+                    headers: {{Authorization: "Bearer ${{ORDERS_TOKEN}}"}}
+            """,
+            "tests/desk.yaml": """
+                tests:
+                  - name: looks_it_up
+                    payload: where is my order?
+                    expected_tool_calls:
+                      - lookup: >-
+                          result.is_error == false
+                          and "order for x: shipped" in result.parts[0].text
+            """,
+        },
+    )
+
+
+def test_an_mcp_server_is_reached_through_the_gateway_on_the_allowlist_and_replays(
+    client: TestClient,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    gateway: ModelGateway,
+    provider: FakeProvider,
+    tmp_path: Path,
+) -> None:
+    """Issue 21 item 5 through the worker: the project's egress allowlist and secrets reach
+    the case's channel; a secret the server echoes is stored redacted; the gate's recordings
+    replay the MCP list and call with the server gone."""
+    alpha = tenant(client, "alpha", provider)
+    r = client.put("/v1/projects/alpha/secrets/ORDERS_TOKEN", json={"value": "orders-s3cret"})
+    assert r.status_code == 201, r.text
+    r = client.put("/v1/projects/alpha/egress", json={"hosts": ["127.0.0.1"]})
+    assert r.status_code == 200, r.text
+
+    def judge(project: Path, **data: str) -> dict[str, Any]:
+        provider.script = ["tool", "ok"]
+        bundle = {"bundle": ("b.tgz", bundle_of(project))}
+        gate = alpha.post("/v1/gates", files=bundle, data=data).json()
+        assert worker(settings, sessions, FakeSandbox(), gateway).run_once()
+        done: dict[str, Any] = alpha.get(f"/v1/gates/{gate['id']}").json()
+        assert done["status"] == "passed", [c.get("failure_reason") for c in done["cases"]]
+        return done
+
+    echoing = McpServer(echo_auth=True)
+    try:
+        done = judge(mcp_desk(tmp_path / "echo", echoing.url))
+    finally:
+        echoing.close()
+    (run_id,) = done["cases"][0]["agent_run_ids"]
+    stored = json.dumps(alpha.get(f"/v1/runs/{run_id}").json())
+    assert "shipped (auth=Bearer [REDACTED:ORDERS_TOKEN])" in stored
+    assert "orders-s3cret" not in stored
+
+    server = McpServer()
+    project = mcp_desk(tmp_path / "p", server.url)
+    try:
+        live = judge(project)
+        assert server.calls == ["lookup"]
+    finally:
+        server.close()
+    exported = alpha.get(f"/v1/gates/{live['id']}/recordings").json()["recordings"]
+    assert len(exported) == 4  # two completions, the tool list and the call
+    for recording in exported:
+        target = project / recording["path"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(recording["content"]))
+    again = judge(project, model_mode="replay")
     assert again["model_calls"]["calls"] == 0

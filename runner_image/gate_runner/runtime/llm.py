@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..models import Model, ModelCallError, ModelReply
 from ..runtime_errors import AgentRunError
 from .guardrails import guard_input, guard_output
+from .mcp import connect as connect_mcp
 from .middleware import call_middleware, middleware_of
 from .mocking import resolve_phase
 from .model_choice import model_for
@@ -85,6 +86,11 @@ def llm_loop(
     config = agent.config
     model = model_for(rt, config.name)
     tools = {t.name: t for t in visible_tools(agent, context)}
+    servers = rt.mcp_tools[(id(context), config.name)] = connect_mcp(
+        rt, agent, context, trace, span
+    )
+    for name, tool in servers.listed.items():
+        tools.setdefault(name, tool)  # a listed tool of the agent's own keeps its name
     schemas = tool_schemas(rt, tools)
     schemas += [input_schema(name, spec) for name, spec in approval_inputs(agent).items()]
     # A session agent's run continues the history of its session in this invocation.

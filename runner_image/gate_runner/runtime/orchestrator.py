@@ -26,6 +26,7 @@ from ..predefined import Predefined, page_answer, web_read_page
 from ..runtime_errors import AgentNotFound, AgentRunError
 from . import triggers
 from .llm import run_llm_agent
+from .mcp import McpTools
 from .middleware import middleware_of
 from .mocking import resolve_phase
 from .model_choice import model_for
@@ -112,6 +113,8 @@ class Runtime:
         )
         # The runs in progress, by their context dict (a chain's stages share their run's).
         self._runs: dict[int, RunState] = {}
+        # Each run's MCP tools, by its context and agent (a chain's stages share a context).
+        self.mcp_tools: dict[tuple[int, str], McpTools] = {}
         # When the innermost timed agent of this context must be done (monotonic): the
         # code of an agent past its timeout, which a thread cannot stop, may no longer
         # call a model, a tool, another agent or a stage.
@@ -203,6 +206,8 @@ class Runtime:
         outcome = RunOutcome(status=status, output=output, error=error, run_context=context)
         self._cleanup(state, outcome, trace)
         del self._runs[id(context)]
+        for key in [k for k in self.mcp_tools if k[0] == id(context)]:
+            del self.mcp_tools[key]
         return outcome
 
     def execution_finished(self, context: dict[str, Any]) -> None:

@@ -19,9 +19,11 @@ from ..approvals import AwaitingApproval, rejection_error, requires_approval
 from ..expr import describe
 from ..mocks import StrictViolation, check_arguments, normalise
 from ..runtime_errors import AgentRunError
+from .mcp import McpTool
+from .mcp import call as call_mcp
 from .mocking import guard, resolve_phase, violate
 from .payloads import jsonable
-from .toolset import approval_inputs, tool_schemas, visible_tools
+from .toolset import approval_inputs, discoverable, tool_schemas
 from .trace import Span, Trace, error_text, timed
 from .usercode import accepts, call_user_function
 
@@ -80,7 +82,7 @@ def run_tool_call(
             span.metadata["result"] = jsonable(answer)
             return answer
         if tool.is_predefined and tool.name == "use_tool":
-            found = use_discoverable(agent, arguments, context, span)
+            found = use_discoverable(rt, agent, arguments, context, span)
             if not isinstance(found, tuple):
                 return found  # it named no discoverable tool: the model is told so
             # From here on the call is the discoverable tool's own, through the path of a
@@ -96,6 +98,11 @@ def run_tool_call(
                 executed=False, not_executed="refused by approval", result=jsonable(refused)
             )
             return refused
+        if isinstance(tool, McpTool):
+            # No agent hook fires for an MCP tool (spec 4.2), and so no hook mock.
+            result = call_mcp(rt, agent.config.name, tool, params, context, span)
+            span.metadata["result"] = jsonable(result)
+            return result
         try:
             params = before_hook(rt, hooks, ref, name, params, context, trace, span)
         except (StopProcessing, StrictViolation, AwaitingApproval, ApprovalRejected):
@@ -268,7 +275,7 @@ def approval(
 
 
 def use_discoverable(
-    agent: Any, arguments: Mapping[str, Any], context: dict[str, Any], span: Span
+    rt: Runtime, agent: Any, arguments: Mapping[str, Any], context: dict[str, Any], span: Span
 ) -> tuple[Any, dict[str, Any]] | dict[str, Any]:
     """`use_tool(tool_name, arguments)`: the discoverable tool it names (by name or
     canonical ref) and the arguments for it; or the error the model gets when it names
@@ -277,7 +284,7 @@ def use_discoverable(
     actual tool name or canonical ref in every tool assertion")."""
     wanted = arguments.get("tool_name")
     # Only those whose condition holds for this run, as for listed tools.
-    usable = visible_tools(agent, context, discoverable=True)
+    usable = discoverable(rt, agent, context)
     found = next((t for t in usable if wanted in (t.name, t.ref)), None)
     if found is None:
         span.status = "error"
@@ -312,7 +319,7 @@ def search_discoverable(
     ranking; a gate ranks by shared words, which is predictable."""
     query = set(WORD.findall(str(arguments.get("query") or "").lower()))
     scored = []
-    for tool in visible_tools(agent, context, discoverable=True):
+    for tool in discoverable(rt, agent, context):
         text = f"{tool.name} {tool.ref or ''} {tool.description or ''}".lower().replace("_", " ")
         shared = len(query & set(WORD.findall(text))) if query else 1
         if shared:

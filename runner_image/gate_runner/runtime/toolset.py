@@ -133,6 +133,14 @@ def visible_tools(agent: Any, context: dict[str, Any], *, discoverable: bool = F
     return visible
 
 
+def discoverable(rt: Runtime, agent: Any, context: dict[str, Any]) -> list[Any]:
+    """What search_tools and use_tool reach in this run: the agent's discoverable tools whose
+    condition holds, then the tools of its MCP servers marked ``discoverable``."""
+    servers = rt.mcp_tools.get((id(context), agent.config.name))
+    found = visible_tools(agent, context, discoverable=True)
+    return [*found, *(servers.discoverable if servers is not None else [])]
+
+
 def tool_schemas(rt: Runtime, tools: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The function schemas the model is offered, one per visible tool."""
     schemas = []

@@ -1,0 +1,175 @@
+"""MCP servers on a case's behalf (spec 3.3: remote Streamable HTTP, tools only): the
+gateway lists a server's tools or calls one with the ``mcp`` SDK's client, so a case that
+has no network still reaches its agent's MCP servers, and only those on the project's
+egress allowlist.
+
+One MCP session a request: ``initialize``, then ``tools/list`` (every page) or one
+``tools/call``, then the session is closed. A server that keeps state between calls of one
+session does not see them as one session (decided: a gate's call is independent and
+replayable on its own).
+
+Headers are the agent's as written. ``${VAR}`` is filled from the project's secrets, except
+the provider and route keys the gateway keeps for model calls, and ``${context.path}`` from
+what the runner resolved from the run's context; in one pass, so a value put in by either is
+never expanded again (a context value ``${OPENAI_API_KEY}`` stays that text).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import httpx
+
+from gate_runner.gateway_wire import McpRequest
+
+from ..endpoints import refused_address
+from .failure import Failure
+from .transport import RefusedAddress
+
+PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
+# A server offers at most this many tools, over at most this many pages of tools/list.
+MAX_TOOLS = 500
+MAX_PAGES = 20
+# The JSON of one tool result the case receives: beyond it the call is an error.
+MAX_RESULT_CHARS = 1_000_000
+
+
+class GuardedAsyncTransport(httpx.AsyncHTTPTransport):
+    """transport.GuardedTransport for the mcp SDK's async client: every request (each
+    redirect the SDK follows within the server's origin included) is refused at a link-local
+    or cloud-metadata address."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        problem = refused_address(str(request.url))
+        if problem is not None:
+            raise RefusedAddress(problem, request=request)
+        return await super().handle_async_request(request)
+
+
+def fill_headers(
+    request: McpRequest, secrets: Mapping[str, str], withheld: Collection[str]
+) -> dict[str, str]:
+    """The headers with every placeholder filled; ``Failure("no_route")`` naming the first
+    one that cannot be."""
+    filled = {}
+    for name, template in request.headers.items():
+
+        def value(match: re.Match[str], header: str = name) -> str:
+            ref = match.group(1)
+            if ref.startswith("context."):
+                if ref not in request.context_values:
+                    raise Failure(
+                        "no_route",
+                        f"MCP server {request.server}: header {header} uses ${{{ref}}}, "
+                        "which the run did not resolve",
+                    )
+                return request.context_values[ref]
+            if ref in withheld:
+                raise Failure(
+                    "no_route",
+                    f"MCP server {request.server}: header {header} uses ${{{ref}}}, a model "
+                    "provider's key, which the gateway uses for model calls only",
+                )
+            if ref not in secrets:
+                raise Failure(
+                    "no_route",
+                    f"MCP server {request.server}: header {header} uses ${{{ref}}}, which is "
+                    "not one of the project's secrets (gate admin secrets-set)",
+                )
+            return secrets[ref]
+
+        filled[name] = PLACEHOLDER.sub(value, template)
+    return filled
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first error inside the task groups' exception groups the SDK raises."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def mcp_once(request: McpRequest, headers: dict[str, str], timeout: float) -> dict[str, Any]:
+    """One MCP session for ``request``: ``{"tools": [...]}`` or ``{"result": {...}}``.
+
+    Runs its own event loop on the calling thread (the channel serves each request on a
+    thread of its own). Raises ``Failure``: ``no_route`` for a refused address, ``provider``
+    for a server that cannot be reached or answers an error, ``deadline`` past ``timeout``.
+    """
+    what = f"MCP server {request.server} ({request.url})"
+    try:
+        return anyio.run(_session, request, headers, timeout)
+    except BaseException as exc:  # exception groups: the SDK runs its transport in tasks
+        leaf = _leaf(exc)
+        if isinstance(leaf, Failure):
+            raise leaf from None
+        if isinstance(leaf, RefusedAddress):
+            raise Failure("no_route", f"{what}: {leaf}") from None
+        if isinstance(leaf, TimeoutError):
+            raise Failure("deadline", f"{what} did not answer within {timeout:.0f} s") from None
+        if isinstance(leaf, KeyboardInterrupt | SystemExit):
+            raise
+        detail = str(leaf) or type(leaf).__name__
+        raise Failure("provider", f"{what}: {type(leaf).__name__}: {detail}"[:2000]) from None
+
+
+async def _session(request: McpRequest, headers: dict[str, str], timeout: float) -> dict[str, Any]:
+    # Imported here: the mcp SDK is the gateway's alone, and only cases with MCP servers
+    # pay for its import.
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    with anyio.fail_after(timeout):
+        async with (
+            httpx.AsyncClient(
+                transport=GuardedAsyncTransport(),
+                headers=headers,
+                timeout=httpx.Timeout(timeout),
+                follow_redirects=False,
+            ) as client,
+            streamable_http_client(request.url, http_client=client) as (read, write, _),
+            ClientSession(read, write, read_timeout_seconds=timedelta(seconds=timeout)) as session,
+        ):
+            await session.initialize()
+            if request.op == "list":
+                return {"tools": await _tools(session, request)}
+            result = await session.call_tool(request.tool, request.arguments)
+            parts = [part.model_dump(mode="json", exclude_none=True) for part in result.content]
+            answer = {"is_error": bool(result.isError), "parts": parts}
+            if len(repr(answer)) > MAX_RESULT_CHARS:
+                answer = {
+                    "is_error": True,
+                    "parts": [
+                        {
+                            "type": "text",
+                            "text": f"the result of {request.tool} is over "
+                            f"{MAX_RESULT_CHARS} characters; the gate does not pass it on",
+                        }
+                    ],
+                }
+            return {"result": answer}
+
+
+async def _tools(session: Any, request: McpRequest) -> list[dict[str, Any]]:
+    tools: list[dict[str, Any]] = []
+    cursor = None
+    for _ in range(MAX_PAGES):
+        page = await session.list_tools(cursor)
+        for tool in page.tools:
+            tools.append(
+                {
+                    "name": tool.name,
+                    "description": tool.description or "",
+                    "input_schema": dict(tool.inputSchema or {"type": "object"}),
+                }
+            )
+        cursor = page.nextCursor
+        if not cursor or len(tools) >= MAX_TOOLS:
+            break
+    if len(tools) > MAX_TOOLS:
+        raise Failure("provider", f"MCP server {request.server} lists over {MAX_TOOLS} tools")
+    return tools
