@@ -9,16 +9,20 @@ cannot both take the last call of a budget.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable
 
 from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..db import session_scope
 from .budget import Limits, spent_refusal
 from .failure import Failure
+
+log = logging.getLogger(__name__)
 
 _CHARGE = text(
     """
@@ -35,9 +39,15 @@ _SPENT = text(
     "SELECT calls, tokens, cost_usd FROM project_model_spend "
     "WHERE project_id = :owner AND window_start = :window"
 )
+# Into the window the call ended in: a call charged just before a window's end settles in
+# the next one, whose row may not exist yet (an UPDATE would lose its spending).
 _ADD = text(
-    "UPDATE project_model_spend SET tokens = tokens + :tokens, cost_usd = cost_usd + :cost "
-    "WHERE project_id = :owner AND window_start = :window"
+    """
+    INSERT INTO project_model_spend AS s (project_id, window_start, calls, tokens, cost_usd)
+    VALUES (:owner, :window, 0, :tokens, :cost)
+    ON CONFLICT (project_id, window_start)
+    DO UPDATE SET tokens = s.tokens + :tokens, cost_usd = s.cost_usd + :cost
+    """
 )
 
 
@@ -63,10 +73,20 @@ class ProjectSpend:
             "max_tokens": limits.tokens,
             "max_cost": float(limits.cost_usd),
         }
-        with session_scope(self._sessions) as session:
-            if session.execute(_CHARGE, params).first() is not None:
-                return None
-            row = session.execute(_SPENT, params).one()
+        try:
+            with session_scope(self._sessions) as session:
+                if session.execute(_CHARGE, params).first() is not None:
+                    return None
+                row = session.execute(_SPENT, params).one()
+        except SQLAlchemyError as exc:
+            # Fail closed, and as a budget refusal: a provider's fault would send the agent
+            # to its fallback model, which this store would refuse just the same.
+            log.warning("model gateway: %s budget of %s not checked: %s", scope, owner, exc)
+            return Failure(
+                "budget",
+                f"{scope} budget could not be checked (the gate's database did not answer); "
+                "the call was not made",
+            )
         refused = spent_refusal(scope, limits, calls=row[0], tokens=row[1], cost_usd=row[2])
         # Refused by the statement, so a limit was reached when it ran.
         return refused or Failure("budget", f"{scope} budget reached")

@@ -162,3 +162,21 @@ def test_two_workers_racing_for_a_projects_last_calls_answer_no_more_than_allowe
             ch.close()
     assert sorted(statuses) == [200] * 5 + [429] * 7
     assert len(provider.calls) == 5
+
+
+def test_spending_settled_after_its_window_ends_counts_in_the_next(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    """A call charged in one window and answered in the next: its tokens are counted there,
+    not lost to an UPDATE of a row that does not exist yet."""
+    clock = Clock()
+    alpha = project_id(client, sessions, "alpha")
+    spend = ProjectSpend(sessions, clock=clock)
+    assert spend.charge(alpha, "project", Limits(tokens=10), WINDOW_S) is None
+    clock.now += WINDOW_S
+    spend.add(alpha, WINDOW_S, tokens=12, cost_usd=0.5)
+    refused = spend.charge(alpha, "project", Limits(tokens=10), WINDOW_S)
+    assert refused is not None and refused.error.limit == "project.tokens", refused
+    with sessions() as session:
+        rows = session.scalars(select(ProjectModelSpend).order_by(ProjectModelSpend.window_start))
+        assert [(r.calls, r.tokens) for r in rows] == [(1, 0), (0, 12)]

@@ -7,10 +7,13 @@ provider saw and by the error's kind."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import stat
+import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,7 +23,7 @@ import pytest
 
 from gate_runner.gateway_wire import COMPLETE_PATH, MAX_REQUEST_BYTES, SOCKET_NAME
 from gate_runner.models import ReplayModel, request_key
-from gate_service.gateway import Budgets, Limits, ModelRoute
+from gate_service.gateway import Budgets, Limits, ModelGateway, ModelRoute
 from gate_service.gateway.transport import RefusedAddress, guarded_client
 from tests.fixtures.fake_llm import FakeProvider
 from tests.fixtures.gateway import Gateways, ask, moderate, post, request
@@ -291,6 +294,38 @@ def test_a_call_over_a_budget_fails_naming_the_limit_and_the_amount_used(
     assert "reached (" in refused["message"]
     assert len(fake_provider.calls) == answered
     assert gateways.channels[-1].records[-1].status == "budget"
+
+
+def test_a_budget_store_that_does_not_answer_refuses_the_call_as_a_budget(
+    fake_provider: FakeProvider,
+) -> None:
+    """Fail closed, and not as a provider fault: a provider error would send the agent to
+    its fallback model, which the same store would refuse."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import sessionmaker
+
+    from gate_service.gateway.spend import ProjectSpend
+
+    engine = create_engine("postgresql+psycopg://nobody@127.0.0.1:9/none", pool_pre_ping=False)
+    root = Path(tempfile.mkdtemp(prefix="gw-"))
+    gateway = ModelGateway(
+        budgets=Budgets(project=Limits(calls=5)),
+        socket_root=root,
+        project_spend=ProjectSpend(sessionmaker(bind=engine)),
+    )
+    channel = gateway.open_channel(
+        gate_id="g1", case_id="c1", project_id=str(uuid.uuid4()), secrets=openai(fake_provider),
+        deadline=time.monotonic() + 60,
+    )  # fmt: skip
+    try:
+        status, answer = ask(channel, "hello?")
+    finally:
+        channel.close()
+        engine.dispose()
+        shutil.rmtree(root, ignore_errors=True)
+    assert (status, error(answer)["kind"]) == (429, "budget"), answer
+    assert "could not be checked (the gate's database did not answer)" in error(answer)["message"]
+    assert fake_provider.calls == []
 
 
 def wait_for(condition: Callable[[], bool], what: str) -> None:
