@@ -22,6 +22,16 @@ def endpoint_problem(url: str) -> str | None:
     the worker's loopback), except one whose host is a link-local address: the cloud metadata
     service lives there, and a project's admin must not point the worker at it. Credentials
     in the URL are refused because routes are listed and audited, unlike secrets."""
+    problem = _shape_problem(url)
+    if problem is not None:
+        return problem
+    if urlsplit(url).query or urlsplit(url).fragment:
+        return f"{url!r} must not have a query or a fragment"
+    return _literal_problem(url)
+
+
+def _shape_problem(url: str) -> str | None:
+    """An http(s) URL with a host and a real port, and no credentials in it."""
     try:
         parts = urlsplit(url)
         if parts.port == 0:  # .port raises for one that is not a number below 65536
@@ -32,10 +42,13 @@ def endpoint_problem(url: str) -> str | None:
         return f"{url!r} must be an http:// or https:// URL with a host"
     if parts.username is not None or parts.password is not None:
         return f"{url!r} holds credentials: name a key secret instead"
-    if parts.query or parts.fragment:
-        return f"{url!r} must not have a query or a fragment"
+    return None
+
+
+def _literal_problem(url: str) -> str | None:
+    """A host written as a link-local (or otherwise refused) address."""
     try:
-        address = ipaddress.ip_address(parts.hostname)
+        address = ipaddress.ip_address(urlsplit(url).hostname or "")
     except ValueError:
         return None  # a name: checked again, resolved, at each call (refused_address)
     return _address_problem(url, [address])
@@ -82,8 +95,11 @@ def _address_problem(
 def refused_address(url: str) -> str | None:
     """Why the gateway will not call ``url`` now, from what its host resolves to; None when
     it may. Resolved at each call because a name can change what it points to (a name that
-    resolves later, between this check and the connection, is the remaining gap)."""
-    problem = endpoint_problem(url)
+    resolves later, between this check and the connection, is the remaining gap).
+
+    A query or a fragment is no reason: a request's URL carries one (a page's search, an
+    API's parameters, Azure's api-version); only a configured endpoint may not."""
+    problem = _shape_problem(url) or _literal_problem(url)
     if problem is not None:
         return problem
     parts = urlsplit(url)

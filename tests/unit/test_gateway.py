@@ -655,6 +655,24 @@ def test_a_page_on_the_egress_allowlist_is_fetched_recorded_and_every_redirect_c
         pages.close()
 
 
+def test_a_page_with_a_query_is_fetched_and_a_request_with_one_is_not_refused(
+    gateways: Gateways,
+) -> None:
+    """A query is no reason to refuse a request (a page's search, an API's parameters,
+    Azure's api-version); only a configured endpoint may not have one."""
+    pages = PageServer()
+    try:
+        channel = gateways.open({}, egress=["127.0.0.1"])
+        status, answer = fetch(channel, f"{pages.url}/page?q=tea#top")
+        assert status == 200, answer
+        assert pages.paths == ["/page?q=tea"]
+    finally:
+        pages.close()
+    with guarded_client() as client:
+        with pytest.raises(RefusedAddress):
+            client.get("http://169.254.169.254/latest?x=1")
+
+
 @pytest.mark.parametrize(
     ("egress", "url", "says"),
     [
