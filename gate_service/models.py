@@ -104,6 +104,8 @@ class Project(Base):
     # Hosts a case's web_read_page may reach through the model gateway (endpoints.py's
     # host_allowed: a name, *.domain or address); empty: none.
     egress_hosts: Mapped[list[str]] = mapped_column(JSONB, default=list, server_default="[]")
+    # prefix -> {base_url, headers, tools}: the project's api: tools (gate_service/api_specs).
+    api_specs: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict, server_default="{}")
 
 
 class ApiToken(Base):

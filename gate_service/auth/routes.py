@@ -10,12 +10,17 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from sqlalchemy import select
 
+from ..api_specs import PREFIX, convert
 from ..deps import SessionDep
+from ..endpoints import endpoint_problem
 from ..errors import Forbidden, RequestInvalid, error_responses
 from ..models import AuditEvent
 from . import service
 from .deps import Admin
 from .schemas import (
+    ApiSpecList,
+    ApiSpecPut,
+    ApiSpecRead,
     AuditList,
     AuditRead,
     Egress,
@@ -124,6 +129,73 @@ def put_egress(name: str, body: EgressPut, session: SessionDep, who: Admin) -> E
         detail={"project": project.name, "hosts": list(body.hosts)},
     )
     return Egress(project=project.name, hosts=list(body.hosts))
+
+
+def _spec_read(project: str, prefix: str, stored: dict[str, Any]) -> ApiSpecRead:
+    return ApiSpecRead(
+        project=project,
+        prefix=prefix,
+        base_url=stored["base_url"],
+        headers=sorted(stored.get("headers", {})),
+        tools=sorted(stored.get("tools", {})),
+    )
+
+
+@router.get("/projects/{name}/api-specs", response_model=ApiSpecList, responses=ERRORS)
+def get_api_specs(name: str, session: SessionDep, who: Admin) -> ApiSpecList:
+    """The project's OpenAPI specs, by prefix: the api: tools its agents may list."""
+    project = service.visible_project(session, who, name)
+    specs = dict(project.api_specs or {})
+    return ApiSpecList(
+        project=project.name,
+        specs=[_spec_read(project.name, prefix, specs[prefix]) for prefix in sorted(specs)],
+    )
+
+
+@router.put("/projects/{name}/api-specs/{prefix}", response_model=ApiSpecRead, responses=ERRORS)
+def put_api_spec(
+    name: str, prefix: str, body: ApiSpecPut, session: SessionDep, who: Admin
+) -> ApiSpecRead:
+    """Store an OpenAPI 3.x spec under ``prefix``: its operations are the tools
+    ``api:<prefix>.<tool>``, called by the model gateway at hosts on the project's egress
+    allowlist. Replaces what the prefix held."""
+    project = service.visible_project(session, who, name)
+    if not PREFIX.fullmatch(prefix):
+        raise RequestInvalid(
+            f"the prefix {prefix!r} must be 1 to 64 characters of a-z, 0-9 and '_', "
+            "starting with a letter"
+        )
+    spec = convert(body.spec, base_url=body.base_url, headers=body.headers)
+    problem = endpoint_problem(spec.base_url)
+    if problem is not None:
+        raise RequestInvalid(f"base_url: {problem}")
+    project.api_specs = {**(project.api_specs or {}), prefix: spec.stored()}
+    session.flush()
+    service.record(
+        session,
+        "project.api_spec_set",
+        project_id=project.id,
+        token_id=who.token_id,
+        detail={"project": project.name, "prefix": prefix, "tools": sorted(spec.tools)},
+    )
+    return _spec_read(project.name, prefix, spec.stored())
+
+
+@router.delete("/projects/{name}/api-specs/{prefix}", status_code=204, responses=ERRORS)
+def delete_api_spec(name: str, prefix: str, session: SessionDep, who: Admin) -> None:
+    """Remove the spec under ``prefix``: its tools are no longer the project's."""
+    project = service.visible_project(session, who, name)
+    specs = dict(project.api_specs or {})
+    if specs.pop(prefix, None) is not None:
+        project.api_specs = specs
+        session.flush()
+        service.record(
+            session,
+            "project.api_spec_deleted",
+            project_id=project.id,
+            token_id=who.token_id,
+            detail={"project": project.name, "prefix": prefix},
+        )
 
 
 def _routes_of(project: str, stored: list[dict[str, Any]]) -> ModelRoutes:

@@ -125,6 +125,36 @@ class Egress(BaseModel):
     hosts: list[str]
 
 
+class ApiSpecPut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    spec: dict[str, Any] = Field(
+        description="An OpenAPI 3.x document (JSON); each operation becomes one api: tool"
+    )
+    base_url: StorableStr | None = Field(
+        default=None, description="Where its operations are called; default: servers[0].url"
+    )
+    headers: dict[StorableStr, StorableStr] = Field(
+        default_factory=dict,
+        max_length=20,
+        description="Sent with every call; ${NAME} is filled from the project's secrets by the "
+        "gateway (never a model provider's key)",
+    )
+
+
+class ApiSpecRead(BaseModel):
+    project: str
+    prefix: str
+    base_url: str
+    headers: list[str] = Field(description="The names of the headers sent (values not shown)")
+    tools: list[str]
+
+
+class ApiSpecList(BaseModel):
+    project: str
+    specs: list[ApiSpecRead]
+
+
 class TokenCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,8 +109,11 @@ def discover_suites(root: Path) -> list[Path]:
     return found
 
 
-def _load_agents(root: Path, report: ProjectReport) -> None:
-    loader = ProjectLoader(str(root), validation_only=True)
+def _load_agents(
+    root: Path, report: ProjectReport, api_tools: Mapping[str, Any] | None = None
+) -> None:
+    # api: refs resolve against the project's API specs: an unknown tool is a problem then.
+    loader = ProjectLoader(str(root), validation_only=True, api_spec_tools=dict(api_tools or {}))
     try:
         agents = loader.load_agents()
     except FileNotFoundError:
@@ -131,7 +135,7 @@ def _load_agents(root: Path, report: ProjectReport) -> None:
                 field: [t.name for t in getattr(agent, field, []) if t.is_predefined]
                 for field in ("tools", "discoverable_tools")
             }
-            report.warnings.extend(agent_warnings(source, raw, predefined))
+            report.warnings.extend(agent_warnings(source, raw, predefined, set(api_tools or {})))
     del report.warnings[MAX_WARNINGS:]
 
 
@@ -280,10 +284,13 @@ def _check_references(root: Path, rel: str, case: dict[str, Any], report: Projec
         )
 
 
-def validate_project(root: Path, name_filter: str | None = None) -> ProjectReport:
-    """Every problem with the bundle's suites, not only the first, and the cases to run."""
+def validate_project(
+    root: Path, name_filter: str | None = None, api_tools: Mapping[str, Any] | None = None
+) -> ProjectReport:
+    """Every problem with the bundle's suites, not only the first, and the cases to run;
+    ``api_tools``: the project's API specs as the SDK loader's registry (api_specs/)."""
     report = ProjectReport()
-    _load_agents(root, report)
+    _load_agents(root, report, api_tools)
     suites = discover_suites(root)
     if not suites:
         report.add("tests/", "no test suites found under tests/ (a gate needs at least one case)")

@@ -10,7 +10,7 @@ that this table does not cover fails there.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -503,9 +503,16 @@ GUARDRAIL_TYPES: Mapping[str, Support] = _table(
 )
 # A tool reference `api:<spec>.<operation>` (an OpenAPI spec's operation, spec 3.2).
 API_TOOLS = Support(
+    "partial",
+    "from the project's OpenAPI spec stored under its prefix (PUT /v1/projects/{name}/"
+    "api-specs/{prefix}), called by the model gateway at hosts on the egress allowlist and "
+    "recorded; single tools cannot be disabled or renamed",
+)
+# An api: ref whose spec the project has not stored: the SDK loader drops it.
+API_TOOLS_MISSING = Support(
     "not_in_gate",
-    "a gate has no API-spec registry, so the SDK loader drops api: tools and the agent runs "
-    "without them",
+    "the project has no OpenAPI spec under this prefix (PUT /v1/projects/{name}/api-specs/"
+    "{prefix}), so the SDK loader drops the tool and the agent runs without it",
 )
 
 # An MCP server a gate skips for every run, by the field that makes it so (runtime/mcp.py).
@@ -537,8 +544,15 @@ def _warning(file: str, agent: str, key: str, support: Support) -> dict[str, Any
     }
 
 
+def _api_prefix(ref: str) -> str:
+    return ref.removeprefix("api:").rpartition(".")[0]
+
+
 def agent_warnings(
-    file: str, raw: Mapping[str, Any], predefined: Mapping[str, list[str]]
+    file: str,
+    raw: Mapping[str, Any],
+    predefined: Mapping[str, list[str]],
+    api_prefixes: Set[str] = frozenset(),
 ) -> list[dict[str, Any]]:
     """The warnings of one agent file: from its YAML mapping ``raw`` (the keys it sets, not
     the SDK's defaults) and the predefined tools the loader resolved for it, by field
@@ -555,8 +569,9 @@ def agent_warnings(
             str(next(iter(e))) if isinstance(e, Mapping) and len(e) == 1 else str(e)
             for e in (entries if isinstance(entries, list) else [])
         ]
-        if any(ref.startswith("api:") for ref in refs):
-            found.append(_warning(file, agent, f"{field}.api:", API_TOOLS))
+        # An api: ref whose spec the project has is run; one whose spec it lacks is dropped.
+        if any(_api_prefix(ref) not in api_prefixes for ref in refs if ref.startswith("api:")):
+            found.append(_warning(file, agent, f"{field}.api:", API_TOOLS_MISSING))
     servers = raw.get("mcp_servers")
     for server in servers if isinstance(servers, list) else []:
         for key, support in MCP_SKIPPED.items():

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import yaml
 
 from .options import DEFAULT_URL, Token, Url
 
@@ -134,6 +136,40 @@ def egress_set(
     """Replace a project's egress allowlist (web_read_page and MCP servers, through the
     gateway)."""
     _call(ctx, lambda c: c.set_egress(project, list(host or [])))
+
+
+@admin.command("api-specs")
+def api_specs(ctx: typer.Context, project: str) -> None:
+    """A project's OpenAPI specs, by prefix, with the api: tools each gives."""
+    _call(ctx, lambda c: c.api_specs(project))
+
+
+@admin.command("api-spec-set")
+def api_spec_set(
+    ctx: typer.Context,
+    project: str,
+    prefix: str,
+    spec: Annotated[Path, typer.Argument(help="an OpenAPI 3.x document, JSON or YAML")],
+    base_url: Annotated[
+        str | None, typer.Option(help="where its operations are called (default: servers[0])")
+    ] = None,
+    header: Annotated[
+        list[str] | None,
+        typer.Option(help="NAME=VALUE sent with every call, ${SECRET} filled; repeatable"),
+    ] = None,
+) -> None:
+    """Store an OpenAPI spec under a prefix: its operations become api:<prefix>.<tool>."""
+    try:
+        document = yaml.safe_load(spec.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise typer.BadParameter(f"{spec}: {exc}") from None
+    headers = {}
+    for item in header or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise typer.BadParameter(f"--header {item!r} must be NAME=VALUE")
+        headers[name] = value
+    _call(ctx, lambda c: c.set_api_spec(project, prefix, document, base_url, headers))
 
 
 @admin.command("audit")

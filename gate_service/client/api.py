@@ -128,6 +128,22 @@ class GateClient:
     def set_egress(self, project: str, hosts: list[str]) -> dict[str, Any]:
         return self._check(self._http.put(f"/v1/projects/{project}/egress", json={"hosts": hosts}))
 
+    def api_specs(self, project: str) -> dict[str, Any]:
+        return self._check(self._http.get(f"/v1/projects/{project}/api-specs"))
+
+    def set_api_spec(
+        self,
+        project: str,
+        prefix: str,
+        spec: dict[str, Any],
+        base_url: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"spec": spec, "headers": headers or {}}
+        if base_url:
+            body["base_url"] = base_url
+        return self._check(self._http.put(f"/v1/projects/{project}/api-specs/{prefix}", json=body))
+
     def revoke_token(self, token_id: str) -> dict[str, Any]:
         return self._check(self._http.delete(f"/v1/tokens/{token_id}"))
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gate_runner.gateway_wire import (
+    API_PATH,
     COMPLETE_PATH,
     ERROR_STATUS,
     FETCH_PATH,
@@ -38,6 +39,7 @@ from gate_runner.gateway_wire import (
     OPTION_KEYS,
     REASONING_EFFORTS,
     SOCKET_NAME,
+    ApiRequest,
     CompletionRequest,
     FetchRequest,
     McpRequest,
@@ -210,12 +212,31 @@ def parse_mcp(body: bytes) -> McpRequest:
     )
 
 
-Request = CompletionRequest | ModerationRequest | FetchRequest | McpRequest
+def parse_api(body: bytes) -> ApiRequest:
+    """An ApiRequest from its JSON, checked field by field; else ``bad_request``."""
+    data = _object(body, ApiRequest)
+    api, tool = data.get("api"), data.get("tool")
+    if not isinstance(api, str) or not api or len(api) > 64:
+        raise _wrong("api", "the prefix of one of the project's API specs")
+    if not isinstance(tool, str) or not tool or len(tool) > 256:
+        raise _wrong("tool", "the name of one of the spec's tools")
+    arguments = data.get("arguments", {})
+    if not isinstance(arguments, dict):
+        raise _wrong("arguments", "an object")
+    agent, attempts, timeout_s = _how(data)
+    return ApiRequest(
+        api=api, tool=tool, arguments=arguments, agent=agent, attempts=attempts,
+        timeout_s=timeout_s,
+    )  # fmt: skip
+
+
+Request = CompletionRequest | ModerationRequest | FetchRequest | McpRequest | ApiRequest
 PARSERS: dict[str, Callable[[bytes], Request]] = {
     COMPLETE_PATH: parse_request,
     MODERATE_PATH: parse_moderation,
     FETCH_PATH: parse_fetch,
     MCP_PATH: parse_mcp,
+    API_PATH: parse_api,
 }
 
 
@@ -328,6 +349,7 @@ class Channel:
         secrets_: Mapping[str, str],
         routes: Sequence[ModelRoute],
         egress: Sequence[str] = (),
+        api_specs: Mapping[str, Any] | None = None,
         budgets: Sequence[Budget],
         deadline: float,
         complete: Complete,
@@ -341,6 +363,9 @@ class Channel:
         # Hosts the case's web_read_page may reach through the gateway (the project's egress
         # allowlist; empty: none).
         self.egress = tuple(egress)
+        # The project's API specs (prefix -> {base_url, headers, tools}, api_specs/): what its
+        # api: tools call, built by the gateway, never by the case.
+        self.api_specs: Mapping[str, Any] = dict(api_specs or {})
         self.budgets = tuple(budgets)
         self.deadline = deadline  # time.monotonic() of the gate's deadline
         self.token = secrets.token_urlsafe(32)

@@ -9,6 +9,7 @@ decide them together.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import threading
@@ -22,6 +23,9 @@ from urllib.parse import urlsplit
 import httpx
 
 from gate_runner.gateway_wire import (
+    MAX_API_BODY_CHARS,
+    ApiReply,
+    ApiRequest,
     CompletionReply,
     CompletionRequest,
     FetchReply,
@@ -37,11 +41,12 @@ from gate_service.config import Settings
 from gate_service.secrets.redact import Redactor
 
 from ..endpoints import host_allowed, refused_address
+from .api_call import build_call
 from .budget import Budget, BudgetLedger, Budgets, Limits, SpendStore
 from .channel import Channel
 from .failure import Failure
 from .keys import ModelRoute, Route, provider_secret_names, resolve_route
-from .mcp import fill_headers, mcp_once
+from .mcp import fill_headers, fill_secrets, mcp_once
 from .records import CallRecord
 from .transport import RefusedAddress, guarded_client
 
@@ -60,8 +65,8 @@ class _Retryable(Exception):
         self.retry_after_s = retry_after_s
 
 
-Reply = CompletionReply | ModerationReply | FetchReply | McpReply
-Request = CompletionRequest | ModerationRequest | FetchRequest | McpRequest
+Reply = CompletionReply | ModerationReply | FetchReply | McpReply | ApiReply
+Request = CompletionRequest | ModerationRequest | FetchRequest | McpRequest | ApiRequest
 MAX_REDIRECTS = 5
 MAX_PAGE_BYTES = 2 * 1024 * 1024
 
@@ -82,6 +87,8 @@ def _what(request: Request) -> str:
         return f"page {request.url}"
     if isinstance(request, McpRequest):
         return f"MCP server {request.server}"
+    if isinstance(request, ApiRequest):
+        return f"api:{request.api}.{request.tool}"
     return f"model {request.model}"
 
 
@@ -185,6 +192,7 @@ class ModelGateway:
         deadline: float,
         routes: Sequence[ModelRoute] = (),
         egress: Sequence[str] = (),
+        api_specs: Mapping[str, Any] | None = None,
         budgets: Budgets | None = None,
         waiting: Callable[[], AbstractContextManager[None]] | None = None,
     ) -> Channel:
@@ -218,6 +226,7 @@ class ModelGateway:
             secrets_=secrets,
             routes=routes,
             egress=egress,
+            api_specs=api_specs,
             budgets=(gate, project),
             deadline=deadline,
             complete=self.complete,
@@ -239,6 +248,8 @@ class ModelGateway:
                 channel, request, lambda: self._egress(channel, request), self._fetch_once,
                 self._fetched,
             )  # fmt: skip
+        if isinstance(request, ApiRequest):
+            return self._call(channel, request, lambda: None, self._api_once, self._api_answered)
         if isinstance(request, McpRequest):
             asker = f"MCP server {request.server} ({request.url})"
             return self._call(
@@ -397,6 +408,69 @@ class ModelGateway:
             if failure.error.kind == "deadline" and not cut_by_deadline:
                 raise Failure("provider", failure.error.message) from None
             raise
+
+    def _api_once(
+        self,
+        channel: Channel,
+        request: ApiRequest,
+        route: None,
+        timeout: float,
+        *,
+        cut_by_deadline: bool,
+    ) -> dict[str, Any]:
+        """One call of an api: tool, built from the project's stored spec (api_call.py) and
+        sent only to a host on its egress allowlist; no redirect is followed (its status is
+        the answer). Never retried: a tool's errors go back to the model (spec 3.3)."""
+        call = build_call(channel.api_specs, request)
+        _allowed_url(channel, call.url, f"api:{request.api}.{request.tool} ({call.url})")
+        withheld = provider_secret_names() | {r.key_secret for r in channel.routes if r.key_secret}
+        headers = {
+            **fill_secrets(call.headers, f"api:{request.api}", channel.secrets, withheld),
+            **call.argument_headers,
+        }
+        try:
+            with guarded_client(timeout=timeout) as client:
+                with client.stream(
+                    call.method, call.url, params=call.query, headers=headers, json=call.body
+                ) as response:
+                    data = b""
+                    for chunk in response.iter_bytes():
+                        data += chunk
+                        if len(data) > MAX_PAGE_BYTES:
+                            break
+                    kind = response.headers.get("content-type", "")
+                    status = response.status_code
+        except httpx.TimeoutException:
+            if cut_by_deadline:
+                raise Failure(
+                    "deadline", f"the gate's deadline came before {call.url} answered"
+                ) from None
+            raise Failure("provider", f"{call.url} did not answer in time") from None
+        except RefusedAddress as exc:
+            raise Failure("no_route", f"api:{request.api}.{request.tool}: {exc}") from None
+        except httpx.HTTPError as exc:
+            raise Failure("provider", f"{call.url}: {type(exc).__name__}: {exc}") from None
+        text = data[:MAX_PAGE_BYTES].decode("utf-8", errors="replace")
+        body: Any = text[:MAX_API_BODY_CHARS]
+        if "json" in kind:
+            try:
+                body = json.loads(text)
+            except ValueError:
+                pass
+        return {"status": status, "body": body}
+
+    @staticmethod
+    def _api_answered(
+        response: dict[str, Any], key: str, attempts: int, started: float
+    ) -> tuple[Reply, int, int, float]:
+        reply = ApiReply(
+            status=response["status"],
+            body=response["body"],
+            latency_ms=_ms_since(started),
+            request_hash=key,
+            attempts=attempts,
+        )
+        return reply, 0, 0, 0.0
 
     @staticmethod
     def _mcp_answered(

@@ -50,40 +50,55 @@ class GuardedAsyncTransport(httpx.AsyncHTTPTransport):
         return await super().handle_async_request(request)
 
 
-def fill_headers(
-    request: McpRequest, secrets: Mapping[str, str], withheld: Collection[str]
+def fill_secrets(
+    headers: Mapping[str, str],
+    who: str,
+    secrets: Mapping[str, str],
+    withheld: Collection[str],
+    context_values: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The headers with every placeholder filled; ``Failure("no_route")`` naming the first
-    one that cannot be."""
+    """``headers`` with every placeholder filled in one pass: ``${context.path}`` from
+    ``context_values``, ``${NAME}`` from ``secrets`` (never one of ``withheld``, the keys
+    the gateway keeps for model calls); ``Failure("no_route")`` naming the first one that
+    cannot be. ``who`` names the caller in the message."""
+    values = context_values or {}
     filled = {}
-    for name, template in request.headers.items():
+    for name, template in headers.items():
 
         def value(match: re.Match[str], header: str = name) -> str:
             ref = match.group(1)
             if ref.startswith("context."):
-                if ref not in request.context_values:
+                if ref not in values:
                     raise Failure(
                         "no_route",
-                        f"MCP server {request.server}: header {header} uses ${{{ref}}}, "
-                        "which the run did not resolve",
+                        f"{who}: header {header} uses ${{{ref}}}, which the run did not resolve",
                     )
-                return request.context_values[ref]
+                return values[ref]
             if ref in withheld:
                 raise Failure(
                     "no_route",
-                    f"MCP server {request.server}: header {header} uses ${{{ref}}}, a model "
-                    "provider's key, which the gateway uses for model calls only",
+                    f"{who}: header {header} uses ${{{ref}}}, a model provider's key, which "
+                    "the gateway uses for model calls only",
                 )
             if ref not in secrets:
                 raise Failure(
                     "no_route",
-                    f"MCP server {request.server}: header {header} uses ${{{ref}}}, which is "
-                    "not one of the project's secrets (gate admin secrets-set)",
+                    f"{who}: header {header} uses ${{{ref}}}, which is not one of the "
+                    "project's secrets (gate admin secrets-set)",
                 )
             return secrets[ref]
 
         filled[name] = PLACEHOLDER.sub(value, template)
     return filled
+
+
+def fill_headers(
+    request: McpRequest, secrets: Mapping[str, str], withheld: Collection[str]
+) -> dict[str, str]:
+    """An MCP request's headers, filled (fill_secrets)."""
+    return fill_secrets(
+        request.headers, f"MCP server {request.server}", secrets, withheld, request.context_values
+    )
 
 
 def _leaf(exc: BaseException) -> BaseException:

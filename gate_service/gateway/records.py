@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gate_runner.gateway_wire import (
+    ApiReply,
     CompletionReply,
     FetchReply,
     GatewayError,
@@ -38,7 +39,8 @@ class CallRecord:
     request: dict[str, Any]  # the request's replay_request()
     agent: str
     status: str  # "ok" or the GatewayError's kind
-    reply: CompletionReply | ModerationReply | FetchReply | McpReply | None  # when ok: raw()
+    # When ok: what its raw() recorded.
+    reply: CompletionReply | ModerationReply | FetchReply | McpReply | ApiReply | None
     error: GatewayError | None
     tokens_in: int = 0
     tokens_out: int = 0

@@ -31,6 +31,7 @@ from gate_runner import case_env as handoff
 from gate_runner.contract import MAX_CLEANUP_SECONDS
 
 from .. import incidents
+from ..api_specs import loader_tools
 from ..bundles.archive import read_archive
 from ..bundles.requirements import FILE as REQUIREMENTS_FILE
 from ..bundles.requirements import read_requirements
@@ -293,17 +294,18 @@ def _judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None
 
 
 def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
-    def begin(session: Session, gate: Gate) -> tuple[bool, str, str | None, bytes]:
+    def begin(session: Session, gate: Gate) -> tuple[bool, str, str | None, bytes, dict[str, Any]]:
         if gate.cancel_requested:
             service.cancel_gate(gate)
             job.finish(session)
-            return False, "", None, b""
+            return False, "", None, b"", {}
         service.start_gate(gate)
         time_left(ctx.settings, gate.started_at)  # a retry may start past the deadline
         data = session.scalar(select(Bundle.data).where(Bundle.sha256 == gate.bundle_sha256))
-        return True, gate.bundle_sha256, gate.filter, data or b""
+        api_specs = session.get_one(Project, gate.project_id).api_specs or {}
+        return True, gate.bundle_sha256, gate.filter, data or b"", loader_tools(api_specs)
 
-    go_on, sha256, name_filter, data = _write(ctx, job, begin)
+    go_on, sha256, name_filter, data, api_tools = _write(ctx, job, begin)
     if not go_on:
         return
     # A scratch directory this process holds locked, so a crash leaves nothing for good.
@@ -317,7 +319,7 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
         # requirements.txt is data: parsed here, before anything is fetched, and only what
         # parsed as a plain PEP 508 requirement ever reaches pip (as arguments, never a file).
         requirements = read_requirements(bundle_dir / REQUIREMENTS_FILE)
-        report = validate_project(bundle_dir, name_filter)
+        report = validate_project(bundle_dir, name_filter, api_tools)
         if requirements.problems:
             first = requirements.problems[0]
             problems = requirements.problems + report.problems
@@ -477,6 +479,8 @@ class _CaseStart:
     routes: tuple[ModelRoute, ...]  # the project's model routes, as the case starts
     egress: tuple[str, ...]  # the project's egress allowlist, as the case starts
     seconds_left: float  # until the gate's deadline
+    # The project's API specs (prefix -> {base_url, headers, tools}), as the case starts.
+    api_specs: dict[str, Any]
 
 
 def _run_case(
@@ -561,6 +565,7 @@ def _model_channel(
         secrets=start.secrets,
         routes=start.routes,
         egress=start.egress,
+        api_specs=start.api_specs,
         deadline=time.monotonic() + start.seconds_left,
         waiting=lease.waiting_on_model if lease is not None else None,
     )
@@ -589,7 +594,10 @@ def _run_container(
             image,
             runner_argv(s, suite, test_name, start.model_mode),
             stdin=handoff.encode(
-                start.env, nonce, gateway_token=channel.token if channel else None
+                start.env,
+                nonce,
+                gateway_token=channel.token if channel else None,
+                api_tools=loader_tools(start.api_specs),
             ),
             limits=RunLimits(
                 memory_mb=s.case_memory_mb,
@@ -641,7 +649,10 @@ def _mark_running(ctx: WorkerContext, job: ClaimedJob, case_id: uuid.UUID) -> _C
             case_secrets = {k: v for k, v in project_env.items() if k not in withheld}
         env = {**case_environment(ctx.settings), **case_secrets}
         egress = tuple(str(host) for host in project.egress_hosts)
-        return _CaseStart(gate.model_mode, env, project_env, gate.project_id, routes, egress, left)
+        api_specs = dict(project.api_specs or {})
+        return _CaseStart(
+            gate.model_mode, env, project_env, gate.project_id, routes, egress, left, api_specs
+        )
 
     try:
         return _write(ctx, job, mark)

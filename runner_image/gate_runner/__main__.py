@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             scratch_dir=args.scratch_dir,
             env=handoff.env,
             gateway=gateway,
+            api_tools=handoff.api_tools,
         )
         result = run_case(args.project, args.suite, args.case, isolation, args.model_mode)
         nonce = case_env.read_nonce() if args.handoff else None

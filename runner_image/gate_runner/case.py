@@ -331,6 +331,7 @@ def _invocation_body(
     prepared: PreparedCase,
     model_mode: str | None,
     gateway: GatewayChannel | None,
+    api_tools: Mapping[str, Any],
     channel: Channel,
 ) -> None:
     """What a forked invocation runs: the agent, then a builder's cleanup; reports over pipe."""
@@ -355,7 +356,8 @@ def _invocation_body(
         context: dict[str, Any] = {}
         stage = "loading the project"
         try:
-            loader = ProjectLoader(str(project))
+            # api: tools resolve against the project's specs (the SDK loader's registry).
+            loader = ProjectLoader(str(project), api_spec_tools=dict(api_tools) or None)
             runtime.agents = {a.config.name: a for a in loader.load_agents()}
             runtime.loader = loader
             if prepared.agent_name not in runtime.agents:
@@ -529,7 +531,12 @@ def _run_invocations(
                 try:
                     proc = supervisor.spawn(
                         functools.partial(
-                            _invocation_body, project, prepared, model_mode, isolation.gateway
+                            _invocation_body,
+                            project,
+                            prepared,
+                            model_mode,
+                            isolation.gateway,
+                            isolation.api_tools,
                         ),
                         timeout_s=timeout_s,
                         after_agent_seconds=cleanup_budget(prepared) if builder else None,

@@ -34,6 +34,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 # The environment is read at once, so it is bounded: a project's secrets are capped at 1 MiB
 # encrypted (gate_service.secrets), and GATE_CASE_ENV names a handful of variables.
@@ -100,15 +101,29 @@ class Handoff:
     env: dict[str, str] = field(default_factory=dict)
     # Never in a repr: it would be a credential in a traceback.
     gateway_token: str | None = field(default=None, repr=False)
+    # The project's api: tools, as the SDK loader's registry takes them
+    # ({prefix: {tool: {description, method, path, parameters}}}); empty: none.
+    api_tools: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
 
-def encode(env: Mapping[str, str], nonce: str, *, gateway_token: str | None = None) -> bytes:
-    """The runner's standard input for one case; ``gateway_token`` when it has a gateway."""
+def encode(
+    env: Mapping[str, str],
+    nonce: str,
+    *,
+    gateway_token: str | None = None,
+    api_tools: Mapping[str, Any] | None = None,
+) -> bytes:
+    """The runner's standard input for one case; ``gateway_token`` when it has a gateway,
+    ``api_tools`` when its project has API specs."""
     shaped: dict[str, object] = dict(env)
-    if gateway_token is not None:
-        if not gateway_token:
-            raise ValueError("a gateway token cannot be empty")
-        shaped = {"env": dict(env), "gateway": {"token": gateway_token}}
+    if gateway_token is not None or api_tools:
+        shaped = {"env": dict(env)}
+        if gateway_token is not None:
+            if not gateway_token:
+                raise ValueError("a gateway token cannot be empty")
+            shaped["gateway"] = {"token": gateway_token}
+        if api_tools:
+            shaped["api_tools"] = dict(api_tools)
     body = json.dumps(shaped, ensure_ascii=False).encode()
     if len(body) > MAX_ENV_BYTES:
         raise ValueError(
@@ -173,7 +188,14 @@ def _handoff(read: Callable[[int], bytes]) -> Handoff:
         raise ValueError(f"the handoff's length header {text[:20]!r} is not a length")
     body = json.loads(_read_exactly(read, int(text)))
     token: str | None = None
+    api_tools: dict[str, Any] = {}
     if isinstance(body, dict) and isinstance(body.get("env"), dict):
+        api_tools = body.get("api_tools") or {}
+        if not isinstance(api_tools, dict) or not all(
+            isinstance(tools, dict) and all(isinstance(t, dict) for t in tools.values())
+            for tools in api_tools.values()
+        ):
+            raise ValueError("the handoff's api_tools is not an object of tool objects")
         gateway = body.get("gateway")
         if gateway is not None:
             token = gateway.get("token") if isinstance(gateway, dict) else None
@@ -184,7 +206,7 @@ def _handoff(read: Callable[[int], bytes]) -> Handoff:
         isinstance(k, str) and isinstance(v, str) for k, v in body.items()
     ):
         raise ValueError("the handoff's environment is not an object of strings")
-    return Handoff(env=body, gateway_token=token)
+    return Handoff(env=body, gateway_token=token, api_tools=api_tools)
 
 
 def _nonce(read: Callable[[int], bytes]) -> str:

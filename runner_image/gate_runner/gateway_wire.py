@@ -38,6 +38,11 @@ MAX_PAGE_CHARS: Final = 100_000
 # the project's egress allowlist, answered with an McpReply.
 MCP_PATH: Final = "/v1/mcp"
 MCP_OPS: Final = ("list", "call")
+# An `api:` tool's call (spec 3.3): an ApiRequest naming the project's spec prefix, the tool
+# and its arguments; the gateway builds the HTTP request from the spec the project stored
+# (the case cannot point it elsewhere) and answers an ApiReply.
+API_PATH: Final = "/v1/api"
+MAX_API_BODY_CHARS: Final = 200_000
 # A request carries the whole conversation so far; an answer, one message.
 MAX_REQUEST_BYTES: Final = 8 * 1024 * 1024
 MAX_REPLY_BYTES: Final = 8 * 1024 * 1024
@@ -271,6 +276,43 @@ class McpReply:
     def raw(self) -> dict[str, Any]:
         answer = {"tools": self.tools} if self.tools is not None else {"result": self.result}
         return {"mcp": answer}
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApiRequest:
+    """One call of the tool ``api:<api>.<tool>`` with ``arguments``."""
+
+    api: str
+    tool: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    agent: str = ""
+    attempts: int = 1
+    timeout_s: float = 30.0
+
+    def replay_request(self) -> dict[str, Any]:
+        return {"api": {"api": self.api, "tool": self.tool, "arguments": self.arguments}}
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), default=str).encode()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApiReply:
+    """The operation's HTTP status and its body: parsed JSON when it is JSON, else text (at
+    most MAX_API_BODY_CHARS)."""
+
+    status: int
+    body: Any
+    latency_ms: int
+    request_hash: str
+    attempts: int
+    cost_usd: float = 0.0
+
+    def raw(self) -> dict[str, Any]:
+        return {"api": {"status": self.status, "body": self.body}}
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode()

@@ -59,6 +59,8 @@ class Isolation:
     # each invocation, which calls the model, and never in its environment, where every
     # subprocess of user code would get it for nothing.
     gateway: GatewayChannel | None = None
+    # The project's api: tools for the SDK loader (case_env.Handoff.api_tools).
+    api_tools: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Channel:

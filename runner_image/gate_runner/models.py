@@ -232,6 +232,17 @@ class ReplayModel:
             )
         return dict(recorded["fetch"])
 
+    def api(self, request: wire.ApiRequest) -> dict[str, Any]:
+        """An api: tool's answer as the recorded gate had it (ApiReply.raw()["api"])."""
+        key = request_key(request.replay_request())
+        recorded = self.recordings.get(key)
+        if not isinstance(recorded, dict) or not isinstance(recorded.get("api"), dict):
+            raise AgentRunError(
+                f"no recording for api:{request.api}.{request.tool} with these arguments (key "
+                f"{key[:16]}); record it again from a live gate (`gate recordings`)"
+            )
+        return api_answer(recorded["api"], source=f"recording {key[:16]}")
+
     def mcp(self, request: wire.McpRequest) -> dict[str, Any]:
         """An MCP list or call as the recorded gate answered it (McpReply.raw()["mcp"])."""
         key = request_key(request.replay_request())
@@ -243,6 +254,15 @@ class ReplayModel:
                 "record it again from a live gate (`gate recordings`)"
             )
         return mcp_answer(recorded["mcp"], source=f"recording {key[:16]}")
+
+
+def api_answer(raw: Any, *, source: str) -> dict[str, Any]:
+    """``{"status", "body"}`` of an api: tool's call, keys in order (see mcp_answer)."""
+    raw = json.loads(json.dumps(raw, sort_keys=True, default=str))
+    status = raw.get("status") if isinstance(raw, dict) else None
+    if isinstance(status, bool) or not isinstance(status, int):
+        raise AgentRunError(f"{source}: not an API answer (no HTTP status)")
+    return {"status": status, "body": raw.get("body")}
 
 
 def mcp_answer(raw: Any, *, source: str) -> dict[str, Any]:
@@ -632,6 +652,26 @@ class GatewayModel:
             replayed = request.replay_request()
             write_recording(self.record_to, request_key(replayed), replayed, {"fetch": fetched})
         return fetched
+
+    def api(self, request: wire.ApiRequest) -> dict[str, Any]:
+        """An api: tool's call through the gateway (written as a recording in record mode)."""
+        request = dataclasses.replace(request, agent=self.agent)
+        what = f"api:{request.api}.{request.tool}"
+        data = self._exchange(wire.API_PATH, request.to_json(), what)
+        try:
+            doc = json.loads(data)
+            answer = api_answer(
+                {"status": doc["status"], "body": doc["body"]}, source=f"the gateway's {what}"
+            )
+        except (ValueError, KeyError, TypeError, AttributeError, AgentRunError):
+            raise ModelCallError(
+                f"{what}: the model gateway's reply is not an API answer",
+                {"error_kind": "bad_reply"},
+            ) from None
+        if self.record_to is not None:
+            replayed = request.replay_request()
+            write_recording(self.record_to, request_key(replayed), replayed, {"api": answer})
+        return answer
 
     def mcp(self, request: wire.McpRequest) -> dict[str, Any]:
         """An MCP list or call through the gateway, when the server's host is on the

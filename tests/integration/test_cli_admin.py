@@ -115,3 +115,32 @@ def test_admin_sets_and_lists_a_projects_egress_hosts(
     assert code == 0 and json.loads(out)["hosts"] == ["api.example.com", "*.example.org"]
     code, _, err = run(capsys, "admin", "--url", url, "egress-set", "fetching", "--host", "a b")
     assert code == 2 and "not a host name" in err
+
+
+def test_admin_stores_and_lists_a_projects_api_spec(
+    live_server: tuple[str, int],  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    url = "http://{}:{}".format(*live_server)
+    monkeypatch.setenv("GATE_TOKEN", ADMIN_TOKEN)
+    assert run(capsys, "admin", "--url", url, "project-create", "calling")[0] == 0
+    spec = tmp_path / "orders.yaml"
+    spec.write_text(
+        "openapi: 3.0.3\n"
+        "servers: [{url: 'https://orders.example.com'}]\n"
+        "paths:\n  /orders/{id}:\n    get: {operationId: getOrder}\n"
+    )
+    code, out, err = run(
+        capsys, "admin", "--url", url, "api-spec-set", "calling", "orders", str(spec),
+        "--header", "Authorization=Bearer ${ORDERS_KEY}",
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["tools"] == ["order_get"]
+    code, out, _ = run(capsys, "admin", "--url", url, "api-specs", "calling")
+    (listed,) = json.loads(out)["specs"]
+    assert (listed["prefix"], listed["headers"]) == ("orders", ["Authorization"])
+    code, _, err = run(capsys, "admin", "--url", url, "api-spec-set", "calling", "orders",
+                       str(spec), "--header", "no-equals-sign")  # fmt: skip
+    assert code == 2 and "must be NAME=VALUE" in err

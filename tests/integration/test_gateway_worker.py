@@ -26,6 +26,7 @@ from gate_service.config import Settings
 from gate_service.gateway import ModelGateway
 from gate_service.worker.handler import WorkerContext
 from gate_service.worker.loop import Worker
+from tests.fixtures.api_server import ApiServer
 from tests.fixtures.auth import as_token, project_token
 from tests.fixtures.fake_llm import FakeProvider
 from tests.fixtures.mcp_server import McpServer
@@ -659,3 +660,78 @@ def test_an_mcp_server_is_reached_through_the_gateway_on_the_allowlist_and_repla
         target.write_text(json.dumps(recording["content"]))
     again = judge(project, model_mode="replay")
     assert again["model_calls"]["calls"] == 0
+
+
+def test_an_api_tool_runs_from_the_projects_stored_spec_through_the_gateway(
+    client: TestClient,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    gateway: ModelGateway,
+    provider: FakeProvider,
+    tmp_path: Path,
+) -> None:
+    """Issue 21 item 6 through the API and the worker: a project's admin stores an OpenAPI
+    spec under a prefix; the gate validates api: refs against it, the case's loader offers
+    its tools, and the gateway calls the API from the stored spec at a host on the egress
+    allowlist, with the header's secret filled there."""
+    alpha = tenant(client, "alpha", provider)
+    api = ApiServer()
+    try:
+        for prefix, body, says in [
+            ("Bad-Prefix", {"spec": api.spec()}, "must be 1 to 64 characters"),
+            ("orders", {"spec": {"openapi": "2.0"}}, "OpenAPI 3.x"),
+            ("orders", {"spec": api.spec(), "base_url": "http://169.254.169.254"}, "link-local"),
+        ]:
+            r = client.put(f"/v1/projects/alpha/api-specs/{prefix}", json=body)
+            assert r.status_code == 422 and says in r.text, r.text
+        r = client.put(
+            "/v1/projects/alpha/api-specs/orders",
+            json={"spec": api.spec(), "headers": {"Authorization": "Bearer ${OTHER_SETTING}"}},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["tools"] == ["order_get", "orders_post"]
+        listed = client.get("/v1/projects/alpha/api-specs").json()["specs"]
+        assert [(s["prefix"], s["headers"]) for s in listed] == [("orders", ["Authorization"])]
+        assert client.put("/v1/projects/alpha/egress", json={"hosts": ["127.0.0.1"]}).is_success
+        project = write(
+            tmp_path / "p",
+            {
+                "agents/desk.yaml": """
+                    version: "1.0"
+                    name: desk
+                    description: Looks orders up through the orders API.
+                    model: openai/gpt-4o
+                    system_prompt: Help.
+                    retry_options: {attempts: 1}
+                    tools: [api:orders.order_get]
+                """,
+                "tests/desk.yaml": """
+                    tests:
+                      - name: looks_it_up
+                        payload: where is x?
+                        expected_tool_calls:
+                          - api:orders.order_get: result.status == 200 and params.id == "x"
+                """,
+            },
+        )
+        provider.tool_call = ("order_get", {"id": "x"})
+        provider.script = ["tool", "ok"]
+        gate = alpha.post("/v1/gates", files={"bundle": ("b.tgz", bundle_of(project))}).json()
+        assert worker(settings, sessions, FakeSandbox(), gateway).run_once()
+        done = alpha.get(f"/v1/gates/{gate['id']}").json()
+        assert done["status"] == "passed", (done["failure_reason"], done["cases"])
+        assert not [w for w in done["warnings"] if "api:" in w["key"]], done["warnings"]
+        assert api.seen == [("GET", "/api/v1/orders/x", f"Bearer {OTHER_SECRET}", None)]
+        # A ref to a tool the project's spec does not have is the bundle's problem.
+        (project / "agents/desk.yaml").write_text(
+            (project / "agents/desk.yaml").read_text().replace("order_get", "order_delete")
+        )
+        bad = alpha.post("/v1/gates", files={"bundle": ("b.tgz", bundle_of(project))}).json()
+        assert worker(settings, sessions, FakeSandbox(), gateway).run_once()
+        refused = alpha.get(f"/v1/gates/{bad['id']}").json()
+        assert refused["status"] == "error", refused
+        assert "order_delete" in json.dumps(refused["problems"]), refused["problems"]
+    finally:
+        api.close()
+    assert client.delete("/v1/projects/alpha/api-specs/orders").status_code == 204
+    assert client.get("/v1/projects/alpha/api-specs").json()["specs"] == []

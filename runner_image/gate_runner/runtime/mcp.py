@@ -1,4 +1,5 @@
-"""An LLM agent's MCP servers (spec 3.3; the SDK's McpServerConfig): connected once per run,
+"""An LLM agent's MCP servers (spec 3.3; the SDK's McpServerConfig), and the door its `api:`
+tools share with them: connected once per run,
 through the case's model gateway, their tools offered like listed ones (or, with
 ``discoverable: true``, through search_tools and use_tool).
 
@@ -92,6 +93,18 @@ def ask(rt: Runtime, agent: str, request: wire.McpRequest) -> dict[str, Any]:
             "only way to an MCP server"
         )
     return door.mcp(request)
+
+
+def call_api_tool(rt: Runtime, agent: str, ref: str, params: dict[str, Any]) -> dict[str, Any]:
+    """An `api:<prefix>.<tool>` call through the same door as MCP: the gateway builds it from
+    the project's spec; the answer is ``{"status", "body"}``."""
+    prefix, _, name = ref.removeprefix("api:").rpartition(".")
+    door = _door(rt, agent)
+    if door is None:
+        raise AgentRunError(
+            f"{ref}: this case has no model gateway, which is a case's only way to an API"
+        )
+    return door.api(wire.ApiRequest(api=prefix, tool=name, arguments=params))
 
 
 def context_values(server: Any, context: dict[str, Any]) -> dict[str, str]:

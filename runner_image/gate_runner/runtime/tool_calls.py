@@ -19,11 +19,11 @@ from ..approvals import AwaitingApproval, rejection_error, requires_approval
 from ..expr import describe
 from ..mocks import StrictViolation, check_arguments, normalise
 from ..runtime_errors import AgentRunError
-from .mcp import McpTool
+from .mcp import McpTool, call_api_tool
 from .mcp import call as call_mcp
 from .mocking import guard, resolve_phase, violate
 from .payloads import jsonable
-from .toolset import approval_inputs, discoverable, tool_schemas
+from .toolset import approval_inputs, discoverable, is_api_tool, tool_schemas
 from .trace import Span, Trace, error_text, timed
 from .usercode import accepts, call_user_function
 
@@ -219,6 +219,10 @@ def call_hook(
 def execute_tool(
     rt: Runtime, tool: Any, params: dict[str, Any], context: dict[str, Any], span: Span
 ) -> Any:
+    if is_api_tool(tool):
+        # Never mocked (spec 8.2), and never under strict_mocks: it runs through the gateway,
+        # from the recordings in replay mode.
+        return call_api_tool(rt, str(context.get("agent_name") or ""), tool.ref, params)
     if tool.is_predefined:
         if tool.name == "trigger_agent":
             return rt.trigger(**params)

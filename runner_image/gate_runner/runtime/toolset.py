@@ -12,6 +12,11 @@ if TYPE_CHECKING:
     from .orchestrator import Runtime
 
 
+def is_api_tool(tool: Any) -> bool:
+    """An `api:<prefix>.<tool>` tool: an operation of one of the project's API specs."""
+    return str(getattr(tool, "ref", "") or "").startswith("api:")
+
+
 def tool_schema(tool: Any) -> dict[str, Any]:
     return {
         "type": "function",
@@ -145,7 +150,7 @@ def tool_schemas(rt: Runtime, tools: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The function schemas the model is offered, one per visible tool."""
     schemas = []
     for tool in tools.values():
-        if tool.is_predefined:
+        if tool.is_predefined and not is_api_tool(tool):
             schema = predefined_schema(rt, tool.name)
             schemas.append(
                 {
