@@ -1,7 +1,7 @@
 """An LLM agent's MCP servers (spec 3.3; the SDK's McpServerConfig), and the door its `api:`
-tools share with them: connected once per run,
-through the case's model gateway, their tools offered like listed ones (or, with
-``discoverable: true``, through search_tools and use_tool).
+tools share with them. The servers are connected once per run, through the case's model
+gateway, their tools offered like listed ones (or, with ``discoverable: true``, through
+search_tools and use_tool).
 
 Per server, at the run's start, one ``mcp_server`` span says what happened:
 - ``condition`` false (or not evaluable): not connected.
