@@ -14,6 +14,7 @@ the properties of a JSON request body (a body that is not an object is the param
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +27,10 @@ METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
 PREFIX = re.compile(r"[a-z][a-z0-9_]{0,63}")
 MAX_TOOLS = 500
 MAX_REF_DEPTH = 12
+# What a spec may come to once its $refs are inlined: the nodes resolved, and the JSON of
+# its tools as stored on the project and handed to every case (whose handoff is bounded).
+MAX_RESOLVED_NODES = 200_000
+MAX_STORED_CHARS = 1_000_000
 _WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z0-9]|$)|[A-Z]?[a-z0-9]+|[A-Z]+")
 _VERSION = re.compile(r"v\d+(\.\d+)*")
 
@@ -74,8 +79,15 @@ def tool_name(method: str, path: str, operation_id: str | None) -> str:
     return "_".join([*words, method.lower()])
 
 
-def _resolve(node: Any, document: Mapping[str, Any], depth: int = 0) -> Any:
-    """``node`` with every local ``$ref`` replaced by what it names (cycles end in {})."""
+def _resolve(node: Any, document: Mapping[str, Any], budget: list[int], depth: int = 0) -> Any:
+    """``node`` with every local ``$ref`` replaced by what it names (cycles end in {}); each
+    node resolved takes one of ``budget``, and none left refuses the spec (a few KB of
+    self-references would otherwise inline to many MB)."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise BadRequest(
+            f"the spec's $refs expand to over {MAX_RESOLVED_NODES} nodes; inline less of it"
+        )
     if depth > MAX_REF_DEPTH:
         return {}
     if isinstance(node, Mapping):
@@ -87,10 +99,10 @@ def _resolve(node: Any, document: Mapping[str, Any], depth: int = 0) -> Any:
             for part in ref[2:].split("/"):
                 part = part.replace("~1", "/").replace("~0", "~")
                 target = target.get(part) if isinstance(target, Mapping) else None
-            return _resolve(target if target is not None else {}, document, depth + 1)
-        return {k: _resolve(v, document, depth + 1) for k, v in node.items()}
+            return _resolve(target if target is not None else {}, document, budget, depth + 1)
+        return {k: _resolve(v, document, budget, depth + 1) for k, v in node.items()}
     if isinstance(node, list):
-        return [_resolve(v, document, depth + 1) for v in node]
+        return [_resolve(v, document, budget, depth + 1) for v in node]
     return node
 
 
@@ -117,6 +129,7 @@ def convert(
         raise BadRequest("the spec has no `paths`")
     url = base_url_of(document, base_url)
     tools: dict[str, dict[str, Any]] = {}
+    budget = [MAX_RESOLVED_NODES]
     for path, item in paths.items():
         if not isinstance(item, Mapping):
             continue
@@ -134,10 +147,17 @@ def convert(
                     f"two operations of the spec are both named {name!r} (the second is "
                     f"{method.upper()} {path}); give one an operationId of its own"
                 )
-            tools[name] = _tool(document, method, str(path), operation, shared)
+            tools[name] = _tool(document, method, str(path), operation, shared, budget)
             if len(tools) > MAX_TOOLS:
                 raise BadRequest(f"the spec has over {MAX_TOOLS} operations")
-    return ApiSpec(base_url=url, headers=dict(headers or {}), tools=tools)
+    spec = ApiSpec(base_url=url, headers=dict(headers or {}), tools=tools)
+    size = len(json.dumps(spec.stored()))
+    if size > MAX_STORED_CHARS:
+        raise BadRequest(
+            f"the spec's tools take {size} characters once its $refs are inlined, over "
+            f"{MAX_STORED_CHARS}; store a smaller spec or fewer operations"
+        )
+    return spec
 
 
 def _tool(
@@ -146,12 +166,13 @@ def _tool(
     path: str,
     operation: Mapping[str, Any],
     shared: list[Any],
+    budget: list[int],
 ) -> dict[str, Any]:
     properties: dict[str, Any] = {}
     required: list[str] = []
     where: dict[str, str] = {}
     for raw in [*shared, *_list(operation.get("parameters"))]:
-        param = _map(_resolve(raw, document))
+        param = _map(_resolve(raw, document, budget))
         name, place = param.get("name"), param.get("in")
         if not isinstance(name, str) or place not in ("path", "query", "header"):
             continue
@@ -161,7 +182,7 @@ def _tool(
         where[name] = place
         if param.get("required") or place == "path":
             required.append(name)
-    body = _map(_resolve(operation.get("requestBody") or {}, document))
+    body = _map(_resolve(operation.get("requestBody") or {}, document, budget))
     json_body = _map(_map(body.get("content")).get("application/json"))
     if json_body:
         schema = _map(json_body.get("schema"))
@@ -172,10 +193,12 @@ def _tool(
                 where.setdefault(name, "body")
             required += [r for r in _list(schema.get("required")) if isinstance(r, str)]
         else:
-            properties["body"] = schema
-            where["body"] = "body_whole"
+            # The whole body is one argument, named so as not to take a parameter's name.
+            whole = next(n for n in ("body", "request_body", "_body") if n not in properties)
+            properties[whole] = schema
+            where[whole] = "body_whole"
             if body.get("required"):
-                required.append("body")
+                required.append(whole)
     summary = operation.get("summary") or operation.get("description")
     return {
         "description": str(summary) if summary else f"{method.upper()} {path}",

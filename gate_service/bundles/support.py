@@ -511,8 +511,8 @@ API_TOOLS = Support(
 # An api: ref whose spec the project has not stored: the SDK loader drops it.
 API_TOOLS_MISSING = Support(
     "not_in_gate",
-    "the project has no OpenAPI spec under this prefix (PUT /v1/projects/{name}/api-specs/"
-    "{prefix}), so the SDK loader drops the tool and the agent runs without it",
+    "the project has no OpenAPI spec stored (PUT /v1/projects/{name}/api-specs/{prefix}), "
+    "so the SDK loader drops the tool and the agent runs without it",
 )
 
 # An MCP server a gate skips for every run, by the field that makes it so (runtime/mcp.py).
@@ -544,10 +544,6 @@ def _warning(file: str, agent: str, key: str, support: Support) -> dict[str, Any
     }
 
 
-def _api_prefix(ref: str) -> str:
-    return ref.removeprefix("api:").rpartition(".")[0]
-
-
 def agent_warnings(
     file: str,
     raw: Mapping[str, Any],
@@ -569,8 +565,9 @@ def agent_warnings(
             str(next(iter(e))) if isinstance(e, Mapping) and len(e) == 1 else str(e)
             for e in (entries if isinstance(entries, list) else [])
         ]
-        # An api: ref whose spec the project has is run; one whose spec it lacks is dropped.
-        if any(_api_prefix(ref) not in api_prefixes for ref in refs if ref.startswith("api:")):
+        # With no spec at all the SDK loader drops api: refs; with specs, a ref they lack is
+        # the loader's error, a problem of the bundle rather than a warning.
+        if not api_prefixes and any(ref.startswith("api:") for ref in refs):
             found.append(_warning(file, agent, f"{field}.api:", API_TOOLS_MISSING))
     servers = raw.get("mcp_servers")
     for server in servers if isinstance(servers, list) else []:

@@ -9,10 +9,13 @@ refused, as is a missing path parameter.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
+
+import httpx
 
 from gate_runner.gateway_wire import ApiRequest
 
@@ -23,7 +26,7 @@ from .failure import Failure
 class ApiCall:
     method: str
     url: str
-    query: dict[str, str] = field(default_factory=dict)
+    query: dict[str, str | list[str]] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)  # the spec's: ${NAME} unfilled
     # The tool's header arguments: values, sent as they are (never filled from secrets).
     argument_headers: dict[str, str] = field(default_factory=dict)
@@ -31,8 +34,14 @@ class ApiCall:
 
 
 def _text(value: Any) -> str:
+    """A scalar as OpenAPI's default styles write it; a list as its items joined by commas
+    (the ``simple`` style of path and header parameters)."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return ",".join(_text(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value, separators=(",", ":"), sort_keys=True)
     return str(value)
 
 
@@ -52,16 +61,24 @@ def build_call(specs: Mapping[str, Any], request: ApiRequest) -> ApiCall:
     if unknown:
         raise Failure("bad_request", f"{ref}: unknown argument(s): {', '.join(unknown)}")
     path = str(tool["path"])
-    query: dict[str, str] = {}
+    query: dict[str, str | list[str]] = {}
     arguments: dict[str, str] = {}
     body: dict[str, Any] = {}
     whole: Any = None
     for name, value in request.arguments.items():
         place = where[name]
         if place == "path":
-            path = path.replace("{" + name + "}", quote(_text(value), safe=""))
+            segment = _text(value)
+            # One whole segment, never a step up or an empty one: quote() keeps "." and "..",
+            # and httpx removes dot segments, which would reach another path of the host.
+            if segment in ("", ".", ".."):
+                raise Failure(
+                    "bad_request", f"{ref}: the path argument {name} may not be {segment!r}"
+                )
+            path = path.replace("{" + name + "}", quote(segment, safe=""))
         elif place == "query":
-            query[name] = _text(value)
+            # A list is one query parameter a value (OpenAPI's default form, exploded).
+            query[name] = [_text(v) for v in value] if isinstance(value, list) else _text(value)
         elif place == "header":
             arguments[name] = _text(value)
         elif place == "body_whole":
@@ -71,9 +88,16 @@ def build_call(specs: Mapping[str, Any], request: ApiRequest) -> ApiCall:
     missing = [n for n, p in where.items() if p == "path" and "{" + n + "}" in path]
     if missing:
         raise Failure("bad_request", f"{ref}: missing path argument(s): {', '.join(missing)}")
+    base = str(spec["base_url"]).rstrip("/")
+    url = base + path
+    # What httpx sends must be the base's path and then the template's, segment for segment.
+    sent = httpx.URL(url).raw_path.split(b"?", 1)[0].decode("ascii")
+    expected = httpx.URL(base).raw_path.split(b"?", 1)[0].decode("ascii").rstrip("/") + path
+    if sent != expected:
+        raise Failure("bad_request", f"{ref}: the arguments change the shape of its path")
     return ApiCall(
         method=str(tool["method"]),
-        url=str(spec["base_url"]).rstrip("/") + path,
+        url=url,
         query=query,
         headers=dict(spec.get("headers", {})),
         argument_headers=arguments,

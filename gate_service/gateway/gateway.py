@@ -450,13 +450,18 @@ class ModelGateway:
             raise Failure("no_route", f"api:{request.api}.{request.tool}: {exc}") from None
         except httpx.HTTPError as exc:
             raise Failure("provider", f"{call.url}: {type(exc).__name__}: {exc}") from None
+        except (UnicodeError, ValueError) as exc:
+            # httpx refuses to build it: a header argument that is not ASCII, say.
+            raise Failure(
+                "bad_request", f"api:{request.api}.{request.tool}: {type(exc).__name__}: {exc}"
+            ) from None
         text = data[:MAX_PAGE_BYTES].decode("utf-8", errors="replace")
         body: Any = text[:MAX_API_BODY_CHARS]
-        if "json" in kind:
+        if "json" in kind and len(text) <= MAX_API_BODY_CHARS:
             try:
                 body = json.loads(text)
-            except ValueError:
-                pass
+            except (ValueError, RecursionError):
+                pass  # not JSON after all, or nested too deep to parse: its text
         return {"status": status, "body": body}
 
     @staticmethod

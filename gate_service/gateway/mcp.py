@@ -16,8 +16,9 @@ never expanded again (a context value ``${OPENAI_API_KEY}`` stays that text).
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -36,18 +37,50 @@ MAX_TOOLS = 500
 MAX_PAGES = 20
 # The JSON of one tool result the case receives: beyond it the call is an error.
 MAX_RESULT_CHARS = 1_000_000
+# What one MCP session may read from its server in all, before anything is parsed: the SDK
+# reads a reply whole, so this is what bounds the worker's memory.
+MAX_SESSION_BYTES = 8 * 1024 * 1024
+
+
+class TooMuch(Exception):
+    """A server sent more than its session may read."""
+
+
+class _Counted(httpx.AsyncByteStream):
+    def __init__(self, inner: Any, transport: GuardedAsyncTransport) -> None:
+        self._inner = inner
+        self._transport = transport  # whose count every response of one session shares
+
+    async def __aiter__(self) -> Any:
+        async for chunk in self._inner:
+            self._transport.left -= len(chunk)
+            if self._transport.left < 0:
+                # The SDK logs an error in reading a reply and waits on: end the session.
+                self._transport.overflowed()
+                raise TooMuch(f"it sent over {MAX_SESSION_BYTES} bytes")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 class GuardedAsyncTransport(httpx.AsyncHTTPTransport):
     """transport.GuardedTransport for the mcp SDK's async client: every request (each
     redirect the SDK follows within the server's origin included) is refused at a link-local
-    or cloud-metadata address."""
+    or cloud-metadata address, and every response counts against the session's bytes."""
+
+    def __init__(self, overflowed: Callable[[], None] = lambda: None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.left = MAX_SESSION_BYTES
+        self.overflowed = overflowed
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         problem = refused_address(str(request.url))
         if problem is not None:
             raise RefusedAddress(problem, request=request)
-        return await super().handle_async_request(request)
+        response = await super().handle_async_request(request)
+        response.stream = _Counted(response.stream, self)
+        return response
 
 
 def fill_secrets(
@@ -124,6 +157,8 @@ def mcp_once(request: McpRequest, headers: dict[str, str], timeout: float) -> di
             raise leaf from None
         if isinstance(leaf, RefusedAddress):
             raise Failure("no_route", f"{what}: {leaf}") from None
+        if isinstance(leaf, TooMuch):
+            raise Failure("provider", f"{what}: {leaf}") from None
         if isinstance(leaf, TimeoutError):
             raise Failure("deadline", f"{what} did not answer within {timeout:.0f} s") from None
         if isinstance(leaf, KeyboardInterrupt | SystemExit):
@@ -138,10 +173,11 @@ async def _session(request: McpRequest, headers: dict[str, str], timeout: float)
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
 
-    with anyio.fail_after(timeout):
+    with anyio.fail_after(timeout), anyio.CancelScope() as session_scope:
+        transport = GuardedAsyncTransport(overflowed=session_scope.cancel)
         async with (
             httpx.AsyncClient(
-                transport=GuardedAsyncTransport(),
+                transport=transport,
                 headers=headers,
                 timeout=httpx.Timeout(timeout),
                 follow_redirects=False,
@@ -155,7 +191,7 @@ async def _session(request: McpRequest, headers: dict[str, str], timeout: float)
             result = await session.call_tool(request.tool, request.arguments)
             parts = [part.model_dump(mode="json", exclude_none=True) for part in result.content]
             answer = {"is_error": bool(result.isError), "parts": parts}
-            if len(repr(answer)) > MAX_RESULT_CHARS:
+            if len(json.dumps(answer)) > MAX_RESULT_CHARS:
                 answer = {
                     "is_error": True,
                     "parts": [
@@ -167,6 +203,8 @@ async def _session(request: McpRequest, headers: dict[str, str], timeout: float)
                     ],
                 }
             return {"result": answer}
+    # Only a cancelled session gets here: its server sent more than it may read.
+    raise TooMuch(f"it sent over {MAX_SESSION_BYTES} bytes")
 
 
 async def _tools(session: Any, request: McpRequest) -> list[dict[str, Any]]:
@@ -183,8 +221,10 @@ async def _tools(session: Any, request: McpRequest) -> list[dict[str, Any]]:
                 }
             )
         cursor = page.nextCursor
-        if not cursor or len(tools) >= MAX_TOOLS:
-            break
-    if len(tools) > MAX_TOOLS:
-        raise Failure("provider", f"MCP server {request.server} lists over {MAX_TOOLS} tools")
-    return tools
+        if len(tools) > MAX_TOOLS or (cursor and len(tools) == MAX_TOOLS):
+            raise Failure("provider", f"MCP server {request.server} lists over {MAX_TOOLS} tools")
+        if not cursor:
+            return tools
+    raise Failure(
+        "provider", f"MCP server {request.server} lists its tools over more than {MAX_PAGES} pages"
+    )

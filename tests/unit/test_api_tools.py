@@ -65,8 +65,25 @@ def test_a_spec_becomes_tools_with_their_parameters_and_where_each_goes() -> Non
     assert posted["parameters"]["required"] == ["item"]
     assert posted["in"] == {"item": "body", "quantity": "body"}
     # What the case's loader gets: no base URL and no headers.
-    registry = loader_tools(spec.stored() and {"orders": spec.stored()})
+    registry = loader_tools({"orders": spec.stored()})
     assert set(registry["orders"]["order_get"]) == {"description", "method", "path", "parameters"}
+
+
+def test_a_spec_whose_refs_inline_to_megabytes_is_refused_quickly() -> None:
+    """A few KB of self-references would inline to tens of MB, stored on the project and
+    handed to every case."""
+    schema = {"type": "object", "properties": {f"p{i}": {"$ref": "#/components/schemas/A"}
+                                               for i in range(100)}}  # fmt: skip
+    operations = {
+        f"/r{i}": {"post": {"requestBody": {"content": {"application/json": {"schema": {
+            "$ref": "#/components/schemas/A"}}}}}}
+        for i in range(3)
+    }  # fmt: skip
+    document = {"openapi": "3.0.0", "servers": [{"url": "http://x"}], "paths": operations,
+                "components": {"schemas": {"A": schema}}}  # fmt: skip
+    with pytest.raises(RequestInvalid) as refused:
+        convert(document)
+    assert "expand to over" in str(refused.value.detail)
 
 
 @pytest.mark.parametrize(
@@ -143,6 +160,9 @@ def test_the_gateway_builds_the_call_from_the_stored_spec(
          "bad_request", "unknown argument(s): url"),
         (["127.0.0.1"], {"ORDERS_KEY": "k"}, "order_get", {}, "bad_request",
          "missing path argument(s): id"),
+        # A step up would reach another path of the host with the spec's secret header.
+        (["127.0.0.1"], {"ORDERS_KEY": "k"}, "order_get", {"id": ".."}, "bad_request",
+         "may not be '..'"),
     ],
 )  # fmt: skip
 def test_a_call_the_gateway_may_not_make_is_refused_and_nothing_is_sent(

@@ -669,7 +669,7 @@ def test_a_page_with_a_query_is_fetched_and_a_request_with_one_is_not_refused(
     finally:
         pages.close()
     with guarded_client() as client:
-        with pytest.raises(RefusedAddress):
+        with pytest.raises(RefusedAddress, match="link-local"):
             client.get("http://169.254.169.254/latest?x=1")
 
 

@@ -109,7 +109,7 @@ def test_an_agent_lists_and_calls_an_mcp_server_through_its_gateway(
     spans = result.invocations[0].traces
     (server,) = [s for s in spans if s.type == "mcp_server"]
     assert server.metadata["connected"] is True
-    assert server.metadata["tools"] == ["lookup", "whoami", "broken"]
+    assert server.metadata["tools"] == ["lookup", "whoami", "flood", "broken"]
     calls = [s for s in spans if s.type == "tool_call"]
     assert [(s.name, s.metadata["mcp_server"], s.metadata["tool_ref"]) for s in calls] == [
         ("lookup", "orders", "mcp:orders.lookup"),
@@ -338,3 +338,32 @@ def test_a_discoverable_servers_tools_are_found_and_used_through_use_tool(
     result = judged(root, "tests/desk.yaml", "discovers", isolation=isolation(channel))
     assert result.passed, result.failure_reason
     assert mcp_server.calls == ["lookup"]
+
+
+def test_a_server_that_answers_too_much_is_cut_off_and_the_call_fails(
+    gateways: Gateways, mcp_server: McpServer
+) -> None:
+    """The SDK reads a reply whole: the gateway counts what a session reads before any of it
+    is parsed, so a server cannot fill the worker's memory."""
+    channel = gateways.open({}, egress=["127.0.0.1"])
+    body = {"server": "orders", "url": mcp_server.url, "op": "call", "tool": "flood"}
+    status, answer = post(channel.folder, body, token=channel.token, path=MCP_PATH)
+    assert (status, answer["error"]["kind"]) == (502, "provider"), answer
+    assert f"sent over {8 * 1024 * 1024} bytes" in answer["error"]["message"]
+    assert mcp_server.calls == ["flood"]
+
+
+def test_an_optional_server_whose_header_context_is_missing_is_skipped(
+    gateways: Gateways, mcp_server: McpServer, tmp_path: Path
+) -> None:
+    channel = gateways.open({"ORDERS_TOKEN": TOKEN}, egress=["127.0.0.1"])
+    root = project(
+        tmp_path / "p", mcp_server.url, optional=True, headers={"X-Team": "${context.team}"}
+    )
+    result = judged(
+        root, "tests/desk.yaml", "runs_without_the_server", isolation=isolation(channel)
+    )
+    assert result.passed, result.failure_reason
+    errors = json.loads(result.invocations[0].output)["errors"]
+    assert "${context.team}" in errors["orders"], errors
+    assert mcp_server.calls == []

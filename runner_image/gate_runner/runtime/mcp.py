@@ -23,6 +23,7 @@ fill from the project's secrets. Hooks never fire for MCP tools (spec 4.2); thei
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -72,14 +73,19 @@ class McpUnavailable(AgentRunError):
 
 
 def _door(rt: Runtime, agent: str) -> ReplayModel | GatewayModel | None:
-    """Where an MCP request goes: the recordings in replay mode, else the case's gateway."""
+    """Where an MCP or api: request goes: the recordings in replay mode, else the case's
+    gateway. A gate in replay mode never goes live: no recordings is an error."""
     if rt.project is not None:
         try:
             chosen = model_for(rt, agent)
         except AgentRunError:
+            if rt.model_mode == "replay":
+                raise
             chosen = None
         if isinstance(chosen, ReplayModel | GatewayModel):
             return chosen
+    if rt.model_mode == "replay":
+        raise AgentRunError(f"replay mode: agent {agent!r} has no recordings to answer from")
     if rt.gateway is not None:
         return GatewayModel(rt.gateway, agent=agent, attempts=1)
     return None
@@ -167,21 +173,25 @@ def connect(
                 "(the SDK skips a server without one)",
             )
             continue
-        values = context_values(server, context)
         template = McpTool(
             name="", server=server.name, url=server.url, description="",
-            parameters=OPEN_SCHEMA, headers=dict(server.headers or {}), context_values=values,
+            parameters=OPEN_SCHEMA, headers=dict(server.headers or {}),
         )  # fmt: skip
         wanted = list(server.tools) if server.tools else None
         if rt.mocks.mcp_server_mocked(server.name, wanted) and wanted:
+            # Never connected, so its headers are never resolved either.
             tools = [_named(template, tool, "", OPEN_SCHEMA) for tool in wanted]
             span.metadata.update(connected=False, mocked=True, tools=wanted)
         else:
-            request = wire.McpRequest(
-                server=server.name, url=server.url, op="list", headers=template.headers,
-                context_values=values,
-            )  # fmt: skip
             try:
+                # A header's context value that is missing is this server's failure: with
+                # optional, the run goes on without it.
+                values = context_values(server, context)
+                template = dataclasses.replace(template, context_values=values)
+                request = wire.McpRequest(
+                    server=server.name, url=server.url, op="list", headers=template.headers,
+                    context_values=values,
+                )  # fmt: skip
                 listed = ask(rt, name, request)["tools"]
             except Exception as exc:
                 message = error_text(exc)

@@ -132,9 +132,13 @@ class Runtime:
             try:
                 chosen = model_for(self, agent)
             except AgentRunError:
+                if self.model_mode == "replay":
+                    raise  # a replay gate never goes live
                 chosen = None  # live without a gateway: the direct fetch below
         if isinstance(chosen, ReplayModel | GatewayModel):
             return page_answer(chosen.fetch(url, follow_redirects))
+        if self.model_mode == "replay":
+            raise AgentRunError(f"replay mode: no recordings answer web_read_page {url}")
         if self.gateway is not None:
             return page_answer(GatewayModel(self.gateway, agent=agent).fetch(url, follow_redirects))
         return web_read_page(url, follow_redirects)

@@ -116,7 +116,7 @@ def run_tool_call(
                 result = {"error": f"the before hook raised {error_text(exc)}"}
             return aborted(span, result)
         reached_tool = True
-        result = execute_tool(rt, tool, params, context, span)
+        result = execute_tool(rt, tool, params, context, span, agent.config.name)
         result = after_hook(rt, hooks, ref, name, original, result, context, trace, span)
         span.metadata["result"] = jsonable(result)
         return result
@@ -217,12 +217,19 @@ def call_hook(
 
 
 def execute_tool(
-    rt: Runtime, tool: Any, params: dict[str, Any], context: dict[str, Any], span: Span
+    rt: Runtime,
+    tool: Any,
+    params: dict[str, Any],
+    context: dict[str, Any],
+    span: Span,
+    agent: str = "",
 ) -> Any:
+    """``agent``: whose call it is (a chain's stages share their run's context), so that its
+    recordings serve it in replay mode."""
     if is_api_tool(tool):
         # Never mocked (spec 8.2), and never under strict_mocks: it runs through the gateway,
         # from the recordings in replay mode.
-        return call_api_tool(rt, str(context.get("agent_name") or ""), tool.ref, params)
+        return call_api_tool(rt, agent or str(context.get("agent_name") or ""), tool.ref, params)
     if tool.is_predefined:
         if tool.name == "trigger_agent":
             return rt.trigger(**params)
