@@ -22,6 +22,7 @@ setup(
     ],
     package_dir={"gate_runner": "runner_image/gate_runner", **DATA_PACKAGES},
     package_data={
+        "gate_service.ui": ["templates/*.html", "static/*"],
         "gate_service.migrations": ["alembic.ini", "script.py.mako", "versions/*.py"],
         "gate_service.runner_image": ["Dockerfile", "requirements.txt", "gate_runner/**/*.py"],
     },

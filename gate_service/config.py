@@ -64,6 +64,42 @@ class Settings(BaseSettings):
         "from, without credentials. Empty: no CORS headers at all.",
     )
 
+    # Results pages (gate_service.ui)
+    public_url: str = Field(
+        default="",
+        description="The service's address as a browser reaches it (https://gate.example.com, "
+        "behind any proxy): html_url is absolute under it. Empty: html_url is a path "
+        "(/ui/gates/<id>), which `gate submit` completes with its GATE_URL.",
+    )
+    ui_session_hours: float = Field(
+        default=12.0,
+        gt=0,
+        le=24 * 30,
+        description="How long a sign-in to the results pages lasts (at most until its token "
+        "expires; revoking the token ends it at once).",
+    )
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str) -> str:
+        value = value.strip().rstrip("/")
+        if not value:
+            return ""
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(value)
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.netloc
+            or parts.query
+            or (parts.fragment)
+        ):
+            raise ValueError(
+                f"GATE_PUBLIC_URL must be an http(s) URL with no query or fragment, "
+                f"like https://gate.example.com; got {value!r}"
+            )
+        return value
+
     # Sandbox and images
     sandbox_backend: SandboxBackend = Field(
         default=SandboxBackend.docker,

@@ -3,20 +3,40 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .errors import REQUEST_ID_HEADER, REQUEST_ID_SCOPE_KEY, GateError, error_body, new_request_id
+from .errors import (
+    REQUEST_ID_HEADER,
+    REQUEST_ID_SCOPE_KEY,
+    BadRequest,
+    GateError,
+    NotFound,
+    error_body,
+    new_request_id,
+)
 
 log = logging.getLogger(__name__)
 
 
-def install_handlers(app: FastAPI) -> None:
+# A request's error as an HTML page, or None when the request is not a page's (the results
+# pages pass theirs: gate_service.ui.routes.error_page).
+ErrorPages = Callable[[Request, GateError], Response | None]
+
+
+def install_handlers(app: FastAPI, pages: ErrorPages | None = None) -> None:
+    def page(request: Request, exc: GateError) -> Response | None:
+        return pages(request, exc) if pages is not None else None
+
     @app.exception_handler(GateError)
-    async def _gate_error(_: Request, exc: GateError) -> JSONResponse:
+    async def _gate_error(request: Request, exc: GateError) -> Response:
+        shown = page(request, exc)
+        if shown is not None:
+            return shown
         return JSONResponse(
             error_body(type(exc).__name__, exc.detail, exc.problems),
             status_code=exc.status_code,
@@ -24,12 +44,18 @@ def install_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
         problems = [
             {"location": ".".join(str(p) for p in e.get("loc", ())), "message": e.get("msg", "")}
             for e in exc.errors()
         ]
         detail = "; ".join(f"{p['location']}: {p['message']}" for p in problems)
+        in_path = any(p["location"].startswith("path") for p in problems)
+        shown = page(
+            request, (NotFound if in_path else BadRequest)(f"not a valid address: {detail}")
+        )
+        if shown is not None:
+            return shown
         if any(p["location"] == "body.bundle" for p in problems):
             detail += (
                 " (expected multipart/form-data with a file field named 'bundle' holding the "
@@ -38,7 +64,12 @@ def install_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body("RequestInvalid", detail, problems), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        error = GateError(str(exc.detail))
+        error.status_code = exc.status_code
+        shown = page(request, error)
+        if shown is not None:
+            return shown
         return JSONResponse(error_body("HTTPError", str(exc.detail)), status_code=exc.status_code)
 
     @app.exception_handler(Exception)

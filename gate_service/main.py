@@ -40,6 +40,7 @@ from .metrics_route import install_metrics
 from .middleware import install_middleware
 from .secrets.crypto import SecretBox
 from .secrets.routes import router as secrets_router
+from .ui.routes import error_page, install_ui
 
 log = logging.getLogger(__name__)
 ADMIN_TOKEN_FILE = "admin-token"
@@ -190,11 +191,12 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:
         lifespan=lifespan,
         description="Judges agent-project bundles against their Connic-format test suites.",
     )
-    install_handlers(app)
+    install_handlers(app, pages=error_page)
     app.include_router(gates_router)
     app.include_router(auth_router)
     app.include_router(secrets_router)
     app.include_router(connic_router)
+    install_ui(app)
     install_metrics(app, settings, registry)
     app.add_middleware(
         DeclaredSizeLimit,

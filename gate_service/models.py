@@ -126,6 +126,20 @@ class ApiToken(Base):
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
+class UiSession(Base):
+    """A sign-in to the results pages (gate_service.ui): the cookie's random id, stored only as
+    a SHA-256, and the token it was made with, whose revocation or expiry ends it too."""
+
+    __tablename__ = "ui_sessions"
+
+    id_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("api_tokens.id", ondelete="CASCADE"), index=True
+    )
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
 class ProjectSecret(Base):
     """A project's secret, encrypted at rest; it reaches case containers by name."""
 

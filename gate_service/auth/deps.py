@@ -27,6 +27,16 @@ def client_address(request: Request) -> str:
 
 
 def principal(request: Request) -> Principal:
+    return check_token(
+        request,
+        bearer_token(request),
+        missing="this route needs an 'Authorization: Bearer <token>' header",
+    )
+
+
+def check_token(request: Request, token: str | None, *, missing: str) -> Principal:
+    """The principal of ``token`` (a bearer header's, or the results pages' sign-in form's),
+    behind the brake on guessing: the one place a presented token is judged and audited."""
     state = state_of(request)
     limiter = state.auth_failures
     client = client_address(request)
@@ -36,10 +46,9 @@ def principal(request: Request) -> Principal:
             f"too many failed authentications from {client}; try again in {wait} s",
             retry_after_s=wait,
         )
-    token = bearer_token(request)
     if token is None:
         limiter.failed(client)
-        raise Unauthorized("this route needs an 'Authorization: Bearer <token>' header")
+        raise Unauthorized(missing)
     with session_scope(state.sessions) as session:
         who = authenticate(session, token)
         if isinstance(who, Refused):

@@ -75,10 +75,18 @@ class GateClient:
         response = self._http.post(
             "/v1/gates", files={"bundle": (filename, bundle)}, data=data, headers=headers
         )
-        return self._check(response)
+        return self._page_link(self._check(response))
 
     def gate(self, gate_id: str) -> dict[str, Any]:
-        return self._check(self._http.get(f"/v1/gates/{gate_id}"))
+        return self._page_link(self._check(self._http.get(f"/v1/gates/{gate_id}")))
+
+    def _page_link(self, gate: dict[str, Any]) -> dict[str, Any]:
+        """A gate's html_url made absolute: without GATE_PUBLIC_URL the service answers a
+        path, and the address this client reached it at is the one to print."""
+        link = gate.get("html_url")
+        if isinstance(link, str) and link.startswith("/") and not link.startswith("//"):
+            gate["html_url"] = str(self._http.base_url.join(link))
+        return gate
 
     def recordings(self, gate_id: str) -> dict[str, Any]:
         """The gate's answered model calls as replay files: ``{"recordings": [{"path",

@@ -121,8 +121,11 @@ def junit_element(gate: dict[str, Any]) -> ET.Element:
         # gate did not run as the platform would.
         agents = {case.get("agent_name") for case in members}
         mine = [w for w in warnings if isinstance(w, dict) and w.get("agent") in agents]
-        if mine:
+        link = gate.get("html_url")
+        if mine or link:
             properties = ET.SubElement(element, "properties")
+            if link:  # where a CI's test report links the person reading it
+                ET.SubElement(properties, "property", name="gate.html_url", value=xml_text(link))
             for warning in mine:
                 value = xml_text(warning_line(warning))
                 ET.SubElement(properties, "property", name="gate.warning", value=value)
@@ -133,6 +136,10 @@ def junit_element(gate: dict[str, Any]) -> ET.Element:
         total_ms += suite_ms
     if gate.get("status") == "error" and not cases:
         element = ET.SubElement(root, "testsuite", name="gate")
+        if gate.get("html_url"):
+            properties = ET.SubElement(element, "properties")
+            value = xml_text(gate["html_url"])
+            ET.SubElement(properties, "property", name="gate.html_url", value=value)
         testcase = ET.SubElement(element, "testcase", name="gate", classname="gate", time="0.000")
         reason = xml_text(gate.get("failure_reason") or gate.get("error") or "the gate errored")
         error = ET.SubElement(testcase, "error", message=reason, type="error")

@@ -77,8 +77,9 @@ class ConnicTestRun(BaseModel):
     total_cases: int
     deployment_id: str | None = Field(
         default=None,
-        description="Always null: no throwaway deployment backs a gate (and the CLI would "
-        "link a non-null one to connic.co)",
+        description="The gate's id. The CLI prints {CONNIC_BASE_URL}/projects/{pid}/deployments/"
+        "{deployment_id}?env=..., which the service redirects to the gate's results page when "
+        "CONNIC_BASE_URL is the gate's address",
     )
     error: str | None = Field(description="Why the gate could not be judged (status error)")
     cases: list[ConnicCase]

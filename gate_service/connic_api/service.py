@@ -149,7 +149,9 @@ def as_test_run(gate: GateRead) -> ConnicTestRun:
         status=status,
         phase=gate.phase,
         total_cases=gate.total_cases,
-        deployment_id=None,
+        # The gate's id: the CLI links {CONNIC_BASE_URL}/projects/{pid}/deployments/<this>,
+        # which the service answers with a redirect to the gate's results page.
+        deployment_id=str(gate.id),
         # The CLI prints this as "Test run errored: <error>"; a gate ended `error` by the
         # worker always has one of the two.
         error=(gate.error or gate.failure_reason) if status == "error" else gate.error,

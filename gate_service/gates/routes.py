@@ -163,6 +163,7 @@ async def create_gate(
 @router.get("/gates", response_model=GateList, responses=ERRORS)
 def list_gates(
     session: SessionDep,
+    settings: SettingsDep,
     who: Reader,
     status: Annotated[GateStatus | None, Query()] = None,
     label: Annotated[list[str] | None, Query(description="key=value, repeatable")] = None,
@@ -178,6 +179,7 @@ def list_gates(
         label=wanted or None,
         limit=limit,
         offset=offset,
+        public_url=settings.public_url,
     )
 
 
@@ -187,6 +189,7 @@ def _look(
     who: Principal,
     gate_id: uuid.UUID,
     if_none_match: str | None,
+    public_url: str,
 ) -> tuple[str, bytes | None]:
     """One short transaction: the current ETag, and the body if it differs from the client's.
 
@@ -200,7 +203,9 @@ def _look(
             return etag, None
         body = bodies.get(gate_id, revision, who.project_id)
         if body is None:
-            revision, body = service.read_gate_body(session, gate_id, who.project_id)
+            revision, body = service.read_gate_body(
+                session, gate_id, who.project_id, public_url=public_url
+            )
             bodies.put(gate_id, revision, who.project_id, body)
             etag = _etag(gate_id, revision)
         return etag, body
@@ -289,6 +294,7 @@ async def get_gate(
     state = state_of(request)
     factory, settings = state.sessions, state.settings
     bodies, limiter = state.gate_bodies, state.status_read_threads
+    public = settings.public_url
     who = reader.who
     if wait <= 0:
         if reader.revision == -1:
@@ -302,7 +308,7 @@ async def get_gate(
             if body is not None:
                 return _answer(etag, body)
         etag, body = await anyio.to_thread.run_sync(
-            _look, factory, bodies, who, gate_id, if_none_match, limiter=limiter
+            _look, factory, bodies, who, gate_id, if_none_match, public, limiter=limiter
         )
         return _answer(etag, body)
     changes = state_of(request).gate_changes
@@ -315,7 +321,7 @@ async def get_gate(
         with changes.subscribe(gate_id) as waiter:
             # Waiting happens on the event loop, so a long-poll holds no thread or lock.
             etag, body = await anyio.to_thread.run_sync(
-                _look, factory, bodies, who, gate_id, if_none_match, limiter=limiter
+                _look, factory, bodies, who, gate_id, if_none_match, public, limiter=limiter
             )
             while body is None:
                 left = deadline - time.monotonic()
@@ -329,7 +335,7 @@ async def get_gate(
                 # notification's re-check, a reconnect's wake-up) costs no thread.
                 if not await _unchanged(request, who, gate_id, etag):
                     etag, body = await anyio.to_thread.run_sync(
-                        _look, factory, bodies, who, gate_id, if_none_match, limiter=limiter
+                        _look, factory, bodies, who, gate_id, if_none_match, public, limiter=limiter
                     )
             return _answer(etag, body)
 
@@ -353,11 +359,13 @@ def _answer(etag: str, body: bytes | None) -> Response:
 
 
 @router.post("/gates/{gate_id}/cancel", response_model=GateRead, responses=ERRORS)
-def cancel_gate(gate_id: uuid.UUID, session: SessionDep, who: Submitter) -> GateRead:
+def cancel_gate(
+    gate_id: uuid.UUID, session: SessionDep, settings: SettingsDep, who: Submitter
+) -> GateRead:
     """Cancel a gate; a running gate stops before its next case."""
     service.request_cancel(session, gate_id, who.project_id)
     record_by(session, who, "gate.cancelled", gate=str(gate_id))
-    return service.read_gate(session, gate_id, who.project_id)
+    return service.read_gate(session, gate_id, who.project_id, public_url=settings.public_url)
 
 
 @router.get("/gates/{gate_id}/recordings", response_model=RecordingsRead, responses=ERRORS)

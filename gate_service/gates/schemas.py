@@ -78,6 +78,9 @@ class GateRead(Schema):
     )
     model_calls: ModelCallTotals
     cases: list[CaseRead]
+    html_url: str = Field(
+        description="The gate's results page: absolute under GATE_PUBLIC_URL, else a path"
+    )
 
 
 class GateSummary(Schema):
@@ -88,6 +91,7 @@ class GateSummary(Schema):
     finished_at: datetime | None
     labels: dict[str, Any]
     failure_reason: str | None
+    html_url: str = ""
 
 
 class GateList(Schema):

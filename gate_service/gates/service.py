@@ -22,6 +22,7 @@ from ..bundles.archive import Manifest
 from ..bundles.suites import CaseRef
 from ..config import Settings
 from ..errors import Conflict, NotFound
+from ..links import gate_html_url
 from ..models import Bundle, Case, CaseStatus, Gate, GateStatus, Phase, Run, utcnow
 from ..runner_contract import UntrustedResult
 from ..stored_runs import (
@@ -171,19 +172,25 @@ def gate_revision(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -
     return rev
 
 
-def read_gate(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> GateRead:
-    return _read_gate(session, gate_id, project_id)[1]
+def read_gate(
+    session: Session, gate_id: uuid.UUID, project_id: uuid.UUID, *, public_url: str = ""
+) -> GateRead:
+    """``public_url``: GATE_PUBLIC_URL, which html_url is absolute under (a path when empty)."""
+    return read_gate_view(session, gate_id, project_id, public_url=public_url)[1]
 
 
 def read_gate_body(
-    session: Session, gate_id: uuid.UUID, project_id: uuid.UUID
+    session: Session, gate_id: uuid.UUID, project_id: uuid.UUID, *, public_url: str = ""
 ) -> tuple[int, bytes]:
     """The gate's revision and its JSON body (what GET answers), from four queries."""
-    revision, view = _read_gate(session, gate_id, project_id)
+    revision, view = read_gate_view(session, gate_id, project_id, public_url=public_url)
     return revision, view.model_dump_json().encode()
 
 
-def _read_gate(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> tuple[int, GateRead]:
+def read_gate_view(
+    session: Session, gate_id: uuid.UUID, project_id: uuid.UUID, *, public_url: str = ""
+) -> tuple[int, GateRead]:
+    """The gate's revision and its view, read in one go (the results page's ETag and body)."""
     # The gate and its bundle in one query, then the cases, then their runs' ids, then the
     # model calls' totals per case.
     row = session.execute(
@@ -248,6 +255,7 @@ def _read_gate(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> t
         warnings=gate.warnings,
         model_calls=calls,
         cases=case_views,
+        html_url=gate_html_url(public_url, gate.id),
     )
 
 
@@ -264,6 +272,7 @@ def list_gates(
     label: dict[str, str] | None,
     limit: int,
     offset: int,
+    public_url: str = "",
 ) -> GateList:
     stmt = select(Gate).where(Gate.project_id == project_id)
     if status:
@@ -273,7 +282,12 @@ def list_gates(
     total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
     gates = session.scalars(stmt.order_by(Gate.created_at.desc()).limit(limit).offset(offset)).all()
     return GateList(
-        items=[GateSummary.model_validate(g) for g in gates],
+        items=[
+            GateSummary.model_validate(g).model_copy(
+                update={"html_url": gate_html_url(public_url, g.id)}
+            )
+            for g in gates
+        ],
         total=total,
         limit=limit,
         offset=offset,
@@ -295,7 +309,29 @@ def get_run(session: Session, run_id: uuid.UUID, project_id: uuid.UUID) -> Run:
 
 def read_run(session: Session, run_id: uuid.UUID, project_id: uuid.UUID) -> RunRead:
     """The run as the API answers it: every shared value back in each place it stood."""
-    run = get_run(session, run_id, project_id)
+    return _run_view(get_run(session, run_id, project_id))
+
+
+def get_case(session: Session, case_id: uuid.UUID, project_id: uuid.UUID) -> Case:
+    """The case; another project's is 404."""
+    case = session.scalar(
+        select(Case)
+        .join(Gate, Gate.id == Case.gate_id)
+        .where(Case.id == case_id)
+        .where(Gate.project_id == project_id)
+    )
+    if case is None:
+        raise NotFound(f"no case with id {case_id}")
+    return case
+
+
+def read_case_runs(session: Session, case: Case) -> list[RunRead]:
+    """Every invocation of the case, in order, as read_run answers each."""
+    runs = session.scalars(select(Run).where(Run.case_id == case.id).order_by(Run.index)).all()
+    return [_run_view(run) for run in runs]
+
+
+def _run_view(run: Run) -> RunRead:
     shared = run.shared_values or {}
     return RunRead(
         id=run.id,

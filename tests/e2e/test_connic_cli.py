@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +44,7 @@ def token(gate_url: str) -> str:
 
 
 def connic_test(
-    gate_url: str, token: str, project: Path, *args: str
+    gate_url: str, token: str, project: Path, *args: str, base_url: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CONNIC_", "GATE_"))}
     env.update(
@@ -58,6 +59,8 @@ def connic_test(
             "HOME": str(project.parent),
         }
     )
+    if base_url:
+        env["CONNIC_BASE_URL"] = base_url
     return subprocess.run(
         [sys.executable, "-c", "from connic.cli import main; main()", "test", *args],
         cwd=project,
@@ -76,22 +79,35 @@ def json_result(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
         pytest.fail(f"not JSON (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
 
 
-def test_a_passing_project_exits_0(gate_url: str, token: str, tmp_path: Path) -> None:
+DASHBOARD_LINK = re.compile(r"^\s*(http://\S+/projects/\S+/deployments/(\S+)\?env=default)$", re.M)
+
+
+def test_a_passing_project_exits_0_and_links_the_gates_page(
+    gate_url: str, token: str, tmp_path: Path
+) -> None:
     project = calculator_project(tmp_path / "passing", failing=False)
-    done = connic_test(gate_url, token, project, "--json")
+    # Its dashboard link, pointed at the gate: CONNIC_BASE_URL is the gate's address.
+    done = connic_test(gate_url, token, project, base_url=gate_url)
     assert done.returncode == 0, done.stdout + done.stderr
-    result = json_result(done)
-    assert (result["status"], result["environment_id"]) == ("passed", "default")
-    assert sorted(c["test_name"] for c in result["cases"]) == [
-        "adds_then_doubles",
-        "adds_two_numbers",
-        "slow_call_times_out",
-        "two_of_three_at_66_percent",
-    ]
-    assert all(c["passed"] for c in result["cases"])
+    assert "4/4 cases passed." in done.stdout, done.stdout
+    for name in ("adds_then_doubles", "adds_two_numbers", "slow_call_times_out"):
+        assert name in done.stdout
+    link = DASHBOARD_LINK.search(done.stdout)
+    assert link is not None, done.stdout
+    url, gate_id = link.groups()
+    assert url.startswith(f"{gate_url}/projects/{PROJECT}/deployments/")
     # The test run is the project's gate of the same id.
-    gate = httpx.get(f"{gate_url}/v1/gates/{result['test_run_id']}", headers=bearer(token)).json()
+    gate = httpx.get(f"{gate_url}/v1/gates/{gate_id}", headers=bearer(token)).json()
     assert (gate["status"], gate["total_cases"]) == ("passed", 4)
+    # Following the printed link: the gate's page, once signed in with the same token.
+    with httpx.Client(follow_redirects=True) as browser:
+        form = browser.get(url)
+        assert form.url.path == "/ui/sign-in", form.url
+        page = browser.post(
+            f"{gate_url}/ui/sign-in", data={"token": token, "next": form.url.params["next"]}
+        )
+    assert (page.status_code, page.url.path) == (200, f"/ui/gates/{gate_id}")
+    assert "adds_two_numbers" in page.text and "PASSED" in page.text
 
 
 def test_a_failing_project_exits_1_with_its_failed_runs(

@@ -113,7 +113,7 @@ def test_a_passing_run_is_running_until_judged_then_passed(
     assert worker.run_once() is True
     run = client.get(f"/v1/projects/{PID}/test-runs/{run_id}").json()
     assert (run["status"], run["phase"], run["total_cases"]) == ("passed", "done", 4)
-    assert (run["error"], run["deployment_id"]) == (None, None)
+    assert (run["error"], run["deployment_id"]) == (None, run["id"])
     assert all(set(c) == CASE_KEYS and c["passed"] is True for c in run["cases"])
     adds = next(c for c in run["cases"] if c["test_name"] == "adds_two_numbers")
     assert (adds["agent_name"], adds["successes"], adds["runs"]) == ("calc", 2, 2)

@@ -1,0 +1,180 @@
+"""What the results pages show, shaped from the API's views: pure functions, no I/O.
+
+Everything here comes from a bundle's run (names, outputs, span metadata), so it is hostile
+text: the templates escape it (autoescape), and the trace tree is built without recursion and
+to a bounded depth, since a bundle's code can nest or loop its spans as it likes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gate_runner.contract import Span
+
+from ..gates.schemas import CaseRead, GateRead
+
+# Deeper spans are listed flat under the span at this depth: a page stays renderable (and
+# Jinja's recursion bounded) whatever nesting a bundle's code produced.
+MAX_TRACE_DEPTH = 40
+
+TERMINAL = frozenset({"passed", "failed", "error", "cancelled"})
+
+
+def duration(ms: int | None) -> str:
+    if ms is None:
+        return "—"
+    if ms < 1000:
+        return f"{ms} ms"
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(int(seconds), 60)
+    return f"{minutes} min {rest} s"
+
+
+def size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB"):
+        if n < 1024 or unit == "MiB":
+            return f"{n:,} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+        n = n / 1024  # type: ignore[assignment]
+    return f"{n:,} bytes"
+
+
+def shown(value: Any) -> str:
+    """A value as the pages print it: text as it is, anything else as indented JSON."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def result_word(case: CaseRead) -> str:
+    """Pass and fail in words, not colour alone."""
+    if case.passed is True:
+        return "PASS"
+    if case.status == "failed":
+        return "FAIL"
+    if case.status in ("error", "cancelled", "skipped"):
+        return case.status.upper()
+    return case.status.upper() if case.status not in ("queued", "running") else "PENDING"
+
+
+def ordered_cases(cases: Sequence[CaseRead]) -> list[CaseRead]:
+    """Failed cases first, then errors, then the rest; the suite's order within each."""
+
+    def rank(case: CaseRead) -> int:
+        if case.status == "failed":
+            return 0
+        if case.status == "error":
+            return 1
+        return 2
+
+    return sorted(cases, key=rank)  # sorted is stable: the suite's order within a rank
+
+
+def progress(gate: GateRead) -> str | None:
+    """The line a running gate shows (None once it has ended)."""
+    if gate.status in TERMINAL:
+        return None
+    if gate.status == "queued":
+        return "Queued: waiting for a worker."
+    done = sum(1 for c in gate.cases if c.status not in ("queued", "running"))
+    running = sum(1 for c in gate.cases if c.status == "running")
+    if not gate.cases:
+        return f"Running: {gate.phase.replace('_', ' ')}."
+    line = f"Running: {done} of {len(gate.cases)} cases finished"
+    if running:
+        line += f", {running} running"
+    return line + f" ({gate.phase.replace('_', ' ')})."
+
+
+def gate_duration(gate: GateRead) -> int | None:
+    if gate.started_at is None or gate.finished_at is None:
+        return None
+    return int((gate.finished_at - gate.started_at).total_seconds() * 1000)
+
+
+@dataclass
+class TraceNode:
+    span: Span
+    children: list[TraceNode] = field(default_factory=list)
+    flattened: bool = False  # its descendants past MAX_TRACE_DEPTH are listed flat here
+
+    @property
+    def mocked(self) -> bool:
+        return self.span.metadata.get("mocked") is True
+
+    @property
+    def facts(self) -> list[str]:
+        """The summary line's short facts: model, tokens, cost, mocked, fallback."""
+        meta = self.span.metadata
+        out: list[str] = []
+        if self.span.type == "model_call":
+            if meta.get("mode"):
+                out.append(str(meta["mode"]))
+            if "tokens_in" in meta or "tokens_out" in meta:
+                out.append(
+                    f"tokens {meta.get('tokens_in', 0)} in / {meta.get('tokens_out', 0)} out"
+                )
+            cost = meta.get("cost_usd")
+            if isinstance(cost, int | float) and not isinstance(cost, bool):
+                out.append(f"${cost:.4f}")
+            if meta.get("fallback") is True:
+                out.append("fallback model")
+        if self.mocked:
+            out.append("mocked")
+        return out
+
+
+def trace_tree(spans: Iterable[Span]) -> list[TraceNode]:
+    """The spans as a forest: each under its parent, in span order. A span whose parent is
+    missing, itself, or part of a cycle is shown at the top rather than lost."""
+    nodes = {s.span_id: TraceNode(s) for s in sorted(spans, key=lambda s: s.span_order)}
+    children: dict[str, list[TraceNode]] = {}
+    roots: list[TraceNode] = []
+    for node in nodes.values():
+        parent = node.span.parent_span_id
+        if parent is None or parent == node.span.span_id or parent not in nodes:
+            roots.append(node)
+        else:
+            children.setdefault(parent, []).append(node)
+    placed: set[str] = set()
+
+    def attach(top: TraceNode) -> None:
+        # Iterative depth-first walk: (node, depth); a node is placed once.
+        stack = [(top, 0)]
+        placed.add(top.span.span_id)
+        while stack:
+            node, depth = stack.pop()
+            below = [c for c in children.get(node.span.span_id, []) if c.span.span_id not in placed]
+            if depth + 1 >= MAX_TRACE_DEPTH:
+                node.flattened = bool(below)
+                flat: list[TraceNode] = []
+                queue = list(below)
+                while queue:
+                    child = queue.pop(0)
+                    if child.span.span_id in placed:
+                        continue
+                    placed.add(child.span.span_id)
+                    flat.append(TraceNode(child.span))
+                    queue.extend(children.get(child.span.span_id, []))
+                node.children = flat
+                continue
+            for child in below:
+                placed.add(child.span.span_id)
+            node.children = below
+            stack.extend((child, depth + 1) for child in reversed(below))
+
+    for root in roots:
+        attach(root)
+    # Spans only reachable through a cycle: each cycle shown from its first span.
+    for node in nodes.values():
+        if node.span.span_id not in placed:
+            roots.append(node)
+            attach(node)
+    return roots
