@@ -242,7 +242,7 @@ class GateClient:
             errors_in_a_row = 0
             if response.status_code == 304:
                 continue
-            gate = self._check(response)
+            gate = self._page_link(self._check(response))
             etag = response.headers.get("ETag")
             if on_change:
                 on_change(gate)

@@ -71,6 +71,7 @@ def make_templates() -> Jinja2Templates:
     env.filters["size"] = views.size
     env.filters["shown"] = views.shown
     env.globals["result_word"] = views.result_word
+    env.globals["is_short"] = views.is_short
     return Jinja2Templates(env=env)
 
 

@@ -53,6 +53,13 @@ def shown(value: Any) -> str:
         return repr(value)
 
 
+def is_short(value: Any) -> bool:
+    """A value shown inline (a name, a number, a flag) rather than as a block."""
+    if isinstance(value, bool | int | float) or value is None:
+        return True
+    return isinstance(value, str) and len(value) <= 100 and "\n" not in value
+
+
 def result_word(case: CaseRead) -> str:
     """Pass and fail in words, not colour alone."""
     if case.passed is True:

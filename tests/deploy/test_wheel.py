@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gate_service.client.api import GateClient
@@ -142,6 +143,10 @@ def test_the_wheel_holds_the_service_the_runner_its_context_and_the_migrations(
         for k in context
     }
     expected |= {f"gate_service/migrations/{k}": v for k, v in tree(source / "migrations").items()}
+    # The results pages' templates and assets, which the service serves itself.
+    ui = source / "gate_service" / "ui"
+    for folder in ("templates", "static"):
+        expected |= {f"gate_service/ui/{folder}/{k}": v for k, v in tree(ui / folder).items()}
     assert sorted(set(expected) - set(held)) == [], "missing from the wheel"
     assert sorted(set(held) - set(expected)) == [], "unexpected in the wheel"
     assert [k for k in expected if held[k] != expected[k]] == []
@@ -232,6 +237,11 @@ def serve_a_gate(gate: Path, data_dir: Path, tmp_path: Path) -> None:
             client.close()
         assert (verdict["status"], verdict["phase"]) == ("passed", "done"), verdict
         assert verdict["passed_cases"] == verdict["total_cases"] == 4
+        # The results pages render from the wheel's own templates and assets.
+        assert verdict["html_url"] == f"{url}/ui/gates/{submitted['id']}"
+        form = httpx.get(verdict["html_url"], follow_redirects=True, timeout=30)
+        assert form.status_code == 200 and 'name="token"' in form.text, form.text[:500]
+        assert httpx.get(f"{url}/ui/static/gate.css", timeout=30).status_code == 200
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -117,6 +117,20 @@ def failed(gate_url: str, submitted: Submitted) -> Submitted:
     return submitted
 
 
+def tab_stops(page: Page, presses: int) -> list[str]:
+    """What the keyboard alone reaches, in order: each focused element's tag and text."""
+    stops = []
+    for _ in range(presses):
+        page.keyboard.press("Tab")
+        stops.append(
+            page.evaluate(
+                "() => { const e = document.activeElement;"
+                " return e.tagName + ':' + (e.innerText || e.value || e.name || '').trim(); }"
+            )
+        )
+    return stops
+
+
 def sign_in(page: Page, token: str) -> None:
     """On the sign-in form: the token typed, and sent with the keyboard alone."""
     expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
@@ -193,7 +207,7 @@ def test_the_failed_gates_page_shows_every_case_and_the_reason(
 
 
 def test_the_failing_case_leads_to_its_run_and_a_mocked_tool_call_in_the_trace(
-    browser: Browser, failed: Submitted
+    browser: Browser, failed: Submitted, tmp_path: Path
 ) -> None:
     page = browser.new_page(bypass_csp=AXE)
     page.goto(failed.url)
@@ -221,6 +235,7 @@ def test_the_failing_case_leads_to_its_run_and_a_mocked_tool_call_in_the_trace(
     expect(details.locator("dl.meta").first).to_contain_text('"customer": "Ada"')
     model = page.locator("details.t-model_call > summary").first
     expect(model).to_contain_text("ms")
+    page.screenshot(path=str(tmp_path / "run-page.png"), full_page=True)
     assert serious_violations(page) == []
     page.close()
 
@@ -233,6 +248,11 @@ def test_the_gate_list_finds_the_new_gate_and_filters_it(
     sign_in(page, failed.token)
     link = page.get_by_role("link", name=failed.id[:8])
     expect(link).to_be_visible()
+    # Every action by keyboard: Tab reaches the navigation, sign-out, the filters and the gate.
+    stops = tab_stops(page, 12)
+    for wanted in ("A:Gates", "BUTTON:Sign out", "SELECT:", "INPUT:", "BUTTON:Filter"):
+        assert any(stop.startswith(wanted) for stop in stops), (wanted, stops)
+    assert f"A:{failed.id[:8]}" in stops, stops
     page.get_by_label("Status").select_option("passed")
     page.get_by_role("button", name="Filter").click()
     expect(page.get_by_role("link", name=failed.id[:8])).to_have_count(0)

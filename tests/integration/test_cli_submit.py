@@ -64,8 +64,12 @@ def test_a_passing_project_exits_0(
     }
     assert all(c["passed"] for c in result["cases"])
     assert result["labels"] == {"commit": "abc123"}
+    # The service answers a path (no GATE_PUBLIC_URL); the client completes it with its URL.
+    assert result["html_url"] == f"{url}/ui/gates/{result['test_run_id']}"
     SCHEMA.validate(str(junit))
     root = ET.parse(junit).getroot()
+    links = {p.get("value") for p in root.iter("property") if p.get("name") == "gate.html_url"}
+    assert links == {result["html_url"]}
     assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("4", "0", "0")
 
 

@@ -240,3 +240,72 @@ def test_a_bundles_text_is_escaped_and_a_hostile_trace_still_renders(
         depth += 1 if tag == "<details" else -1
         max_depth = max(max_depth, depth)
     assert max_depth == MAX_TRACE_DEPTH + 1  # the top span and MAX_TRACE_DEPTH levels below
+
+
+def test_the_sign_in_form_is_braked_like_a_bearer_header(client: TestClient) -> None:
+    page = browser(client)
+    limit = client.app.state.gate.settings.auth_failure_limit  # type: ignore[attr-defined]
+    for _ in range(limit):
+        assert page.post("/ui/sign-in", data={"token": "gate_guess"}).status_code == 401
+    braked = page.post("/ui/sign-in", data={"token": ADMIN_TOKEN})
+    assert braked.status_code == 429 and "Retry-After" in braked.headers
+    assert "too many failed authentications" in braked.text
+
+
+def test_sign_in_returns_only_to_a_page_and_a_planted_cookie_is_no_session(
+    client: TestClient,
+) -> None:
+    page = browser(client)
+    assert sign_in(page, ADMIN_TOKEN, "//evil.example/ui") == "/ui"
+    # A cookie value the service did not make (say, planted by another site) signs no one in.
+    stranger = browser(client)
+    stranger.cookies.set("gate_session", "x" * 43, path="/ui")
+    assert stranger.get("/ui").status_code == 303
+
+
+def test_an_expired_session_goes_back_to_the_form(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    page = browser(client)
+    sign_in(page, ADMIN_TOKEN)
+    assert page.get("/ui").status_code == 200
+    with session_scope(sessions) as s:
+        s.execute(update(UiSession).values(expires_at=utcnow()))
+    assert page.get("/ui").status_code == 303
+
+
+def test_pages_forbid_framing_and_any_script_but_their_own(client: TestClient) -> None:
+    page = browser(client)
+    form = page.get("/ui/sign-in")
+    policy = form.headers["Content-Security-Policy"]
+    assert "frame-ancestors 'none'" in policy and "script-src 'self';" in policy
+    assert "unsafe-inline" not in policy
+    assert form.headers["X-Content-Type-Options"] == "nosniff"
+    # The connic CLI's link and the root lead to the pages.
+    gate_id = uuid.uuid4()
+    link = page.get(f"/projects/default/deployments/{gate_id}?env=default")
+    assert (link.status_code, link.headers["location"]) == (303, f"/ui/gates/{gate_id}")
+    assert page.get("/").headers["location"] == "/ui"
+
+
+def test_a_running_gates_page_answers_304_until_it_changes(
+    client: TestClient, worker: Worker, tmp_path: Path
+) -> None:
+    gate_id = submit(client, tmp_path)
+    page = browser(client)
+    sign_in(page, ADMIN_TOKEN)
+    first = page.get(f"/ui/gates/{gate_id}?fragment=1")
+    assert first.status_code == 200 and "<html" not in first.text
+    assert 'data-status="queued"' in first.text
+    etag = first.headers["ETag"]
+    assert (
+        page.get(f"/ui/gates/{gate_id}?fragment=1", headers={"If-None-Match": etag}).status_code
+        == 304
+    )
+    assert worker.run_once() is True
+    changed = page.get(f"/ui/gates/{gate_id}?fragment=1", headers={"If-None-Match": etag})
+    assert changed.status_code == 200 and 'data-status="failed"' in changed.text
+    # Another session's ETag for the same revision is not this one's (its forms differ).
+    other = browser(client)
+    sign_in(other, ADMIN_TOKEN)
+    assert other.get(f"/ui/gates/{gate_id}").headers["ETag"] != changed.headers["ETag"]
