@@ -88,14 +88,17 @@ class Settings(BaseSettings):
         from urllib.parse import urlsplit
 
         parts = urlsplit(value)
+        # No path: the pages and their redirects live at /ui of the host (a proxy that
+        # mounts the service under a prefix would need root_path throughout).
         if (
             parts.scheme not in ("http", "https")
             or not parts.netloc
+            or parts.path
             or parts.query
-            or (parts.fragment)
+            or parts.fragment
         ):
             raise ValueError(
-                f"GATE_PUBLIC_URL must be an http(s) URL with no query or fragment, "
+                f"GATE_PUBLIC_URL must be an http(s) origin with no path, query or fragment, "
                 f"like https://gate.example.com; got {value!r}"
             )
         return value

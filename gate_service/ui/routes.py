@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
+import anyio.to_thread
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -72,6 +74,7 @@ def make_templates() -> Jinja2Templates:
     env.filters["shown"] = views.shown
     env.globals["result_word"] = views.result_word
     env.globals["is_short"] = views.is_short
+    env.filters["css_word"] = views.css_word
     return Jinja2Templates(env=env)
 
 
@@ -96,7 +99,8 @@ def render(
 
 def _back_to(request: Request) -> str:
     path = request.url.path
-    return path + (f"?{request.url.query}" if request.url.query else "")
+    query = [(k, v) for k, v in request.query_params.multi_items() if k != "fragment"]
+    return path + (f"?{urlencode(query)}" if query else "")
 
 
 def safe_next(value: str | None) -> str:
@@ -123,14 +127,30 @@ def current(request: Request, session: SessionDep) -> sessions.SignedIn:
 SignedInDep = Annotated[sessions.SignedIn, Depends(current)]
 
 
+def _own_origin(request: Request) -> str:
+    """This service's origin as the browser names it: GATE_PUBLIC_URL's, else the request's
+    own scheme and Host (behind a TLS proxy, set GATE_PUBLIC_URL)."""
+    public = state_of(request).settings.public_url
+    if public:
+        parts = urlsplit(public)
+        return f"{parts.scheme}://{parts.netloc}"
+    return f"{request.url.scheme}://{request.headers.get('host', '')}"
+
+
 def _same_origin(request: Request) -> None:
-    """A state-changing form from another site is refused: browsers send Origin on POST.
-    (SameSite=Strict already keeps the cookie off it; the form token is the third lock.)"""
+    """A form is taken only from our own pages: browsers send Origin (or at least Referer)
+    on a form's POST, so a request with neither, or from another origin, is refused. With
+    SameSite=Strict (no cookie on another site's POST) and the form token, the third lock;
+    for sign-in, which has no session yet, the one that stops a forged sign-in."""
     origin = request.headers.get("origin")
-    if origin is None:  # not a browser's form; the form token still has to match
-        return
-    if origin == "null" or urlsplit(origin).netloc != request.headers.get("host", ""):
-        raise Forbidden("this form was sent from another site")
+    if origin is None or origin == "null":
+        referer = request.headers.get("referer")
+        parts = urlsplit(referer) if referer else None
+        origin = f"{parts.scheme}://{parts.netloc}" if parts and parts.netloc else None
+    if origin is None:
+        raise Forbidden("this form must come from the service's own page (no Origin or Referer)")
+    if origin != _own_origin(request):
+        raise Forbidden(f"this form was sent from another site ({origin})")
 
 
 async def _form(request: Request) -> dict[str, str]:
@@ -138,19 +158,35 @@ async def _form(request: Request) -> dict[str, str]:
     return {k: v for k, v in form.items() if isinstance(v, str)}
 
 
-def _check_form(request: Request, form: dict[str, str]) -> None:
+def _check_form(request: Request, form: dict[str, str]) -> str:
+    """The session cookie of a state-changing form that passed its checks."""
     _same_origin(request)
     cookie = request.cookies.get(sessions.COOKIE) or ""
     if not cookie or not sessions.csrf_matches(cookie, form.get("csrf", "")):
         raise Forbidden("this form's token is missing or stale; reload the page and try again")
+    return cookie
 
 
 # -- sign-in --------------------------------------------------------------------------------
 
 
 @router.get("/sign-in")
-def sign_in_form(request: Request, next: str | None = None) -> HTMLResponse:
-    return render(request, "sign_in.html", {"next": safe_next(next), "error": None})
+def sign_in_form(
+    request: Request,
+    session: SessionDep,
+    next: str | None = None,
+    checked: bool = False,
+) -> Response:
+    back_to = safe_next(next)
+    if sessions.signed_in(session, request.cookies.get(sessions.COOKIE)) is not None:
+        return RedirectResponse(back_to, status_code=303)
+    # A link from another site (the pipeline's log) is a cross-site navigation, which carries
+    # no SameSite=Strict cookie: the form first reloads itself once, from this origin, so a
+    # browser that is signed in goes straight on to the page.
+    bounce = (
+        None if checked else f"{UI_PREFIX}/sign-in?{urlencode({'next': back_to, 'checked': 1})}"
+    )
+    return render(request, "sign_in.html", {"next": back_to, "error": None, "bounce": bounce})
 
 
 @router.post("/sign-in")
@@ -159,28 +195,17 @@ async def sign_in(request: Request) -> Response:
     back_to = safe_next(form.get("next"))
     _same_origin(request)
     token = (form.get("token") or "").strip() or None
-    state = state_of(request)
     try:
-        who = check_token(request, token, missing="enter a token")
-    except (Unauthorized, TooManyRequests) as exc:
+        # Database work in a thread: the event loop also serves the API's long-polls.
+        cookie, expires = await anyio.to_thread.run_sync(_open, request, token)
+    except (Unauthorized, Forbidden, TooManyRequests) as exc:
         return render(
             request,
             "sign_in.html",
-            {"next": back_to, "error": f"Not signed in: {exc.detail}."},
+            {"next": back_to, "error": f"Not signed in: {exc.detail}.", "bounce": None},
             status_code=exc.status_code,
             headers={k: v for k, v in exc.headers.items() if k == "Retry-After"},
         )
-    if not who.has(Scope.read):
-        return render(
-            request,
-            "sign_in.html",
-            {"next": back_to, "error": "Not signed in: this token lacks the read scope."},
-            status_code=403,
-        )
-    hours = state.settings.ui_session_hours
-    with session_scope(state.sessions) as session:
-        cookie, expires = sessions.open_session(session, who, hours=hours)
-        record_by(session, who, "ui.signed_in")
     response = RedirectResponse(back_to, status_code=303)
     response.set_cookie(
         sessions.COOKIE,
@@ -194,6 +219,20 @@ async def sign_in(request: Request) -> Response:
     return response
 
 
+def _open(request: Request, token: str | None) -> tuple[str, datetime]:
+    """A new session of ``token`` (judged and braked as a bearer header is); a session the
+    browser held before ends, so signing in again leaves no second one behind."""
+    who = check_token(request, token, missing="enter a token")
+    if not who.has(Scope.read):
+        raise Forbidden("this token lacks the read scope")
+    state = state_of(request)
+    with session_scope(state.sessions) as session:
+        sessions.close_session(session, request.cookies.get(sessions.COOKIE))
+        cookie, expires = sessions.open_session(session, who, hours=state.settings.ui_session_hours)
+        record_by(session, who, "ui.signed_in")
+    return cookie, expires
+
+
 def _secure(request: Request) -> bool:
     public = state_of(request).settings.public_url
     return request.url.scheme == "https" or public.startswith("https://")
@@ -201,17 +240,19 @@ def _secure(request: Request) -> bool:
 
 @router.post("/sign-out")
 async def sign_out(request: Request) -> Response:
-    form = await _form(request)
-    _check_form(request, form)
-    state = state_of(request)
-    with session_scope(state.sessions) as session:
-        who = sessions.signed_in(session, request.cookies.get(sessions.COOKIE))
-        sessions.close_session(session, request.cookies.get(sessions.COOKIE))
-        if who is not None:
-            record_by(session, who.who, "ui.signed_out")
+    cookie = _check_form(request, await _form(request))
+    await anyio.to_thread.run_sync(_close, request, cookie)
     response = RedirectResponse(f"{UI_PREFIX}/sign-in", status_code=303)
     response.delete_cookie(sessions.COOKIE, path=UI_PREFIX, httponly=True, samesite="strict")
     return response
+
+
+def _close(request: Request, cookie: str) -> None:
+    with session_scope(state_of(request).sessions) as session:
+        who = sessions.signed_in(session, cookie)
+        sessions.close_session(session, cookie)
+        if who is not None:
+            record_by(session, who.who, "ui.signed_out")
 
 
 # -- pages ----------------------------------------------------------------------------------
@@ -275,9 +316,11 @@ def gate_list(
     )
 
 
-def _etag(gate_id: uuid.UUID, revision: int, me: sessions.SignedIn) -> str:
-    # The page differs per session (its form token, its scopes), not only per revision.
-    tag = hashlib.sha256(f"{revision}.{me.session_digest}".encode()).hexdigest()[:20]
+def _etag(gate_id: uuid.UUID, revision: int, me: sessions.SignedIn, fragment: bool) -> str:
+    # The page differs per session (its form token, its scopes) and between the whole page
+    # and its live part, not only per revision.
+    seed = f"{revision}.{me.session_digest}.{int(fragment)}"
+    tag = hashlib.sha256(seed.encode()).hexdigest()[:20]
     return f'W/"ui.{gate_id}.{tag}"'
 
 
@@ -291,20 +334,18 @@ def gate_page(
     fragment: bool = False,
 ) -> Response:
     revision = gates.gate_revision(session, gate_id, me.who.project_id)
-    etag = _etag(gate_id, revision, me)
+    etag = _etag(gate_id, revision, me, fragment)
     if request.headers.get("if-none-match") == etag:
         return Response(status_code=304, headers={"ETag": etag, **PAGE_HEADERS})
     revision, gate = gates.read_gate_view(
         session, gate_id, me.who.project_id, public_url=settings.public_url
     )
-    etag = _etag(gate_id, revision, me)
-    calls = {c.id: c.model_calls for c in gate.cases}
+    etag = _etag(gate_id, revision, me, fragment)
     context = {
         "me": me,
         "gate": gate,
         "etag": etag,
         "cases": views.ordered_cases(gate.cases),
-        "calls": calls,
         "progress": views.progress(gate),
         "live": gate.status not in views.TERMINAL,
         "gate_ms": views.gate_duration(gate),
@@ -317,18 +358,21 @@ def gate_page(
 
 @router.post("/gates/{gate_id}/cancel")
 async def cancel(gate_id: uuid.UUID, request: Request) -> Response:
-    form = await _form(request)
-    _check_form(request, form)
-    state = state_of(request)
-    with session_scope(state.sessions) as session:
-        me = sessions.signed_in(session, request.cookies.get(sessions.COOKIE))
+    cookie = _check_form(request, await _form(request))
+    # In a thread: the cancel waits for the gate's row lock, which a worker may hold.
+    await anyio.to_thread.run_sync(_cancel, request, cookie, gate_id)
+    return RedirectResponse(gate_page_path(gate_id), status_code=303)
+
+
+def _cancel(request: Request, cookie: str, gate_id: uuid.UUID) -> None:
+    with session_scope(state_of(request).sessions) as session:
+        me = sessions.signed_in(session, cookie)
         if me is None:
             raise SignInNeeded(gate_page_path(gate_id))
         if not me.who.has(Scope.submit):
             raise Forbidden(f"this token of project {me.who.project_name!r} lacks the submit scope")
         gates.request_cancel(session, gate_id, me.who.project_id)
         record_by(session, me.who, "gate.cancelled", gate=str(gate_id))
-    return RedirectResponse(gate_page_path(gate_id), status_code=303)
 
 
 @router.get("/cases/{case_id}")

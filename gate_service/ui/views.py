@@ -8,6 +8,8 @@ to a bounded depth, since a bundle's code can nest or loop its spans as it likes
 from __future__ import annotations
 
 import json
+import re
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +53,12 @@ def shown(value: Any) -> str:
         return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
     except (TypeError, ValueError):
         return repr(value)
+
+
+def css_word(value: Any) -> str:
+    """A bundle's word (a span's type, say) as one CSS class name: escaping keeps it from
+    breaking out of the attribute, this keeps it from naming other classes (hidden, pass)."""
+    return re.sub(r"[^a-z0-9_-]", "_", str(value).lower())[:40] or "_"
 
 
 def is_short(value: Any) -> bool:
@@ -141,47 +149,50 @@ class TraceNode:
 def trace_tree(spans: Iterable[Span]) -> list[TraceNode]:
     """The spans as a forest: each under its parent, in span order. A span whose parent is
     missing, itself, or part of a cycle is shown at the top rather than lost."""
-    nodes = {s.span_id: TraceNode(s) for s in sorted(spans, key=lambda s: s.span_order)}
-    children: dict[str, list[TraceNode]] = {}
-    roots: list[TraceNode] = []
-    for node in nodes.values():
-        parent = node.span.parent_span_id
-        if parent is None or parent == node.span.span_id or parent not in nodes:
-            roots.append(node)
+    # Nodes by position, not by id: a bundle may give two spans one id, and neither may hide
+    # the other. A parent id names the first span that has it.
+    nodes = [TraceNode(s) for s in sorted(spans, key=lambda s: s.span_order)]
+    first: dict[str, int] = {}
+    for at, node in enumerate(nodes):
+        first.setdefault(node.span.span_id, at)
+    children: dict[int, list[int]] = {}
+    roots: list[int] = []
+    for at, node in enumerate(nodes):
+        parent = first.get(node.span.parent_span_id or "")
+        if node.span.parent_span_id is None or parent is None or parent == at:
+            roots.append(at)
         else:
-            children.setdefault(parent, []).append(node)
-    placed: set[str] = set()
+            children.setdefault(parent, []).append(at)
+    placed: set[int] = set()
 
-    def attach(top: TraceNode) -> None:
-        # Iterative depth-first walk: (node, depth); a node is placed once.
+    def attach(top: int) -> None:
+        # Iterative depth-first walk of (node, depth); each node is placed once.
         stack = [(top, 0)]
-        placed.add(top.span.span_id)
+        placed.add(top)
         while stack:
-            node, depth = stack.pop()
-            below = [c for c in children.get(node.span.span_id, []) if c.span.span_id not in placed]
+            at, depth = stack.pop()
+            below = [c for c in children.get(at, []) if c not in placed]
+            placed.update(below)
             if depth + 1 >= MAX_TRACE_DEPTH:
-                node.flattened = bool(below)
+                # The rest of this subtree, flat, in the order a walk meets it.
                 flat: list[TraceNode] = []
-                queue = list(below)
+                queue = deque(below)
                 while queue:
-                    child = queue.pop(0)
-                    if child.span.span_id in placed:
-                        continue
-                    placed.add(child.span.span_id)
-                    flat.append(TraceNode(child.span))
-                    queue.extend(children.get(child.span.span_id, []))
-                node.children = flat
+                    child = queue.popleft()
+                    flat.append(nodes[child])
+                    more = [c for c in children.get(child, []) if c not in placed]
+                    placed.update(more)
+                    queue.extend(more)
+                nodes[at].children, nodes[at].flattened = flat, bool(flat)
                 continue
-            for child in below:
-                placed.add(child.span.span_id)
-            node.children = below
+            nodes[at].children = [nodes[c] for c in below]
             stack.extend((child, depth + 1) for child in reversed(below))
 
     for root in roots:
         attach(root)
     # Spans only reachable through a cycle: each cycle shown from its first span.
-    for node in nodes.values():
-        if node.span.span_id not in placed:
-            roots.append(node)
-            attach(node)
-    return roots
+    for at in range(len(nodes)):
+        if at not in placed:
+            roots.append(at)
+            attach(at)
+    return [nodes[at] for at in roots]

@@ -43,7 +43,7 @@ from gate_service.sandbox import (
     open_sandbox,
 )
 from gate_service.worker.handler import runner_argv
-from tests.fixtures.escape import PROBES
+from tests.fixtures.escape import PROBES, network_gateway
 from tests.fixtures.projects import write
 from tests.fixtures.sandbox import FakeSandbox
 
@@ -392,7 +392,7 @@ def test_a_case_reaches_its_model_channel_and_nothing_else(
 
     client = docker.from_env()
     try:
-        bridge = client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
+        bridge = network_gateway(client)
     finally:
         client.close()
     listener = socket.create_server(("0.0.0.0", 0))

@@ -104,7 +104,9 @@ def test_a_passing_project_exits_0_and_links_the_gates_page(
         form = browser.get(url)
         assert form.url.path == "/ui/sign-in", form.url
         page = browser.post(
-            f"{gate_url}/ui/sign-in", data={"token": token, "next": form.url.params["next"]}
+            f"{gate_url}/ui/sign-in",
+            data={"token": token, "next": form.url.params["next"]},
+            headers={"Origin": gate_url},  # as a browser sends it with the form
         )
     assert (page.status_code, page.url.path) == (200, f"/ui/gates/{gate_id}")
     assert "adds_two_numbers" in page.text and "PASSED" in page.text

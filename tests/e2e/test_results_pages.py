@@ -9,10 +9,13 @@ page's screenshot is taken here (set GATE_SCREENSHOT_PATH to keep it, as the REA
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -291,10 +294,44 @@ def test_another_projects_gate_answers_404(
     page.close()
 
 
+@contextmanager
+def link_page(target: str) -> Iterator[str]:
+    """A page on another site (localhost, where the gate is 127.0.0.1) linking to ``target``,
+    as a pipeline's log links a gate."""
+    body = f'<!doctype html><title>CI log</title><a href="{target}">gate</a>'.encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://localhost:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_signing_out_ends_the_session(browser: Browser, failed: Submitted) -> None:
     page = browser.new_page()
     page.goto(failed.url)
     sign_in(page, failed.token)
+    expect(page.locator("h1 .badge")).to_have_text("FAILED")
+    # A link from another site carries no SameSite=Strict cookie: the form's one reload from
+    # this origin takes a signed-in person straight on to the gate.
+    with link_page(failed.url) as log:
+        page.goto(log)
+        page.get_by_role("link", name="gate").click()
+        page.wait_for_url(failed.url)
     expect(page.locator("h1 .badge")).to_have_text("FAILED")
     page.get_by_role("button", name="Sign out").click()
     expect(page.get_by_role("heading", name="Sign in")).to_be_visible()

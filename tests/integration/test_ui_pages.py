@@ -35,9 +35,13 @@ def submit(client: TestClient, tmp_path: Path, token: str = ADMIN_TOKEN) -> str:
     return str(answer.json()["id"])
 
 
+ORIGIN = {"Origin": "http://testserver"}
+
+
 def browser(client: TestClient) -> TestClient:
-    """A client of the same app with no bearer header: a browser, cookies only."""
-    return TestClient(client.app, follow_redirects=False)
+    """A client of the same app with no bearer header: a browser, cookies only, whose forms
+    carry the Origin of the pages they were on (as browsers send it)."""
+    return TestClient(client.app, follow_redirects=False, headers=ORIGIN)
 
 
 def sign_in(page: TestClient, token: str, next_path: str = "/ui") -> str:
@@ -71,7 +75,9 @@ def test_html_url_is_a_path_by_default_and_absolute_under_gate_public_url(
     )
 
 
-@pytest.mark.parametrize("bad", ["ftp://gate", "https://gate/?x=1", "gate.example.com"])
+@pytest.mark.parametrize(
+    "bad", ["ftp://gate", "https://gate/?x=1", "gate.example.com", "https://gate/prefix"]
+)
 def test_gate_public_url_must_be_an_http_url(bad: str) -> None:
     with pytest.raises(ValueError, match="GATE_PUBLIC_URL"):
         Settings(public_url=bad)
@@ -86,6 +92,10 @@ def test_a_page_without_a_session_goes_to_the_form_and_comes_back(
     assert answer.headers["location"] == f"/ui/sign-in?next=%2Fui%2Fgates%2F{failed_gate}"
     form = page.get(answer.headers["location"])
     assert 'name="token"' in form.text and f'value="/ui/gates/{failed_gate}"' in form.text
+    # Reached from another site's link (no Strict cookie yet), the form reloads itself once.
+    bounce = f"/ui/sign-in?next=%2Fui%2Fgates%2F{failed_gate}&amp;checked=1"
+    assert f'http-equiv="refresh" content="0; url={bounce}"' in form.text
+    assert "http-equiv" not in page.get("/ui/sign-in?next=/ui&checked=1").text
     assert sign_in(page, ADMIN_TOKEN, f"/ui/gates/{failed_gate}") == f"/ui/gates/{failed_gate}"
     cookie = page.cookies.jar
     (jar,) = list(cookie)
@@ -93,6 +103,9 @@ def test_a_page_without_a_session_goes_to_the_form_and_comes_back(
     assert jar.name == "gate_session" and ADMIN_TOKEN not in (jar.value or "")
     assert jar.path == "/ui" and jar.has_nonstandard_attr("HttpOnly")
     assert jar.get_nonstandard_attr("SameSite", "").lower() == "strict"
+    # Signed in, the form (as the bounce reaches it) goes straight on to the page.
+    again = page.get(f"/ui/sign-in?next=/ui/gates/{failed_gate}&checked=1")
+    assert (again.status_code, again.headers["location"]) == (303, f"/ui/gates/{failed_gate}")
     shown = page.get(f"/ui/gates/{failed_gate}")
     assert shown.status_code == 200
     assert "expects_the_wrong_plan" in shown.text and "answers_with_the_plan" in shown.text
@@ -157,6 +170,16 @@ def test_forms_that_change_state_need_the_session_form_token_and_our_origin(
     assert client.get(f"/v1/gates/{gate_id}").json()["status"] == "cancelled"
     # Sign-out is a form too: without the token it is refused, with it the session ends.
     assert page.post("/ui/sign-out", data={}).status_code == 403
+    # A form with neither Origin nor Referer is not one of our pages'.
+    bare = TestClient(client.app, follow_redirects=False, cookies=page.cookies)
+    no_origin = bare.post("/ui/sign-out", data={"csrf": token.group(1)})
+    assert no_origin.status_code == 403 and "no Origin or Referer" in no_origin.text
+    via_referer = bare.post(
+        "/ui/sign-in",
+        data={"token": ADMIN_TOKEN},
+        headers={"Referer": "http://testserver/ui/sign-in"},
+    )
+    assert via_referer.status_code == 303
     out = page.post("/ui/sign-out", data={"csrf": token.group(1)})
     assert (out.status_code, out.headers["location"]) == (303, "/ui/sign-in")
     assert page.get("/ui").status_code == 303
@@ -253,10 +276,19 @@ def test_the_sign_in_form_is_braked_like_a_bearer_header(client: TestClient) -> 
 
 
 def test_sign_in_returns_only_to_a_page_and_a_planted_cookie_is_no_session(
-    client: TestClient,
+    client: TestClient, sessions: sessionmaker[Session]
 ) -> None:
     page = browser(client)
     assert sign_in(page, ADMIN_TOKEN, "//evil.example/ui") == "/ui"
+    # Signing in again ends the session the browser held: one row, not two.
+    assert sign_in(page, ADMIN_TOKEN, "/ui") == "/ui"
+    with session_scope(sessions) as s:
+        assert len(s.scalars(select(UiSession)).all()) == 1
+    # A sign-in posted from another site's page is refused before the token is looked at.
+    forged = page.post(
+        "/ui/sign-in", data={"token": ADMIN_TOKEN}, headers={"Origin": "https://evil.example"}
+    )
+    assert forged.status_code == 403 and "another site" in forged.text
     # A cookie value the service did not make (say, planted by another site) signs no one in.
     stranger = browser(client)
     stranger.cookies.set("gate_session", "x" * 43, path="/ui")
