@@ -171,17 +171,34 @@ class AuditEvent(Base):
 
 
 class Bundle(Base):
-    """Uploaded archive bytes, stored once per content hash so any worker can fetch them."""
+    """An uploaded archive, stored once per content hash so any worker can fetch it; its
+    bytes are in ``bundle_chunks``."""
 
     __tablename__ = "bundles"
 
     sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
-    data: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
     archive_format: Mapped[str] = mapped_column(String(16))
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     code_bytes: Mapped[int] = mapped_column(BigInteger)
     fixture_bytes: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+BUNDLE_CHUNK_BYTES = 512 * 1024
+
+
+class BundleChunk(Base):
+    """A bundle's bytes in pieces of at most BUNDLE_CHUNK_BYTES, in order of ``seq``: written
+    and read a piece at a time, so no process ever holds a whole 25 MiB upload in memory
+    (one bytea value would be built, sent and received whole)."""
+
+    __tablename__ = "bundle_chunks"
+
+    sha256: Mapped[str] = mapped_column(
+        String(64), ForeignKey("bundles.sha256", ondelete="CASCADE"), primary_key=True
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class Gate(Base):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import mmap
 import os
 import re
 import stat
@@ -17,6 +18,7 @@ import tarfile
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path, PurePosixPath
@@ -229,8 +231,41 @@ class _BoundedTarInfo(tarfile.TarInfo):
 _TAR_ERRORS = (tarfile.TarError, OSError, EOFError, zlib.error, ValueError, OverflowError)
 
 
-def _tar_entries(data: bytes) -> Iterator[_Entry]:
-    gz: IO[bytes] = gzip.GzipFile(fileobj=io.BytesIO(data))  # type: ignore[assignment]
+# An archive in hand: bytes, or a seekable file (an upload spooled to disk), which is read
+# as a stream and never loaded whole.
+Source = bytes | bytearray | IO[bytes]
+
+
+def _from_start(source: Source) -> IO[bytes]:
+    if isinstance(source, bytes | bytearray):
+        return io.BytesIO(source)
+    source.seek(0)
+    return source
+
+
+@contextmanager
+def _random_access(source: Source) -> Iterator[bytes | bytearray | mmap.mmap]:
+    """The archive as a buffer to find the zip's end records in: a file is mapped, not read,
+    so only the pages looked at (its tail, its central directory) are ever in memory."""
+    if isinstance(source, bytes | bytearray):
+        yield source
+        return
+    source.seek(0, os.SEEK_END)
+    size = source.tell()
+    try:
+        fd = source.fileno()  # a SpooledTemporaryFile moves to disk here
+    except (OSError, io.UnsupportedOperation):
+        fd = -1
+    if fd < 0 or size == 0:
+        source.seek(0)
+        yield source.read()
+        return
+    with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
+        yield mapped
+
+
+def _tar_entries(source: Source) -> Iterator[_Entry]:
+    gz: IO[bytes] = gzip.GzipFile(fileobj=_from_start(source), mode="rb")  # type: ignore[assignment]
     stream = _CappedStream(gz, DECOMPRESSED_CAP_BYTES)
     try:
         archive = tarfile.open(fileobj=stream, mode="r|", tarinfo=_BoundedTarInfo)
@@ -262,12 +297,13 @@ def _tar_entries(data: bytes) -> Iterator[_Entry]:
 _ZIP_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)
 
 
-def _zip_entries(data: bytes) -> Iterator[_Entry]:
+def _zip_entries(source: Source) -> Iterator[_Entry]:
     # Counted from the raw end records and headers first: ZipFile() reads the whole central
     # directory into objects, which a 250,000-entry zip makes slow and large.
-    check_entry_count(data, MAX_ENTRIES)
+    with _random_access(source) as data:
+        check_entry_count(data, MAX_ENTRIES)
     try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
+        archive = zipfile.ZipFile(_from_start(source))
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
         raise UnsafeArchive(f"not a readable .zip: {exc}") from None
     with archive:
@@ -319,12 +355,13 @@ def _strip_wrapper(paths: list[PurePosixPath]) -> str:
     return ""
 
 
-def read_archive(data: bytes, dest: Path | None = None) -> Manifest:
+def read_archive(data: Source, dest: Path | None = None) -> Manifest:
     """Walk the archive, enforce every rule and limit, and extract below ``dest`` if given.
 
+    ``data`` is the archive's bytes or a seekable file of them, read from its start.
     Raises UnsupportedMediaType, UnsafeArchive or PayloadTooLarge with what was wrong.
     """
-    fmt = detect_format(data[:8])
+    fmt = detect_format(_from_start(data).read(8))
     if dest is not None:
         dest.mkdir(parents=True, exist_ok=True)
     entries = _tar_entries if fmt == "tar.gz" else _zip_entries
@@ -403,7 +440,7 @@ def read_archive(data: bytes, dest: Path | None = None) -> Manifest:
     return manifest
 
 
-def _tar_names(data: bytes) -> list[str]:
+def _tar_names(data: Source) -> list[str]:
     names = []
     for entry in _tar_entries(data):
         names.append(entry.name)

@@ -12,9 +12,13 @@ not the count.
 
 from __future__ import annotations
 
+import mmap
 import struct
 
 from ..errors import UnsafeArchive
+
+# The archive in memory, or mapped from its spooled file.
+Buffer = bytes | bytearray | mmap.mmap
 
 _EOCD = struct.Struct("<4s4H2LH")  # signature, disks, entries here, entries, size, offset, comment
 _EOCD_SIG = b"PK\x05\x06"
@@ -27,7 +31,12 @@ _CENTRAL_SIG = b"PK\x01\x02"
 _MAX_COMMENT = 0xFFFF
 
 
-def _end_record(data: bytes) -> tuple[int, int, int, int] | None:
+def _has(data: Buffer, signature: bytes, at: int) -> bool:
+    # A slice rather than startswith(), which an mmap lacks.
+    return data[at : at + len(signature)] == signature
+
+
+def _end_record(data: Buffer) -> tuple[int, int, int, int] | None:
     """(entries declared, central directory size, record position, bytes of ZIP64 records),
     or None when there is no record (zipfile will refuse the archive itself)."""
     size = len(data)
@@ -48,9 +57,9 @@ def _end_record(data: bytes) -> tuple[int, int, int, int] | None:
     declared = max(here, total)
     extra = 0
     locator_at = pos - _ZIP64_LOCATOR.size
-    if locator_at >= 0 and data.startswith(_ZIP64_LOCATOR_SIG, locator_at):
+    if locator_at >= 0 and _has(data, _ZIP64_LOCATOR_SIG, locator_at):
         record_at = locator_at - _ZIP64_EOCD.size
-        if record_at >= 0 and data.startswith(_ZIP64_EOCD_SIG, record_at):
+        if record_at >= 0 and _has(data, _ZIP64_EOCD_SIG, record_at):
             fields = _ZIP64_EOCD.unpack_from(data, record_at)
             here64, total64, cd_size = fields[6], fields[7], fields[8]
             declared = max(here64, total64)
@@ -58,7 +67,7 @@ def _end_record(data: bytes) -> tuple[int, int, int, int] | None:
     return declared, cd_size, pos, extra
 
 
-def check_entry_count(data: bytes, limit: int) -> None:
+def check_entry_count(data: Buffer, limit: int) -> None:
     """Refuse a zip whose central directory declares or holds more than ``limit`` entries.
 
     Reads only fixed-size headers of the bytes in hand; never builds a ZipFile.
@@ -80,7 +89,7 @@ def check_entry_count(data: bytes, limit: int) -> None:
     count = 0
     at = start
     while at < end:
-        if at + _CENTRAL.size > end or not data.startswith(_CENTRAL_SIG, at):
+        if at + _CENTRAL.size > end or not _has(data, _CENTRAL_SIG, at):
             return  # truncated or corrupt: zipfile refuses it, with its own words
         header = _CENTRAL.unpack_from(data, at)
         name_len, extra_len, comment_len = header[12], header[13], header[14]

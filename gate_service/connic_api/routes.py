@@ -67,9 +67,12 @@ SUBMIT_SCHEMA: dict[str, Any] = {
 }
 
 
-async def _read_body(request: Request, limit_bytes: int, rate: MinimumRate) -> bytearray:
-    """The whole body, refused with 413 as soon as it is declared or read past the limit, and
-    cut with 408 once it arrives slower than ``rate``.
+async def _read_body(
+    request: Request, limit_bytes: int, rate: MinimumRate, upload_limit_bytes: int
+) -> service.TestRunBody:
+    """The body, scanned as it streams (files_data decoded on the way, see body.py); refused
+    with 413 as soon as it is declared or read past the limit, and cut with 408 once it
+    arrives slower than ``rate``.
 
     Parsed by hand rather than by a pydantic body parameter: FastAPI would read any size
     before validating, and answer a malformed body 422 where the CLI expects 400.
@@ -81,17 +84,22 @@ async def _read_body(request: Request, limit_bytes: int, rate: MinimumRate) -> b
             f"{limit_bytes} bytes (base64 of the upload limit, plus the JSON around it)",
             problems=[{"limit_bytes": limit_bytes, "declared_bytes": int(declared)}],
         )
-    body = bytearray()
-    async for chunk in paced_body(request, rate):
-        if len(body) + len(chunk) > limit_bytes:
-            received = len(body) + len(chunk)
-            raise PayloadTooLarge(
-                f"the request body is larger than {limit_bytes} bytes (base64 of the upload "
-                f"limit, plus the JSON around it); refused after {received} bytes, without "
-                "reading the rest",
-                problems=[{"limit_bytes": limit_bytes, "received_bytes": received}],
-            )
-        body.extend(chunk)
+    body = service.TestRunBody(upload_limit_bytes, service.JSON_ENVELOPE_BYTES)
+    received = 0
+    try:
+        async for chunk in paced_body(request, rate):
+            received += len(chunk)
+            if received > limit_bytes:
+                raise PayloadTooLarge(
+                    f"the request body is larger than {limit_bytes} bytes (base64 of the "
+                    f"upload limit, plus the JSON around it); refused after {received} bytes, "
+                    "without reading the rest",
+                    problems=[{"limit_bytes": limit_bytes, "received_bytes": received}],
+                )
+            body.feed(chunk)
+    except BaseException:
+        body.close()
+        raise
     return body
 
 
@@ -132,18 +140,16 @@ async def create_test_run(
             f'expected Content-Type application/json with {{"files_data": <base64 .tar.gz>}}; '
             f"got {media_type!r}"
         )
-    # Held before a byte is read, as for multipart uploads: at most N bodies in memory, of
+    # Held before a byte is read, as for multipart uploads: at most N bodies in flight, of
     # which at most the project's share are this project's.
     with state_of(request).upload_slots.hold(who.project_id, who.project_name):
-        raw = await _read_body(
+        body = await _read_body(
             request,
             service.body_limit_bytes(settings.upload_limit_bytes),
             MinimumRate.of(settings),
+            settings.upload_limit_bytes,
         )
-        upload = await run_in_threadpool(
-            service.parse_submission, raw, upload_limit_bytes=settings.upload_limit_bytes
-        )
-        del raw  # the decoded archive is all that is needed from here on
+        upload = service.parse_submission(body, upload_limit_bytes=settings.upload_limit_bytes)
         try:
             view, created = await run_in_threadpool(
                 submit_bundle, factory, who, upload, key, settings

@@ -8,10 +8,6 @@ only translates.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import io
 import json
 import math
 from typing import Any
@@ -23,6 +19,7 @@ from ..errors import BadRequest, NotFound, PayloadTooLarge
 from ..gates.schemas import GateRead, RunRead
 from ..gates.submission import Upload
 from ..models import GateStatus
+from .body import TestRunBody as TestRunBody  # the routes make one per request
 from .schemas import (
     DEFAULT_ENVIRONMENT_ID,
     ConnicCase,
@@ -76,15 +73,32 @@ def _problems(exc: ValidationError) -> list[dict[str, Any]]:
     ]
 
 
-def parse_submission(raw: bytes | bytearray, *, upload_limit_bytes: int) -> Upload:
-    """The JSON body as an Upload, as if its archive had come in a multipart form.
+def parse_submission(body: TestRunBody, *, upload_limit_bytes: int) -> Upload:
+    """The streamed JSON body as an Upload, as if its archive had come in a multipart form.
 
     Everything wrong with the JSON itself is 400: the CLI prints a 400's detail as
     "Test request rejected: <detail>" and exits 1. An archive over the upload limit is 413,
     as on POST /v1/gates. The archive's own checks follow in `gates.submission.submit_bundle`.
+    ``body`` is closed here unless its archive is handed on in the Upload.
     """
     try:
-        body = ConnicTestRunSubmit.model_validate_json(raw)
+        return _parsed(body, upload_limit_bytes)
+    except BaseException:
+        body.close()
+        raise
+
+
+def _parsed(body: TestRunBody, upload_limit_bytes: int) -> Upload:
+    if body.over_skeleton_limit:
+        raise PayloadTooLarge(
+            f"the JSON around files_data is larger than {body.skeleton_limit} bytes; send "
+            "the project in files_data, with only environment_id and test_filter beside it",
+            problems=[{"limit_bytes": body.skeleton_limit}],
+        )
+    try:
+        # The skeleton holds files_data as a placeholder (see body.py): the JSON and every
+        # field are judged by the model, as a whole body would be.
+        parsed = ConnicTestRunSubmit.model_validate_json(body.skeleton)
     except ValidationError as exc:
         problems = _problems(exc)
         detail = "; ".join(f"{p['location']}: {p['message']}" for p in problems)
@@ -93,29 +107,31 @@ def parse_submission(raw: bytes | bytearray, *, upload_limit_bytes: int) -> Uplo
             f'"test_filter"?: ...}}; {detail}',
             problems=problems,
         ) from None
-    if body.environment_id not in (None, DEFAULT_ENVIRONMENT_ID):
+    if body.duplicate:
+        raise BadRequest("files_data appears more than once in the JSON object; send it once")
+    if parsed.environment_id not in (None, DEFAULT_ENVIRONMENT_ID):
         raise BadRequest(
-            f"unknown environment {body.environment_id!r}; this service has one environment, "
+            f"unknown environment {parsed.environment_id!r}; this service has one environment, "
             f"{DEFAULT_ENVIRONMENT_ID!r} (leave out --env)"
         )
-    # Checked before decoding: base64 is 4 characters per 3 bytes.
-    if len(body.files_data) // 4 * 3 > upload_limit_bytes + 2:
-        raise _too_large(upload_limit_bytes, len(body.files_data) // 4 * 3)
-    try:
-        # validate=True: anything outside the alphabet (or bad padding) is an error, not
-        # silently skipped, so a mangled upload is refused instead of judged.
-        data = base64.b64decode(body.files_data, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise BadRequest(f"files_data is not valid base64 ({exc})") from None
-    if not data:
+    files = body.files
+    assert files is not None  # the model requires files_data, and only a string passes
+    # Judged by its length first, as before decoding: base64 is 4 characters per 3 bytes.
+    if files.chars // 4 * 3 > upload_limit_bytes + 2:
+        raise _too_large(upload_limit_bytes, files.chars // 4 * 3)
+    # validate=True semantics: anything outside the alphabet (or bad padding) is an error,
+    # not silently skipped, so a mangled upload is refused instead of judged.
+    if files.error is not None:
+        raise BadRequest(f"files_data is not valid base64 ({files.error})")
+    if not files.size:
         raise BadRequest("files_data decodes to nothing; send the project as a .tar.gz")
-    if len(data) > upload_limit_bytes:
-        raise _too_large(upload_limit_bytes, len(data))
-    fields = {"filter": body.test_filter} if body.test_filter else {}
+    if files.size > upload_limit_bytes:
+        raise _too_large(upload_limit_bytes, files.size)
+    fields = {"filter": parsed.test_filter} if parsed.test_filter else {}
     return Upload(
-        file=io.BytesIO(data),
-        size=len(data),
-        sha256=hashlib.sha256(data).hexdigest(),
+        file=files.file,
+        size=files.size,
+        sha256=files.hash.hexdigest(),
         filename=None,
         fields=fields,
     )

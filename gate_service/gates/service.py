@@ -7,8 +7,8 @@ transaction. Every visible change bumps ``Gate.revision``, which the ETag and lo
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import IO, Any
 
 from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
@@ -23,7 +23,18 @@ from ..bundles.suites import CaseRef
 from ..config import Settings
 from ..errors import Conflict, NotFound
 from ..links import gate_html_url
-from ..models import Bundle, Case, CaseStatus, Gate, GateStatus, Phase, Run, utcnow
+from ..models import (
+    BUNDLE_CHUNK_BYTES,
+    Bundle,
+    BundleChunk,
+    Case,
+    CaseStatus,
+    Gate,
+    GateStatus,
+    Phase,
+    Run,
+    utcnow,
+)
 from ..runner_contract import UntrustedResult
 from ..stored_runs import (
     MIN_STORED_RUN_BYTES,
@@ -57,6 +68,27 @@ JUDGED_CASE_STATUSES = (CaseStatus.passed, CaseStatus.failed, CaseStatus.error)
 STATUS_CHARS = 32  # Run.status is String(32); the runner's status words are shorter
 
 
+def write_bundle(session: Session, sha256: str, bundle: IO[bytes]) -> None:
+    """The bundle's bytes from its file, a chunk at a time (memory stays flat)."""
+    bundle.seek(0)
+    seq = 0
+    while chunk := bundle.read(BUNDLE_CHUNK_BYTES):
+        session.execute(insert(BundleChunk).values(sha256=sha256, seq=seq, data=chunk))
+        seq += 1
+
+
+def read_bundle(session: Session, sha256: str) -> Iterator[bytes]:
+    """A stored bundle's bytes, a chunk at a time: fetched in order, each held only while it
+    is written out."""
+    seqs = session.scalars(
+        select(BundleChunk.seq).where(BundleChunk.sha256 == sha256).order_by(BundleChunk.seq)
+    ).all()
+    for seq in seqs:
+        yield session.scalars(
+            select(BundleChunk.data).where(BundleChunk.sha256 == sha256, BundleChunk.seq == seq)
+        ).one()
+
+
 def create_gate(
     session: Session,
     caps: Settings,
@@ -64,7 +96,8 @@ def create_gate(
     project_id: uuid.UUID,
     project_name: str,
     sha256: str,
-    data: bytes,
+    bundle: IO[bytes],
+    size_bytes: int,
     manifest: Manifest,
     name_filter: str | None,
     model_mode: str | None = None,
@@ -96,22 +129,29 @@ def create_gate(
         project_id=project_id,
         project_name=project_name,
         sha256=sha256,
-        size_bytes=len(data),
+        size_bytes=size_bytes,
     )
     store_bundle = (
         insert(Bundle)
         .values(
             sha256=sha256,
-            data=data,
             archive_format=manifest.archive_format,
-            size_bytes=len(data),
+            size_bytes=size_bytes,
             code_bytes=manifest.code_bytes,
             fixture_bytes=manifest.fixture_bytes,
             created_at=utcnow(),
         )
         .on_conflict_do_nothing(index_elements=["sha256"])
+        .returning(Bundle.sha256)
     )
-    session.execute(store_bundle)
+
+    def store() -> None:
+        # Its bytes only with a new row: a bundle already stored (or being stored by a
+        # concurrent upload, whose insert this one waited for) has them.
+        if session.execute(store_bundle).first() is not None:
+            write_bundle(session, sha256, bundle)
+
+    store()
     # The retention pass deletes bundles no gate references, and skips locked ones: hold
     # this one (FOR KEY SHARE) until the gate referencing it commits. A pass that deleted
     # it in between leaves no row to lock: store it again.
@@ -123,7 +163,7 @@ def create_gate(
     for _ in range(3):
         if session.scalar(keep) is not None:
             break
-        session.execute(store_bundle)
+        store()
     gate = Gate(
         project_id=project_id,
         bundle_sha256=sha256,

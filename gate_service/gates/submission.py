@@ -27,6 +27,8 @@ MODEL_MODES = ("scripted", "replay", "live")
 # The text fields a submission may carry beside the bundle, each at most this long.
 TEXT_FIELDS = ("filter", "labels", "model_mode")
 MAX_TEXT_FIELD_BYTES = 16 * 1024
+# An upload is kept in memory up to this size, then in a file on disk.
+SPOOL_MEMORY_BYTES = 1024 * 1024
 
 
 @dataclass
@@ -36,10 +38,6 @@ class Upload:
     sha256: str
     filename: str | None
     fields: dict[str, str] = field(default_factory=dict)
-
-    def read(self) -> bytes:
-        self.file.seek(0)
-        return self.file.read()
 
     def close(self) -> None:
         self.file.close()
@@ -62,8 +60,8 @@ def submit_bundle(
     model_mode = upload.fields.get("model_mode") or None
     if model_mode not in (None, *MODEL_MODES):
         raise BadRequest(f"model_mode must be one of {', '.join(MODEL_MODES)}, got {model_mode!r}")
-    data = upload.read()
-    manifest = read_archive(data)
+    # Read from the spooled file, never loaded whole (the upload may be 25 MiB).
+    manifest = read_archive(upload.file)
 
     def create() -> tuple[GateRead, bool]:
         with session_scope(sessions) as session:
@@ -73,7 +71,8 @@ def submit_bundle(
                 project_id=who.project_id,
                 project_name=who.project_name,
                 sha256=upload.sha256,
-                data=data,
+                bundle=upload.file,
+                size_bytes=upload.size,
                 manifest=manifest,
                 name_filter=upload.fields.get("filter"),
                 model_mode=model_mode,

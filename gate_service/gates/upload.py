@@ -33,11 +33,9 @@ from ..errors import (
     RequestTimeout,
     UnsupportedMediaType,
 )
-from .submission import MAX_TEXT_FIELD_BYTES, TEXT_FIELDS, Upload
+from .submission import MAX_TEXT_FIELD_BYTES, SPOOL_MEMORY_BYTES, TEXT_FIELDS, Upload
 
 FILE_FIELD = "bundle"
-# Kept in memory up to this size, then on disk.
-SPOOL_MEMORY_BYTES = 1024 * 1024
 # Room for part headers, boundaries and the small text fields around the file.
 ENVELOPE_BYTES = 64 * 1024
 EXPECTED = (

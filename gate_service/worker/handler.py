@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
@@ -52,7 +52,7 @@ from ..gateway import (
 from ..jobs import ClaimedJob, LeaseLost
 from ..logs import bind_log_context
 from ..metrics import Metrics
-from ..models import Bundle, Case, CaseStatus, Gate, Phase, Project, utcnow
+from ..models import Case, CaseStatus, Gate, Phase, Project, utcnow
 from ..runner_contract import UntrustedResult
 from ..sandbox import (
     INVOCATION_UID,
@@ -293,19 +293,32 @@ def _judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None
         _write(ctx, job, give_up)
 
 
+@contextmanager
+def _fetched_bundle(ctx: WorkerContext, sha256: str, path: Path) -> Iterator[IO[bytes]]:
+    """The stored bundle copied to ``path`` a chunk at a time, open for reading."""
+    try:
+        with open(path, "w+b") as file:
+            with ctx.sessions() as session:
+                for chunk in service.read_bundle(session, sha256):
+                    file.write(chunk)
+            file.seek(0)
+            yield file
+    finally:
+        path.unlink(missing_ok=True)  # not part of the image build: only bundle/ is
+
+
 def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
-    def begin(session: Session, gate: Gate) -> tuple[bool, str, str | None, bytes, dict[str, Any]]:
+    def begin(session: Session, gate: Gate) -> tuple[bool, str, str | None, dict[str, Any]]:
         if gate.cancel_requested:
             service.cancel_gate(gate)
             job.finish(session)
-            return False, "", None, b"", {}
+            return False, "", None, {}
         service.start_gate(gate)
         time_left(ctx.settings, gate.started_at)  # a retry may start past the deadline
-        data = session.scalar(select(Bundle.data).where(Bundle.sha256 == gate.bundle_sha256))
         api_specs = session.get_one(Project, gate.project_id).api_specs or {}
-        return True, gate.bundle_sha256, gate.filter, data or b"", loader_tools(api_specs)
+        return True, gate.bundle_sha256, gate.filter, loader_tools(api_specs)
 
-    go_on, sha256, name_filter, data, api_tools = _write(ctx, job, begin)
+    go_on, sha256, name_filter, api_tools = _write(ctx, job, begin)
     if not go_on:
         return
     # A scratch directory this process holds locked, so a crash leaves nothing for good.
@@ -313,7 +326,8 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
         bundle_dir = context_dir / "bundle"
         bundle_dir.mkdir()
         try:
-            read_archive(data, bundle_dir)
+            with _fetched_bundle(ctx, sha256, context_dir / "bundle.archive") as archive:
+                read_archive(archive, bundle_dir)
         except GateError as exc:
             raise BundleRejected(f"the bundle cannot be read: {exc.detail}", exc.problems) from None
         # requirements.txt is data: parsed here, before anything is fetched, and only what

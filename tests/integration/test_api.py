@@ -1,6 +1,8 @@
 """The REST contract against a real Postgres (no worker: gates stay queued)."""
 
+import hashlib
 import io
+import os
 import threading
 import zipfile
 from pathlib import Path
@@ -10,8 +12,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate_service.config import Settings
+from gate_service.gates import service as gates
 from gate_service.main import create_app
-from gate_service.models import Bundle, Gate, Job
+from gate_service.models import BUNDLE_CHUNK_BYTES, Bundle, BundleChunk, Gate, Job
 from tests.fixtures.auth import ADMIN_TOKEN, bearer
 from tests.fixtures.projects import bundle_of, calculator_project
 
@@ -55,6 +58,32 @@ def test_same_bundle_is_stored_once(
     for _ in range(3):
         assert client.post("/v1/gates", files={"bundle": ("p.tgz", data)}).status_code == 202
     assert counts(sessions) == (1, 3, 3)
+
+
+def test_a_bundle_is_stored_in_chunks_and_read_back_whole(
+    client: TestClient, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    root = calculator_project(tmp_path / "p", failing=False)
+    (root / "tests/files").mkdir(parents=True, exist_ok=True)
+    # Incompressible, so the archive spans three chunks.
+    (root / "tests/files/noise.bin").write_bytes(os.urandom(BUNDLE_CHUNK_BYTES * 2 + 1000))
+    data = bundle_of(root)
+    assert len(data) > BUNDLE_CHUNK_BYTES * 2
+    for _ in range(2):
+        assert client.post("/v1/gates", files={"bundle": ("p.tgz", data)}).status_code == 202
+    sha = hashlib.sha256(data).hexdigest()
+    with sessions() as s:
+        sizes = s.execute(
+            select(func.length(BundleChunk.data))
+            .where(BundleChunk.sha256 == sha)
+            .order_by(BundleChunk.seq)
+        ).scalars()
+        assert list(sizes) == [
+            BUNDLE_CHUNK_BYTES,
+            BUNDLE_CHUNK_BYTES,
+            len(data) % BUNDLE_CHUNK_BYTES,
+        ]
+        assert b"".join(gates.read_bundle(s, sha)) == data
 
 
 def test_zip_bundles_are_accepted(client: TestClient, tmp_path: Path) -> None:

@@ -25,7 +25,6 @@ def gate_with(sessions: sessionmaker[Session], statuses: list[str]) -> uuid.UUID
         s.add(
             Bundle(
                 sha256=sha,
-                data=b"x",
                 archive_format="tar.gz",
                 size_bytes=1,
                 code_bytes=1,

@@ -82,7 +82,6 @@ def make_gate(sessions: sessionmaker[Session], project: str, cases: list[str]) -
         s.add(
             Bundle(
                 sha256=sha,
-                data=b"",
                 archive_format="tar.gz",
                 size_bytes=0,
                 code_bytes=0,

@@ -6,6 +6,7 @@ with the fake sandbox, then their times are moved back with SQL and one pass run
 
 from __future__ import annotations
 
+import io
 import logging
 import threading
 import uuid
@@ -102,8 +103,12 @@ def bundle_of_gate(sessions: sessionmaker[Session], gate_id: str) -> str:
 
 
 def bundles(sessions: sessionmaker[Session]) -> set[str]:
+    """The stored bundles, each checked to have its bytes and no bundle's bytes outliving it."""
     with session_scope(sessions) as s:
-        return {str(r[0]) for r in s.execute(text("SELECT sha256 FROM bundles"))}
+        rows = {str(r[0]) for r in s.execute(text("SELECT sha256 FROM bundles"))}
+        chunked = {str(r[0]) for r in s.execute(text("SELECT DISTINCT sha256 FROM bundle_chunks"))}
+    assert chunked == rows
+    return rows
 
 
 def counts_of(sessions: sessionmaker[Session], ids: list[str]) -> dict[str, int]:
@@ -374,7 +379,8 @@ def test_a_bundle_of_an_upload_in_flight_is_kept(
             project_id=long_id,
             project_name="long",
             sha256=sha,
-            data=data,
+            bundle=io.BytesIO(data),
+            size_bytes=len(data),
             manifest=read_archive(data),
             name_filter=None,
             labels={},

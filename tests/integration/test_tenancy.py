@@ -28,16 +28,18 @@ from tests.fixtures.auth import ADMIN_TOKEN, as_token, project_token
 from tests.fixtures.projects import bundle_of, calculator_project
 from tests.fixtures.sandbox import FakeSandbox
 
+# A fixed unknown id: the test ids stay the same in every process (pytest-xdist compares them).
+NOBODY = uuid.UUID(int=0xDEAD)
 ROUTES = [
     ("GET", "/v1/gates"),
     ("POST", "/v1/gates"),
-    ("GET", f"/v1/gates/{uuid.uuid4()}"),
-    ("POST", f"/v1/gates/{uuid.uuid4()}/cancel"),
-    ("GET", f"/v1/runs/{uuid.uuid4()}"),
+    ("GET", f"/v1/gates/{NOBODY}"),
+    ("POST", f"/v1/gates/{NOBODY}/cancel"),
+    ("GET", f"/v1/runs/{NOBODY}"),
     ("POST", "/v1/projects"),
     ("POST", "/v1/projects/default/tokens"),
     ("GET", "/v1/projects/default/tokens"),
-    ("DELETE", f"/v1/tokens/{uuid.uuid4()}"),
+    ("DELETE", f"/v1/tokens/{NOBODY}"),
     ("GET", "/v1/audit"),
 ]
 

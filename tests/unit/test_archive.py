@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -157,3 +158,12 @@ def test_not_an_archive_and_truncated_gzip(tmp_path: Path) -> None:
         read_archive(good[: len(good) // 2], tmp_path)
     with pytest.raises(UnsafeArchive):
         read_archive(gzip.compress(b"not a tar at all" * 100), tmp_path)
+
+
+def test_a_tar_gz_in_a_file_reads_and_extracts_as_its_bytes(tmp_path: Path) -> None:
+    data = tgz(reg("agents/a.yaml", b"name: a\n"), reg("tests/files/big.bin", b"\0" * 200_000))
+    with tempfile.SpooledTemporaryFile(max_size=1024) as file:
+        file.write(data)
+        manifest = read_archive(file, tmp_path / "from-file")
+    assert manifest == read_archive(data, tmp_path / "from-bytes")
+    assert (tmp_path / "from-file" / "tests/files/big.bin").read_bytes() == b"\0" * 200_000

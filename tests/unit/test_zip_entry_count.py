@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import struct
+import tempfile
 import zipfile
 from typing import Any
 
@@ -123,3 +124,34 @@ def test_garbage_without_an_end_record_is_left_to_zipfile() -> None:
     check_entry_count(LOCAL + b"\0" * 100, MAX_ENTRIES)  # nothing to count: no refusal here
     with pytest.raises(UnsafeArchive, match=r"not a readable \.zip"):
         read_archive(LOCAL + b"\0" * 100)
+
+
+def spooled(data: bytes, *, in_memory: bool) -> Any:
+    """The archive as an upload arrives: a SpooledTemporaryFile, still in memory or on disk."""
+    file = tempfile.SpooledTemporaryFile(max_size=len(data) + 1 if in_memory else 1)
+    file.write(data)
+    assert file._rolled is not in_memory  # type: ignore[attr-defined]
+    return file
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_a_spooled_upload_is_counted_the_same_from_its_file(
+    over_cap: bytes, no_zipfile: None, in_memory: bool
+) -> None:
+    # On disk, the end records and directory are read through a memory map of the file.
+    with spooled(over_cap, in_memory=in_memory) as file, pytest.raises(UnsafeArchive) as refused:
+        read_archive(file)
+    assert refused.value.detail == (
+        "the zip's central directory declares 10001 entries; the limit is 10000"
+    )
+    with spooled(LOCAL + _zip64_tail(250_000), in_memory=in_memory) as file:
+        with pytest.raises(UnsafeArchive, match="declares 250000 entries"):
+            read_archive(file)
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_a_spooled_upload_reads_to_the_same_manifest_as_its_bytes(in_memory: bool) -> None:
+    data = real_zip(3)
+    with spooled(data, in_memory=in_memory) as file:
+        file.seek(2)  # wherever it was left, the archive is read from its start
+        assert read_archive(file) == read_archive(data)
