@@ -25,11 +25,13 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     ProcessCollector,
     start_http_server,
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 
     from .config import Settings
     from .models import Gate
+    from .worker.gc import GcReport
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +75,14 @@ class Metrics:
             buckets=GATE_SECONDS_BUCKETS,
             registry=self.registry,
         )
+        self.queued_seconds = Histogram(
+            "gate_queued_seconds",
+            "Time from a gate's submission until it left the queue: started by a worker, or "
+            "cancelled before any worker started it.",
+            ["outcome"],
+            buckets=GATE_SECONDS_BUCKETS,
+            registry=self.registry,
+        )
         self.container_start_seconds = Histogram(
             "gate_container_start_seconds",
             "Time to create and start a case container.",
@@ -89,6 +100,31 @@ class Metrics:
             "Case containers the reaper removed (left by dead workers, cancelled or lost gates).",
             registry=self.registry,
         )
+        self.gc_passes = Counter(
+            "gate_gc_passes",
+            "Garbage-collection passes: ok (scratch directories, and images when due) or "
+            "failed (logged; tried again at the next pass).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.gc_removed = Counter(
+            "gate_gc_removed",
+            "What garbage collection removed: test_image, runner_image, build_leftover "
+            "(untagged images a killed build left) or scratch_dir.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.gc_freed_bytes = Counter(
+            "gate_gc_freed_bytes",
+            "Bytes of image layers garbage collection freed.",
+            registry=self.registry,
+        )
+        self.test_image_bytes = Gauge(
+            "gate_test_image_bytes",
+            "What the test images that stayed held after the last image pass (compare with "
+            "GATE_TEST_IMAGE_BUDGET_BYTES).",
+            registry=self.registry,
+        )
 
     # -- observations, one line at each hook point --------------------------------------------
 
@@ -104,6 +140,24 @@ class Metrics:
         seconds = max(0.0, (finished - started).total_seconds())
         _after_commit(session, lambda: self.record("gate", status, seconds))
 
+    def gate_started(self, session: Session, gate: Gate) -> None:
+        """A gate a worker just started for the first time: its time in the queue."""
+        self._left_queue(session, "started", gate, gate.started_at)
+
+    def gate_ended_unstarted(self, session: Session, gate: Gate) -> None:
+        """A gate that ended before any worker started it (cancelled while queued): its time
+        in the queue, by its status. Nothing for a gate that did start."""
+        if gate.started_at is None and gate.finished_at is not None:
+            self._left_queue(session, str(gate.status), gate, gate.finished_at)
+
+    def _left_queue(
+        self, session: Session, outcome: str, gate: Gate, left: datetime | None
+    ) -> None:
+        if left is None or gate.created_at is None:
+            return
+        seconds = max(0.0, (left - gate.created_at).total_seconds())
+        _after_commit(session, lambda: self.record("queued", outcome, seconds))
+
     def image_lookup(self, *, hit: bool) -> None:
         self.record("image", "hit" if hit else "miss")
 
@@ -115,20 +169,53 @@ class Metrics:
         if count > 0:
             self.record("reaped", count)
 
+    def gc_pass(self, report: GcReport | None, *, images: bool = False) -> None:
+        """One garbage-collection pass: None when it failed; ``images`` when it looked at
+        the engine's images (not only scratch directories)."""
+        if report is None:
+            self.record("gc", "failed")
+            return
+        removed = {
+            "test_image": len(report.removed_test_images),
+            "runner_image": len(report.removed_runner_images),
+            "build_leftover": len(report.removed_build_images),
+            "scratch_dir": report.scratch_dirs,
+        }
+        held = report.test_image_bytes if images else None
+        self.record("gc", "ok", removed, report.freed_bytes, held)
+
     def record(self, kind: str, *values: Any) -> None:
         """One observation into this registry (``RelayedMetrics`` sends it to another's)."""
         if kind == "case":
             self.case_seconds.labels(str(values[0])).observe(float(values[1]))
         elif kind == "gate":
             self.gate_seconds.labels(str(values[0])).observe(float(values[1]))
+        elif kind == "queued":
+            self.queued_seconds.labels(str(values[0])).observe(float(values[1]))
         elif kind == "image":
             self.image_cache.labels(str(values[0])).inc()
         elif kind == "start":
             self.container_start_seconds.observe(float(values[0]))
         elif kind == "reaped":
             self.reaped.inc(float(values[0]))
+        elif kind == "gc":
+            self._record_gc(*values)
         else:
             log.warning("metrics: an observation of unknown kind %r was dropped", kind)
+
+    def _record_gc(
+        self,
+        result: str,
+        removed: dict[str, int] | None = None,
+        freed: int = 0,
+        held: int | None = None,
+    ) -> None:
+        self.gc_passes.labels(str(result)).inc()
+        for kind, count in (removed or {}).items():
+            self.gc_removed.labels(str(kind)).inc(int(count))
+        self.gc_freed_bytes.inc(int(freed))
+        if held is not None:
+            self.test_image_bytes.set(int(held))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -360,10 +360,11 @@ def _answer(etag: str, body: bytes | None) -> Response:
 
 @router.post("/gates/{gate_id}/cancel", response_model=GateRead, responses=ERRORS)
 def cancel_gate(
-    gate_id: uuid.UUID, session: SessionDep, settings: SettingsDep, who: Submitter
+    gate_id: uuid.UUID, request: Request, session: SessionDep, settings: SettingsDep, who: Submitter
 ) -> GateRead:
     """Cancel a gate; a running gate stops before its next case."""
-    service.request_cancel(session, gate_id, who.project_id)
+    gate = service.request_cancel(session, gate_id, who.project_id)
+    state_of(request).metrics.gate_ended_unstarted(session, gate)
     record_by(session, who, "gate.cancelled", gate=str(gate_id))
     return service.read_gate(session, gate_id, who.project_id, public_url=settings.public_url)
 

@@ -371,7 +371,8 @@ def _cancel(request: Request, cookie: str, gate_id: uuid.UUID) -> None:
             raise SignInNeeded(gate_page_path(gate_id))
         if not me.who.has(Scope.submit):
             raise Forbidden(f"this token of project {me.who.project_name!r} lacks the submit scope")
-        gates.request_cancel(session, gate_id, me.who.project_id)
+        gate = gates.request_cancel(session, gate_id, me.who.project_id)
+        state_of(request).metrics.gate_ended_unstarted(session, gate)
         record_by(session, me.who, "gate.cancelled", gate=str(gate_id))
 
 

@@ -312,8 +312,12 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
         if gate.cancel_requested:
             service.cancel_gate(gate)
             job.finish(session)
+            ctx.metrics.gate_ended_unstarted(session, gate)
             return False, "", None, {}
+        first_start = gate.started_at is None  # a retry has left the queue already
         service.start_gate(gate)
+        if first_start:
+            ctx.metrics.gate_started(session, gate)
         time_left(ctx.settings, gate.started_at)  # a retry may start past the deadline
         api_specs = session.get_one(Project, gate.project_id).api_specs or {}
         return True, gate.bundle_sha256, gate.filter, loader_tools(api_specs)

@@ -244,3 +244,25 @@ def test_a_relayed_worker_process_observes_into_the_apis_registry() -> None:
     assert value(found, "gate_container_start_seconds_sum") == 0.25
     assert value(found, "gate_containers_reaped_total") == 2
     assert value(found, "gate_case_duration_seconds_count", status="failed") == 1
+
+
+def test_time_in_the_queue_is_observed_for_started_and_for_cancelled_unstarted_gates(
+    client: TestClient, shared: Worker, tmp_path: Path
+) -> None:
+    data = bundle_of(calculator_project(tmp_path / "p", failing=False))
+    never = submit(client, data)
+    assert client.post(f"/v1/gates/{never}/cancel").json()["status"] == "cancelled"
+    found = scrape(client)
+    assert value(found, "gate_queued_seconds_count", outcome="cancelled") == 1
+    assert value(found, "gate_queued_seconds_count", outcome="started") is None
+    # Cancelled before it started: no start-to-verdict time, since there was none.
+    assert value(found, "gate_duration_seconds_count", status="cancelled") is None
+
+    judged = submit(client, data)
+    assert shared.run_once() is True
+    assert client.get(f"/v1/gates/{judged}").json()["status"] == "passed"
+    found = scrape(client)
+    assert value(found, "gate_queued_seconds_count", outcome="started") == 1
+    # Cancelling a gate that has ended, or that started, adds no queue time.
+    assert client.post(f"/v1/gates/{judged}/cancel").status_code == 409
+    assert value(scrape(client), "gate_queued_seconds_count", outcome="cancelled") == 1
