@@ -125,7 +125,6 @@ def claim(
     owner: str,
     lease_seconds: int,
     max_running_per_project: int | None = None,
-    exclude: Collection[uuid.UUID] = (),
     exclude_projects: Collection[uuid.UUID] = (),
 ) -> ClaimedJob | None:
     """A queued job, leased to ``owner``; None when there is none to take.
@@ -134,10 +133,9 @@ def claim(
     the project served least recently, so one project's burst does not starve the others.
     With ``max_running_per_project``, a job whose project already has that many running jobs
     is left queued (another project's is taken instead), so one project cannot hold every
-    worker. Gates in ``exclude`` are not taken (a worker's round took them already), nor
-    jobs of ``exclude_projects`` (those holding their share of the worker, see loop.py).
+    worker. Jobs of ``exclude_projects`` are not taken (those holding their share of the
+    worker, see loop.py).
     """
-    skip = [str(g) for g in exclude]
     skip_projects = [str(p) for p in exclude_projects]
     if max_running_per_project is not None:
         return _claim_capped(
@@ -145,7 +143,6 @@ def claim(
             owner=owner,
             lease_seconds=lease_seconds,
             cap=max_running_per_project,
-            exclude=skip,
             exclude_projects=skip_projects,
         )
     row = session.execute(
@@ -155,7 +152,6 @@ def claim(
                    lease_expires_at = now() + make_interval(secs => :lease)
              WHERE id = (SELECT j.id FROM jobs j JOIN gates g ON g.id = j.gate_id
                           WHERE j.state = 'queued'
-                            AND NOT (j.gate_id = ANY(CAST(:exclude AS uuid[])))
                             AND NOT (g.project_id = ANY(CAST(:projects AS uuid[])))
                           ORDER BY """
             + _FAIR_ORDER
@@ -163,7 +159,7 @@ def claim(
             """
             + _RETURNING_CLAIM
         ),
-        {"owner": owner, "lease": lease_seconds, "exclude": skip, "projects": skip_projects},
+        {"owner": owner, "lease": lease_seconds, "projects": skip_projects},
     ).one_or_none()
     return None if row is None else _claimed(row, owner)
 
@@ -211,7 +207,6 @@ def _claim_capped(
     owner: str,
     lease_seconds: int,
     cap: int,
-    exclude: list[str],
     exclude_projects: list[str],
 ) -> ClaimedJob | None:
     """Claim under a per-project cap on running jobs, exactly.
@@ -237,7 +232,6 @@ def _claim_capped(
                     SELECT j.id, g.project_id FROM jobs j JOIN gates g ON g.id = j.gate_id
                      WHERE j.state = 'queued'
                        AND NOT (g.project_id = ANY(CAST(:full AS uuid[])))
-                       AND NOT (j.gate_id = ANY(CAST(:exclude AS uuid[])))
                        AND ("""
                     + _RUNNING_OF_PROJECT.format(project="g.project_id")
                     + """) < :cap
@@ -246,7 +240,7 @@ def _claim_capped(
                     + """ FOR UPDATE OF j SKIP LOCKED LIMIT 1
                     """
                 ),
-                {"full": full, "cap": cap, "exclude": exclude},
+                {"full": full, "cap": cap},
             ).one_or_none()
             if row is None:
                 attempt.rollback()

@@ -116,23 +116,18 @@ class Worker:
         # Here, not only in run_once: under steady load one run_once can last for hours.
         collect_if_due(self.ctx)  # scratch at the start, images each GATE_GC_INTERVAL_SECONDS
 
-    def _claim(
-        self,
-        exclude: Collection[uuid.UUID] = (),
-        exclude_projects: Collection[uuid.UUID | None] = (),
-    ) -> ClaimedJob | None:
+    def _claim(self, exclude_projects: Collection[uuid.UUID | None] = ()) -> ClaimedJob | None:
         with session_scope(self.ctx.sessions) as session:
             return jobs.claim(
                 session,
                 owner=self.name,
                 lease_seconds=self.ctx.settings.job_lease_seconds,
                 max_running_per_project=self.ctx.settings.max_running_gates_per_project,
-                exclude=exclude,
                 exclude_projects=[p for p in exclude_projects if p is not None],
             )
 
     def _claim_fairly(
-        self, holding: Mapping[threading.Thread, uuid.UUID | None], taken: Collection[uuid.UUID]
+        self, holding: Mapping[threading.Thread, uuid.UUID | None]
     ) -> ClaimedJob | None:
         """One more gate for this worker, by the place rule of slots.py: of a project under
         its share of GATE_WORKER_GATES first (past them too, up to the overdraft), then, while
@@ -140,9 +135,9 @@ class Worker:
         claim = next_place_claim(Counter(holding.values()), self.ctx.settings.worker_gates)
         if claim is None:
             return None
-        job = self._claim(exclude=taken, exclude_projects=claim.exclude)
+        job = self._claim(exclude_projects=claim.exclude)
         if job is None and claim.fallback and claim.exclude:
-            job = self._claim(exclude=taken)
+            job = self._claim()
         return job
 
     def _judge_held(self, first: ClaimedJob) -> None:
@@ -156,8 +151,8 @@ class Worker:
         gate behind another's. More jobs are claimed at once and then whenever one ends, one
         is queued, or every GATE_WORKER_POLL_SECONDS, under the same fair order and
         per-project cap as any claim. Returns once every job taken here is finished or
-        handed back; a gate is taken at most once per call, so a job handed back for a
-        retry waits for the next call.
+        handed back. A job handed back for a retry is queued again at once, and may be taken
+        again here in the same call: it does not wait behind the jobs still held.
         """
         with self._woken_by_jobs() as changed:
             self._hold_more(first, changed)
@@ -166,7 +161,6 @@ class Worker:
         """``_judge_held``'s loop; ``changed`` is set when a held job ends or one is queued."""
         holding: dict[threading.Thread, uuid.UUID | None] = {}  # each held job's project
         ended: set[threading.Thread] = set()  # a thread is still alive when it says it ended
-        taken = {first.gate_id}
 
         def hold(job: ClaimedJob) -> None:
             def judge() -> None:
@@ -191,10 +185,9 @@ class Worker:
                 return
             self._housekeeping()
             while not self.ctx.stop.is_set():
-                job = self._claim_fairly(holding, taken)
+                job = self._claim_fairly(holding)
                 if job is None:
                     break
-                taken.add(job.gate_id)
                 hold(job)
             changed.wait(self.ctx.settings.worker_poll_seconds)
 

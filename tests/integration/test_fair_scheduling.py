@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from gate_service import jobs
 from gate_service.config import Settings
 from gate_service.db import session_scope
-from gate_service.models import Gate
-from gate_service.sandbox import RunResult
+from gate_service.models import Gate, Job
+from gate_service.sandbox import RunResult, SandboxError
 from tests.fixtures.auth import as_token, project_token
 from tests.fixtures.projects import AGENTS, bundle_of, write
 from tests.fixtures.sandbox import FakeSandbox, fake_worker
@@ -186,5 +186,71 @@ def test_one_projects_slow_gates_leave_room_for_another_projects_gate(
     finally:
         sandbox.release.set()
         wait_until(lambda: all(gate_status(sessions, g) == "passed" for g in a_gates), "A's gates")
+        worker.ctx.stop.set()
+        thread.join(timeout=30)
+
+
+class FlakyOnceSandbox(SlowSandbox):
+    """As SlowSandbox; and the first run of a `flaky_*` case raises an engine error."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flaky_failed = False
+
+    def run(self, image: str, argv: Sequence[str], **kw: Any) -> RunResult:
+        if any(a.startswith("--case=flaky_") for a in argv) and not self.flaky_failed:
+            self.flaky_failed = True
+            raise SandboxError("the engine hiccuped")
+        return super().run(image, argv, **kw)
+
+
+def test_a_gate_handed_back_for_a_retry_is_not_stuck_behind_the_gates_still_held(
+    client: TestClient, settings: Settings, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """A's gate hangs in its case; B's gate fails its first attempt on an engine error and is
+    handed back. The same worker takes it again at once and judges it while A's still hangs
+    (it used to wait until every gate the worker held had ended)."""
+    sandbox = FlakyOnceSandbox()
+    worker = fake_worker(settings, sessions, sandbox)
+    slow = write(
+        tmp_path / "slow",
+        {
+            **AGENTS,
+            "tests/slow.yaml": """
+                agent: calc
+                tests:
+                  - name: slow_one
+                    payload: '{"a": 1, "b": 1}'
+            """,
+        },
+    )
+    flaky = write(
+        tmp_path / "flaky",
+        {
+            **AGENTS,
+            "tests/flaky.yaml": """
+                agent: calc
+                tests:
+                  - name: flaky_one
+                    payload: '{"a": 1, "b": 1}'
+                    expected_result: output.sum == 2
+            """,
+        },
+    )
+    a_gate = submit(client, bundle_of(slow))
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: sandbox.slow_running == 1, "A's case holding its slot")
+        b_gate = submit(project_b(client), bundle_of(flaky))
+        wait_until(lambda: gate_status(sessions, b_gate) == "passed", "B's gate passed")
+        assert sandbox.flaky_failed  # its first attempt did fail
+        with sessions() as s:
+            assert s.scalars(select(Job.attempts).where(Job.gate_id == b_gate)).one() == 2
+        assert gate_status(sessions, a_gate) == "running"
+        assert sandbox.slow_running == 1  # A's case still hangs: B did not wait for it
+    finally:
+        sandbox.release.set()
+        wait_until(lambda: gate_status(sessions, a_gate) == "passed", "A's gate")
         worker.ctx.stop.set()
         thread.join(timeout=30)
