@@ -10,7 +10,9 @@ One pass (``collect_garbage``), every GATE_GC_INTERVAL_SECONDS per worker proces
   runner digest other than the current one are never used by this version again and go
   without waiting for the budget.
 - **Runner images of old digests** (``gate-runner:<digest>`` other than the current one) go
-  once no container and no remaining image uses them.
+  once no container and no remaining image uses them. Versions before the ``gate.managed``
+  label built them without it; a runner tag that is a digest of ours (12 hex digits) marks
+  those as ours too, so they are not kept forever.
 - **Build leftovers**: untagged images that a test-image build for a tag under the test
   repository made (``gate.image``): its dependency stage or half-done steps, which the build
   removes itself as it ends, so these are what a worker killed mid-build left; or a test
@@ -28,12 +30,17 @@ the last GATE_GC_GRACE_SECONDS (the engine may be shared with another installati
 gates this database cannot see). Images are removed without force, so the engine refuses
 one that a container started in the meantime. Only images under the configured repository
 names and carrying the ``gate.managed`` label are considered; ``GcPolicy`` names them, so a
-test can work in a namespace of its own.
+test can work in a namespace of its own. (The one exception: unlabelled runner images of
+old digests, above.)
+
+Each pass is counted on /metrics (``Metrics.gc_pass``): passes by result, images removed by
+kind, bytes freed, and what the test images hold after it.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -56,6 +63,8 @@ log = logging.getLogger(__name__)
 ACTIVE = sorted(s.value for s in GateStatus if not s.terminal)
 TEST_REPOSITORY = "gate-test"
 RUNNER_REPOSITORY = "gate-runner"
+# What recipes.runner_digest makes: a runner tag of this shape is ours, label or not.
+RUNNER_DIGEST = re.compile(r"[0-9a-f]{12}")
 
 
 @dataclass(frozen=True)
@@ -286,7 +295,11 @@ def collect_images(
     runner_prefix = f"{policy.runner_repository}:"
     for image in images:
         tags = [t for t in image.tags if t.startswith(runner_prefix) and t != current_runner]
-        if not tags or LABEL not in image.labels or current_runner in image.tags:
+        if not tags or current_runner in image.tags:
+            continue
+        if LABEL not in image.labels and not all(
+            RUNNER_DIGEST.fullmatch(_tag_name(t)) for t in tags
+        ):
             continue
         if image.containers or now - image.created < policy.grace_seconds:
             continue
@@ -354,7 +367,10 @@ def collect_if_due(ctx: WorkerContext, clock: GcClock | None = None) -> GcReport
     if due is None:
         return None
     try:
-        return collect_garbage(ctx, images=due)
+        report = collect_garbage(ctx, images=due)
     except Exception:
         log.exception("garbage collection failed; trying again at the next pass")
+        ctx.metrics.gc_pass(None)
         return None
+    ctx.metrics.gc_pass(report, images=due)
+    return report

@@ -215,6 +215,73 @@ def test_old_runner_digests_go_with_their_test_images_unless_in_use(
     assert report.freed_bytes == 100 + 700
 
 
+def test_unlabelled_runner_images_of_old_digests_go_when_their_tag_is_a_digest_of_ours(
+    sessions: sessionmaker[Session], sandbox: FakeSandbox
+) -> None:
+    """Runner images built before the gate.managed label: a tag shaped like our digest (12
+    hex digits) marks them ours; any other unlabelled runner tag is someone else's."""
+    make_runner(sandbox, CURRENT)
+    old = make_runner(sandbox, "gate-runner:0123456789ab")
+    sandbox.image_info["gate-runner:0123456789ab"] = dataclasses.replace(old, labels={})
+    theirs = make_runner(sandbox, "gate-runner:latest")
+    sandbox.image_info["gate-runner:latest"] = dataclasses.replace(theirs, labels={})
+    busy = make_runner(sandbox, "gate-runner:ba9876543210", containers=1)
+    sandbox.image_info["gate-runner:ba9876543210"] = dataclasses.replace(busy, labels={})
+
+    report = collect_images(sandbox, sessions, policy(budget=10**9), CURRENT)
+
+    assert report.removed_runner_images == ["gate-runner:0123456789ab"]
+    assert {"gate-runner:latest", "gate-runner:ba9876543210", CURRENT} <= set(sandbox.image_info)
+
+
+def test_each_pass_is_counted_on_metrics(
+    settings: Settings, sessions: sessionmaker[Session], sandbox: FakeSandbox
+) -> None:
+    from gate_service.metrics import Metrics
+
+    metrics = Metrics(process=False)
+    ctx = WorkerContext(
+        settings.model_copy(update={"test_image_budget_bytes": 150, "gc_interval_seconds": 0}),
+        sessions,
+        sandbox,
+        threading.Event(),
+        metrics=metrics,
+    )
+    make_runner(sandbox, CURRENT)
+    make_runner(sandbox, "gate-runner:old")
+    for n in range(3):
+        add_gate(sessions, sha(n), status=GateStatus.passed, days_ago=10 - n)
+        make_test_image(sandbox, sha(n), size=100)
+    clock = GcClock()
+
+    def sample(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert gc.collect_if_due(ctx, clock) is not None  # the start: scratch only
+    assert sample("gate_gc_passes_total", result="ok") == 1
+    assert sample("gate_test_image_bytes") == 0  # no image pass yet
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ctx.settings, "gc_interval_seconds", 0.01)
+        time.sleep(0.02)
+        report = gc.collect_if_due(ctx, clock)
+    assert report is not None and len(report.removed_test_images) == 2
+    assert sample("gate_gc_passes_total", result="ok") == 2
+    assert sample("gate_gc_removed_total", kind="test_image") == 2
+    assert sample("gate_gc_removed_total", kind="runner_image") == 1
+    assert sample("gate_gc_freed_bytes_total") == 2 * 100 + 700
+    assert sample("gate_test_image_bytes") == 100
+
+    def broken() -> str:
+        raise RuntimeError("the engine went away")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ctx.settings, "gc_interval_seconds", 0.01)
+        mp.setattr(sandbox, "runner_image", broken)
+        time.sleep(0.02)
+        assert gc.collect_if_due(ctx, clock) is None
+    assert sample("gate_gc_passes_total", result="failed") == 1
+
+
 def make_leftover(
     sandbox: FakeSandbox, *, for_tag: str, age: float, kind: str = BUILD_STAGE, **kw: object
 ) -> str:
