@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -18,6 +19,14 @@ import pytest
 # worker, a sixth of the fast loop. The rewritten bytecode goes to the __pycache__ folders
 # git ignores, and only this test process is affected.
 sys.dont_write_bytecode = False
+
+# The deploy tier builds a stand-in `python:3.11-slim` (tests/deploy/standins.py) for compose.
+# Under GATE_BASE_IMAGE_SOURCE=auto every later runner build here, in this run or the next,
+# would find it and build FROM it instead of the debootstrap base: other runner digests, every
+# test image built again, and tests whose base depends on whether the deploy tier ran before.
+# The tests' own builds (and those of the `gate` processes they start) stay on one base;
+# .ci/run builds its images the same way. A test about the source setting sets its own.
+os.environ.setdefault("GATE_BASE_IMAGE_SOURCE", "debootstrap")
 
 pytest_plugins = [
     "tests.fixtures.db",

@@ -212,3 +212,31 @@ def test_deps_install_apart_from_the_runner_root_owned_and_without_the_wheels(
     runner = sandbox.client.images.get(sandbox.runner_image()).attrs["RootFS"]["Layers"]
     assert built[: len(runner)] == runner and len(built) == len(runner) + 3
     assert sandbox.client.images.get(image.tag).attrs["Config"]["User"] == "10001:10001"
+
+
+def test_the_base_source_decides_whether_a_present_base_image_is_used(
+    docker_engine: None, tmp_path: Path
+) -> None:
+    """A base image present in the engine (as the deploy tier's python:3.11-slim stand-in
+    is) is the runner's base under `auto`; under `debootstrap` it is never looked at, which
+    is what the test suite and .ci/run pin (tests/conftest.py)."""
+    from gate_service.config import BaseImageSource
+    from gate_service.sandbox.docker.runner_image import DEBOOTSTRAP_TAG, RunnerImages
+
+    client = docker.from_env()
+    standin = f"gate-test-standin:{uuid.uuid4().hex[:12]}"
+    client.images.get(DEBOOTSTRAP_TAG).tag(standin)  # any image will do as the present base
+    try:
+
+        def base(source: BaseImageSource) -> str:
+            settings = Settings(
+                data_dir=tmp_path / "data", base_image=standin, base_image_source=source
+            )
+            return RunnerImages(settings, client).base_image()
+
+        assert base(BaseImageSource.auto) == standin
+        assert base(BaseImageSource.debootstrap) == DEBOOTSTRAP_TAG
+        assert Settings().base_image_source is BaseImageSource.debootstrap  # the tests' pin
+    finally:
+        client.images.remove(standin)
+        client.close()
