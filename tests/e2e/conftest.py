@@ -16,6 +16,7 @@ import pytest
 
 from tests.fixtures.auth import ADMIN_TOKEN
 from tests.fixtures.ports import free_port
+from tests.fixtures.processes import ends_with_this_process
 from tests.fixtures.projects import RUNNER_TAKEOVER_WHEEL, make_wheel
 
 STARTUP_SECONDS = 900  # a first start bootstraps the base image and builds the runner
@@ -38,6 +39,9 @@ def start(command: str, data_dir: Path, **settings: str) -> tuple[subprocess.Pop
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            # An interrupted or killed test run reaches no `finally`: the kernel ends the
+            # server with it (SIGTERM, which stops it and its embedded Postgres cleanly).
+            preexec_fn=ends_with_this_process(),
         )
     return proc, log_path
 
