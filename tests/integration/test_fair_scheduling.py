@@ -147,6 +147,18 @@ class SlowSandbox(FakeSandbox):
         return super().run(image, argv, **kw)
 
 
+def slow_project(root: Path, cases: int) -> Path:
+    """A project of ``cases`` cases named ``slow_*``, which SlowSandbox holds."""
+    tests = "".join(
+        f"""
+          - name: slow_{i}
+            payload: '{{"a": 1, "b": 1}}'
+        """
+        for i in range(cases)
+    )
+    return write(root, {**AGENTS, "tests/slow.yaml": "agent: calc\ntests:" + tests})
+
+
 def gate_status(sessions: sessionmaker[Session], gate_id: uuid.UUID) -> str:
     with sessions() as s:
         return str(s.get_one(Gate, gate_id).status)
@@ -160,20 +172,7 @@ def test_one_projects_slow_gates_leave_room_for_another_projects_gate(
     assert (settings.worker_gates, settings.case_concurrency) == (2, 2)
     sandbox = SlowSandbox()
     worker = fake_worker(settings, sessions, sandbox)
-    slow = write(
-        tmp_path / "slow",
-        {
-            **AGENTS,
-            "tests/slow.yaml": """
-                agent: calc
-                tests:
-                  - name: slow_one
-                    payload: '{"a": 1, "b": 1}'
-                  - name: slow_two
-                    payload: '{"a": 1, "b": 1}'
-            """,
-        },
-    )
+    slow = slow_project(tmp_path / "slow", 2)
     a_gates = [submit(client, bundle_of(slow)) for _ in range(2)]
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
@@ -212,18 +211,7 @@ def test_a_gate_handed_back_for_a_retry_is_not_stuck_behind_the_gates_still_held
     (it used to wait until every gate the worker held had ended)."""
     sandbox = FlakyOnceSandbox()
     worker = fake_worker(settings, sessions, sandbox)
-    slow = write(
-        tmp_path / "slow",
-        {
-            **AGENTS,
-            "tests/slow.yaml": """
-                agent: calc
-                tests:
-                  - name: slow_one
-                    payload: '{"a": 1, "b": 1}'
-            """,
-        },
-    )
+    slow = slow_project(tmp_path / "slow", 1)
     flaky = write(
         tmp_path / "flaky",
         {
