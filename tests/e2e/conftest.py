@@ -26,6 +26,8 @@ def start(command: str, data_dir: Path, **settings: str) -> tuple[subprocess.Pop
     """`gate <command>` in a subprocess with only the GATE_ settings given here."""
     log_path = data_dir / f"{command}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATE_")}
+    if "GATE_BASE_IMAGE_SOURCE" in os.environ:  # the base the tests pin (tests/conftest.py)
+        env["GATE_BASE_IMAGE_SOURCE"] = os.environ["GATE_BASE_IMAGE_SOURCE"]
     env.update(
         {
             "GATE_DATA_DIR": str(data_dir),
