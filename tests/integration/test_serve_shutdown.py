@@ -16,6 +16,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from gate_service.cli import server
@@ -90,15 +91,22 @@ def test_sigint_stops_the_embedded_postgres(data_dir: Path) -> None:
 def test_a_restart_adopts_the_orphan_of_a_killed_gate(data_dir: Path) -> None:
     pgdata = data_dir / "postgres"
     proc, _url, _log = run_api(data_dir)
-    orphan = postgres_pids(pgdata)
-    proc.kill()  # SIGKILL: no cleanup can run; the server is orphaned
+    # Its watchdog first (pg.py; it would stop the server), as when both are killed at once
+    # or an older gate left the server: then SIGKILL, so no cleanup runs; an orphan is left.
+    (watchdog,) = [c for c in psutil.Process(proc.pid).children() if "--watch" in c.cmdline()]
+    orphan = [p for p in postgres_pids(pgdata) if p != watchdog.pid]
+    watchdog.kill()  # SIGKILL: it runs no code of its own again (its parent reaps it)
+    proc.kill()
     proc.wait()
     assert postgres_pids(pgdata) == orphan
 
     proc, url, log_path = run_api(data_dir)
     try:
-        # Adopted, not a second server beside it, and it serves.
-        assert postgres_pids(pgdata) == orphan
+        # Adopted, not a second server beside it (the new gate's watchdog aside), and it serves.
+        (new_watchdog,) = [
+            c for c in psutil.Process(proc.pid).children() if "--watch" in c.cmdline()
+        ]
+        assert [p for p in postgres_pids(pgdata) if p != new_watchdog.pid] == orphan
         assert httpx.get(f"{url}/readyz", timeout=5).status_code == 200
     finally:
         stop(proc)
