@@ -1,4 +1,5 @@
-"""Entry point: ``python -I -m gate_runner run-case --project DIR --suite PATH --case NAME``.
+"""Entry point: ``python -I -m gate_runner run-case --project DIR --suite PATH --case NAME``
+(and ``plan``, which a test image build runs once: see plan.py).
 
 Exit codes: 0 means the case was judged (the verdict is in the JSON, pass or fail); 2 means
 the command line was wrong; 70 means the runner itself broke. The JSON document (contract.py)
@@ -73,7 +74,17 @@ def main(argv: list[str] | None = None) -> int:
     record.add_argument("--project", default=".", type=Path)
     record.add_argument("--suite", help="only this suite (path relative to the project)")
     record.add_argument("--case", help="only cases whose name contains this")
+    planning = sub.add_parser(
+        "plan", help="prepare every case once, at image build time, for the case containers"
+    )
+    planning.add_argument("--project", default="/bundle", type=Path)
+    planning.add_argument("--out", required=True, help="where to write the plan (JSON)")
+    planning.add_argument("--as-uid", type=int, help="drop to this uid once the file is open")
     args = parser.parse_args(args_in)
+    if args.command == "plan":
+        from .plan import write_plan
+
+        return write_plan(args.project, args.out, args.as_uid)
     if args.command == "record":
         return _record(args.project.resolve(), args.suite, args.case)
     try:
@@ -100,7 +111,11 @@ def main(argv: list[str] | None = None) -> int:
             gateway=gateway,
             api_tools=handoff.api_tools,
         )
-        result = run_case(args.project, args.suite, args.case, isolation, args.model_mode)
+        from .plan import PLANNED_PROJECT, read_plan
+
+        # The test image's plan is of /bundle: another --project is prepared from its suites.
+        plan = read_plan() if args.project.resolve() == Path(PLANNED_PROJECT) else None
+        result = run_case(args.project, args.suite, args.case, isolation, args.model_mode, plan)
         nonce = case_env.read_nonce() if args.handoff else None
         text = dataclasses.replace(result, nonce=nonce).to_json()
     except Exception:
@@ -115,20 +130,12 @@ def _record(project: Path, only_suite: str | None, name_filter: str | None) -> i
     """Run every selected case live, recording each model exchange; print the verdicts."""
     import yaml
 
-    from .case import run_case
+    from .case import run_case, suite_paths
 
     os.environ["GATE_MODEL_MODE"] = "record"
-    support = ("files", "builders", "mocks", "models", "recordings")
-    suites = sorted(
-        p
-        for p in (project / "tests").rglob("*")
-        if p.suffix.lower() in (".yaml", ".yml")
-        and p.is_file()
-        and p.relative_to(project / "tests").parts[0] not in support
-    )
     failures = 0
-    for path in suites:
-        rel = path.relative_to(project).as_posix()
+    for rel in suite_paths(project):
+        path = project / rel
         if only_suite and rel != only_suite:
             continue
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}

@@ -24,10 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-from connic.test_schema import TestFile
-from pydantic import ValidationError
-
 from . import BUNDLE_DEPS_DIR, typed_json
 from .assertions import (
     CompiledAssertions,
@@ -41,10 +37,13 @@ from .assertions import (
 from .contract import MAX_CLEANUP_SECONDS, SCHEMA_VERSION, CaseResult, Invocation, Span, cut_mark
 from .expr import ExpressionError
 from .invocations import MAX_REPORT_BYTES, Channel, Isolation, Proc, Supervisor
+from .plan import AgentLimits, planned_case
 from .reports import BuilderReport, CleanupReport, InvocationReport, checked
 from .verdict import case_failure_reason, case_passes
 
 if TYPE_CHECKING:
+    from connic.test_schema import TestFile
+
     from .models import GatewayChannel
 
 MAX_LOG_LINES = 500
@@ -85,7 +84,7 @@ class PreparedCase:
     resolved: dict[str, Any]
     assertions: CompiledAssertions
     payload: dict[str, Any]
-    agent_config: Any = None
+    agent_config: AgentLimits | None = None
 
 
 def suite_agent(suite_path: Path, test_file: TestFile) -> str:
@@ -94,7 +93,29 @@ def suite_agent(suite_path: Path, test_file: TestFile) -> str:
     )
 
 
+SUPPORT_DIRS = ("files", "builders", "mocks", "models", "recordings")
+
+
+def suite_paths(project: Path) -> list[str]:
+    """The suites under tests/ (not its support folders), relative to the project."""
+    tests = project / "tests"
+    if not tests.is_dir():
+        return []
+    return sorted(
+        p.relative_to(project).as_posix()
+        for p in tests.rglob("*")
+        if p.suffix.lower() in (".yaml", ".yml")
+        and p.is_file()
+        and p.relative_to(tests).parts[0] not in SUPPORT_DIRS
+    )
+
+
 def load_suite(project: Path, suite: str) -> TestFile:
+    # Imported here: a case the image's plan holds (plan.py) needs neither.
+    import yaml
+    from connic.test_schema import TestFile
+    from pydantic import ValidationError
+
     path = project / suite
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -140,8 +161,8 @@ MAX_PARALLEL_INVOCATIONS = 8
 def effective_timeout(prepared: PreparedCase) -> tuple[int, str]:
     """The case's timeout_s, or the agent's own `timeout` when that is smaller (spec 13.19)."""
     case_limit = int(prepared.resolved["timeout_s"])
-    agent_limit = getattr(prepared.agent_config, "timeout", None)
-    if isinstance(agent_limit, int) and agent_limit < case_limit:
+    agent_limit = prepared.agent_config.timeout if prepared.agent_config else None
+    if agent_limit is not None and agent_limit < case_limit:
         return agent_limit, "the agent's timeout"
     return case_limit, "timeout_s"
 
@@ -152,7 +173,7 @@ def cleanup_budget(prepared: PreparedCase) -> int:
 
 
 def parallelism(prepared: PreparedCase, runs: int) -> int:
-    allowed = int(getattr(prepared.agent_config, "max_concurrent_runs", 1) or 1)
+    allowed = prepared.agent_config.max_concurrent_runs if prepared.agent_config else 1
     if concurrency_rule(prepared) is not None and prepared.resolved.get("builder"):
         # A builder's payload, and so its key, is only known inside its invocation, once
         # build() has run: one at a time, no two runs can share a key's turn.
@@ -169,11 +190,7 @@ class ConcurrencyRule:
 
 
 def concurrency_rule(prepared: PreparedCase) -> ConcurrencyRule | None:
-    rule = getattr(prepared.agent_config, "concurrency", None)
-    key = getattr(rule, "key", None)
-    if not isinstance(key, str) or not key:
-        return None
-    return ConcurrencyRule(key=key, on_conflict=str(getattr(rule, "on_conflict", "queue")))
+    return prepared.agent_config.concurrency if prepared.agent_config else None
 
 
 def key_value(payload: Any, path: str) -> str | None:
@@ -280,16 +297,17 @@ def _not_run(error: str) -> dict[str, Any]:
     }
 
 
-def prepare(project: Path, suite: str, case_name: str) -> PreparedCase:
-    test_file = load_suite(project, suite)
-    matches = [c for c in test_file.tests if c.name == case_name]
-    if not matches:
-        raise CaseError(f"{suite}: no case named {case_name!r}")
-    resolved = test_file.resolved(matches[0])
-    agent = suite_agent(Path(suite), test_file)
-    names, _errors = project_agents(project)
-    if agent not in names:
-        known = ", ".join(sorted(names)) or "none"
+def check_case(
+    project: Path,
+    suite: str,
+    case_name: str,
+    agent: str,
+    resolved: Mapping[str, Any],
+    agents: Mapping[str, Any],
+) -> CompiledAssertions:
+    """What makes a resolved case unjudgeable before it runs (CaseError), in this order."""
+    if agent not in agents:
+        known = ", ".join(sorted(agents)) or "none"
         raise CaseError(f"{suite}: agent {agent!r} does not exist (agents: {known})")
     builder = resolved.get("builder")
     if (
@@ -300,11 +318,53 @@ def prepare(project: Path, suite: str, case_name: str) -> PreparedCase:
             f"{suite}: builder tests/builders/{builder.removesuffix('.py')}.py does not exist"
         )
     try:
-        assertions = compile_assertions(resolved)
+        return compile_assertions(resolved)
     except ExpressionError as exc:
         raise CaseError(f"{suite}: case {case_name!r}: {exc}") from None
+
+
+def agent_limits(config: Any) -> AgentLimits:
+    """What the runner's parent reads of an agent's config, read as before from the SDK's."""
+    timeout = getattr(config, "timeout", None)
+    rule = getattr(config, "concurrency", None)
+    key = getattr(rule, "key", None)
+    return AgentLimits(
+        timeout=timeout if isinstance(timeout, int) else None,
+        max_concurrent_runs=int(getattr(config, "max_concurrent_runs", 1) or 1),
+        concurrency=ConcurrencyRule(key=key, on_conflict=str(getattr(rule, "on_conflict", "queue")))
+        if isinstance(key, str) and key
+        else None,
+    )
+
+
+def prepare(
+    project: Path, suite: str, case_name: str, plan: Mapping[str, Any] | None = None
+) -> PreparedCase:
+    """The case ready to run: from the project's plan (plan.py) when that holds the case,
+    else from its suite."""
+    planned = planned_case(plan, suite, case_name) if plan is not None else None
+    if planned is not None:
+        if planned.error is not None:
+            raise CaseError(planned.error)
+        assert planned.resolved is not None
+        return PreparedCase(
+            agent_config=planned.agent,
+            suite=suite,
+            agent_name=planned.agent_name,
+            resolved=planned.resolved,
+            assertions=compile_assertions(planned.resolved),
+            payload=build_payload(project, planned.resolved),
+        )
+    test_file = load_suite(project, suite)
+    matches = [c for c in test_file.tests if c.name == case_name]
+    if not matches:
+        raise CaseError(f"{suite}: no case named {case_name!r}")
+    resolved = test_file.resolved(matches[0])
+    agent = suite_agent(Path(suite), test_file)
+    names, _errors = project_agents(project)
+    assertions = check_case(project, suite, case_name, agent, resolved, names)
     return PreparedCase(
-        agent_config=names[agent],
+        agent_config=agent_limits(names[agent]),
         suite=suite,
         agent_name=agent,
         resolved=resolved,
@@ -722,15 +782,17 @@ def run_case(
     case_name: str,
     isolation: Isolation | None = None,
     model_mode: str | None = None,
+    plan: Mapping[str, Any] | None = None,
 ) -> CaseResult:
     """Run a case and return its result document (contract.py), without the worker's nonce.
 
     ``model_mode`` forces one mode on every LLM agent (the gate's); unset, GATE_MODEL_MODE of
     this process decides (`gate record`, in-process tests), else each agent's own.
+    ``plan``: the project's plan (plan.py; a test image has one), if any.
     """
     started = time.monotonic()
     try:
-        prepared = prepare(project, suite, case_name)
+        prepared = prepare(project, suite, case_name, plan)
     except CaseError as exc:
         return CaseResult(
             schema_version=SCHEMA_VERSION,

@@ -23,7 +23,7 @@ from gate_service.sandbox import (
 )
 from gate_service.sandbox.docker import DockerSandbox
 from tests.fixtures.docker import reuse_a_runner
-from tests.fixtures.projects import make_wheel
+from tests.fixtures.projects import AGENTS, make_wheel, write
 
 pytestmark = pytest.mark.docker
 
@@ -240,3 +240,43 @@ def test_the_base_source_decides_whether_a_present_base_image_is_used(
     finally:
         client.images.remove(standin)
         client.close()
+
+
+PLAN_CHECK = """
+import json, os, stat
+info = os.stat("/opt/gate-plan.json")
+assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, 0, 0o644), info
+plan = json.load(open("/opt/gate-plan.json"))
+case = plan["suites"]["tests/calc.yaml"]["cases"]["adds"]
+assert case["resolved"]["expected_result"] == "output.sum == 3", case
+try:
+    open("/opt/gate-plan.json", "a")
+except PermissionError:
+    print("ok")
+"""
+
+
+def test_the_image_build_writes_the_plan_root_owned_and_read_only_to_cases(
+    builds: Builds,
+) -> None:
+    """The build prepares every case once (gate_runner/plan.py) into a file that the case's
+    invocations (uid 10001) read and cannot change."""
+    sandbox = builds.sandbox()
+    image = builds.spec()
+    files = {
+        "agents/calc.yaml": AGENTS["agents/calc.yaml"],
+        "tools/math_ops.py": AGENTS["tools/math_ops.py"],
+        "tests/calc.yaml": "agent: calc\ntests:\n  - name: adds\n"
+        '    payload: \'{"a": 1, "b": 2}\'\n    expected_result: output.sum == 3\n',
+    }
+    write(image.context_dir / "bundle", files)
+    sandbox.build_test_image(image)
+    out = sandbox.client.containers.run(
+        image.tag,
+        ["-c", PLAN_CHECK],
+        entrypoint="/opt/gate-runner/bin/python",
+        user="10001:10001",
+        network_mode="none",
+        remove=True,
+    )
+    assert out.decode().strip() == "ok"

@@ -10,6 +10,8 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from gate_runner.plan import PLAN_PATH
+
 from ..port import (
     BUILD_ID_LABEL,
     BUILD_IMAGE_LABEL,
@@ -84,7 +86,7 @@ def runner_digest(src: Path, base: str) -> str:
     # changed test Dockerfile must never reuse images built by the old one.
     h.update(TEST_DOCKERFILE.encode())
     h.update(TEST_DOCKERFILE_DEPS.encode())
-    h.update(json.dumps(_compile_command("/bundle")).encode())
+    h.update(json.dumps(_compile_and_plan_command()).encode())
     return h.hexdigest()[:12]
 
 
@@ -120,7 +122,7 @@ def bundle_dockerfile(
     Every stage is labelled with ``stage_labels`` from its first step (see TEST_DOCKERFILE).
     """
     compiled = {
-        "compile_bundle": json.dumps(_compile_command("/bundle")),
+        "compile_bundle": json.dumps(_compile_and_plan_command()),
         "runner_user": f"{INVOCATION_UID}:{INVOCATION_UID}",
         "stage_labels": _label_instruction(stage_labels),
     }
@@ -143,6 +145,28 @@ def bundle_dockerfile(
         deps=BUNDLE_DEPS_DIR,
         **compiled,
     )
+
+
+def _compile_and_plan_command() -> list[str]:
+    """Exec-form argv that compiles the bundle (see _compile_command), then writes the
+    image's plan (gate_runner/plan.py): every case prepared once, here, instead of in each
+    case container. One step, so one container, for both. The plan reads the project in the
+    SDK's validation mode, which runs none of its code, under the invocation uid once its
+    root-owned file is open, and never fails the build: without a plan, cases are prepared
+    from their suites."""
+    argv = _compile_command("/bundle")
+    plan = [
+        "plan", "--project", "/bundle", "--out", PLAN_PATH, "--as-uid", str(INVOCATION_UID),
+    ]  # fmt: skip
+    argv[-1] += (
+        "import runpy, sys\n"
+        f"sys.argv = ['gate_runner', *{plan!r}]\n"
+        "try:\n"
+        "    runpy.run_module('gate_runner', run_name='__main__', alter_sys=True)\n"
+        "except BaseException:\n"
+        "    pass\n"
+    )
+    return argv
 
 
 def _compile_command(directory: str) -> list[str]:
