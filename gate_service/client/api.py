@@ -78,7 +78,20 @@ class GateClient:
         return self._page_link(self._check(response))
 
     def gate(self, gate_id: str) -> dict[str, Any]:
-        return self._page_link(self._check(self._http.get(f"/v1/gates/{gate_id}")))
+        """The gate with all its cases: GET answers the first page of them, and the rest
+        are fetched by following ``next_cases``."""
+        gate = self._page_link(self._check(self._http.get(f"/v1/gates/{gate_id}")))
+        return self._all_cases(gate)
+
+    def _all_cases(self, gate: dict[str, Any]) -> dict[str, Any]:
+        following = gate.get("next_cases")
+        cases = list(gate.get("cases") or [])
+        while following:
+            page = self._check(self._http.get(following))
+            cases.extend(page.get("items") or [])
+            following = page.get("next")
+        gate["cases"], gate["next_cases"] = cases, None
+        return gate
 
     def _page_link(self, gate: dict[str, Any]) -> dict[str, Any]:
         """A gate's html_url made absolute: without GATE_PUBLIC_URL the service answers a
@@ -229,7 +242,10 @@ class GateClient:
             try:
                 response = self._http.get(
                     f"/v1/gates/{gate_id}",
-                    params={"wait": wait_s},
+                    # No cases while it runs (the counts say how far it is): a poll of a
+                    # 500-case gate costs what one of a 5-case gate does. All of them at
+                    # the end.
+                    params={"wait": wait_s, "cases_limit": 0},
                     headers=headers,
                     timeout=wait_s + 30,
                 )
@@ -247,5 +263,5 @@ class GateClient:
             if on_change:
                 on_change(gate)
             if gate.get("status") in TERMINAL:
-                return gate
+                return self.gate(gate_id)
         raise TimeoutError(f"gate {gate_id} did not finish within {timeout_s:g} s")

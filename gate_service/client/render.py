@@ -70,6 +70,8 @@ def case_label(case: dict[str, Any]) -> str:
 
 
 def judged_count(gate: dict[str, Any]) -> int:
+    if isinstance(gate.get("judged_cases"), int):  # the whole gate's, whatever page it holds
+        return int(gate["judged_cases"])
     return sum(1 for case in gate.get("cases") or [] if case.get("status") in JUDGED)
 
 

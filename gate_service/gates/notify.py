@@ -199,33 +199,40 @@ class GateBodies:
 
     def __init__(self, max_bytes: int = 64 * 1024 * 1024, max_body_bytes: int = 1024 * 1024):
         self.max_bytes, self.max_body_bytes = max_bytes, max_body_bytes
-        self._bodies: OrderedDict[uuid.UUID, tuple[int, uuid.UUID, bytes]] = OrderedDict()
+        # By gate and the number of cases the body holds (GET's cases_limit).
+        self._bodies: OrderedDict[tuple[uuid.UUID, int], tuple[int, uuid.UUID, bytes]] = (
+            OrderedDict()
+        )
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
-    def get(self, gate_id: uuid.UUID, revision: int, project_id: uuid.UUID) -> bytes | None:
+    def get(
+        self, gate_id: uuid.UUID, revision: int, project_id: uuid.UUID, page: int
+    ) -> bytes | None:
         with self._lock:
-            entry = self._bodies.get(gate_id)
+            entry = self._bodies.get((gate_id, page))
             if entry is None or entry[0] != revision or entry[1] != project_id:
                 self.misses += 1
                 return None
-            self._bodies.move_to_end(gate_id)
+            self._bodies.move_to_end((gate_id, page))
             self.hits += 1
             return entry[2]
 
-    def put(self, gate_id: uuid.UUID, revision: int, project_id: uuid.UUID, body: bytes) -> None:
+    def put(
+        self, gate_id: uuid.UUID, revision: int, project_id: uuid.UUID, body: bytes, page: int
+    ) -> None:
         if len(body) > self.max_body_bytes:
             return
         with self._lock:
-            old = self._bodies.pop(gate_id, None)
+            old = self._bodies.pop((gate_id, page), None)
             if old is not None:
                 self._bytes -= len(old[2])
                 if old[0] > revision:  # a slower reader of an older revision: keep the newer
-                    self._bodies[gate_id] = old
+                    self._bodies[(gate_id, page)] = old
                     self._bytes += len(old[2])
                     return
-            self._bodies[gate_id] = (revision, project_id, body)
+            self._bodies[(gate_id, page)] = (revision, project_id, body)
             self._bytes += len(body)
             while self._bytes > self.max_bytes and self._bodies:
                 _, (_, _, dropped) = self._bodies.popitem(last=False)

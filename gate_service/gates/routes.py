@@ -6,6 +6,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated, Any
 
 import anyio
@@ -34,7 +35,7 @@ from ..text import unstorable
 from . import service
 from .labels import parse_label_filter
 from .notify import GateBodies
-from .schemas import GateList, GateRead, RecordingsRead, RunRead
+from .schemas import CasePage, GateList, GateRead, RecordingsRead, RunRead
 from .submission import MODEL_MODES, submit_bundle
 from .upload import MinimumRate, receive_upload
 
@@ -59,8 +60,13 @@ ERRORS = error_responses(
 )
 
 
-def _etag(gate_id: uuid.UUID, revision: int) -> str:
-    return f'W/"{gate_id}.{revision}"'
+CASES_PAGE, MAX_CASES_PAGE = service.CASES_PAGE, service.MAX_CASES_PAGE
+
+
+def _etag(gate_id: uuid.UUID, revision: int, cases_limit: int = CASES_PAGE) -> str:
+    # Bodies with other pages of cases are other representations of the same revision.
+    page = "" if cases_limit == CASES_PAGE else f".c{cases_limit}"
+    return f'W/"{gate_id}.{revision}{page}"'
 
 
 MAX_IDEMPOTENCY_KEY_CHARS = 200
@@ -190,6 +196,7 @@ def _look(
     gate_id: uuid.UUID,
     if_none_match: str | None,
     public_url: str,
+    cases_limit: int = CASES_PAGE,
 ) -> tuple[str, bytes | None]:
     """One short transaction: the current ETag, and the body if it differs from the client's.
 
@@ -198,16 +205,16 @@ def _look(
     """
     with session_scope(factory) as session:
         revision = service.gate_revision(session, gate_id, who.project_id)
-        etag = _etag(gate_id, revision)
+        etag = _etag(gate_id, revision, cases_limit)
         if etag == if_none_match:
             return etag, None
-        body = bodies.get(gate_id, revision, who.project_id)
+        body = bodies.get(gate_id, revision, who.project_id, cases_limit)
         if body is None:
             revision, body = service.read_gate_body(
-                session, gate_id, who.project_id, public_url=public_url
+                session, gate_id, who.project_id, public_url=public_url, cases_limit=cases_limit
             )
-            bodies.put(gate_id, revision, who.project_id, body)
-            etag = _etag(gate_id, revision)
+            bodies.put(gate_id, revision, who.project_id, body, cases_limit)
+            etag = _etag(gate_id, revision, cases_limit)
         return etag, body
 
 
@@ -287,6 +294,15 @@ async def get_gate(
     request: Request,
     reader: Annotated[GateReader, Depends(gate_reader)],
     wait: Annotated[int, Query(ge=0, description="Long-poll up to N seconds for a change")] = 0,
+    cases_limit: Annotated[
+        int,
+        Query(
+            ge=0,
+            le=MAX_CASES_PAGE,
+            description="Answer at most this many cases; `next_cases` is the path of the rest "
+            "(0: none, for a poll that needs only the status and the counts)",
+        ),
+    ] = CASES_PAGE,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
     """Read a gate; with ?wait=N and If-None-Match, wait for it to change."""
@@ -301,14 +317,22 @@ async def get_gate(
             raise NotFound(f"no gate with id {gate_id}")
         if reader.revision is not None:
             # The common poll: 304, or a cached body, with no further database work.
-            etag = _etag(gate_id, reader.revision)
+            etag = _etag(gate_id, reader.revision, cases_limit)
             if etag == if_none_match:
                 return _answer(etag, None)
-            body = bodies.get(gate_id, reader.revision, who.project_id)
+            body = bodies.get(gate_id, reader.revision, who.project_id, cases_limit)
             if body is not None:
                 return _answer(etag, body)
         etag, body = await anyio.to_thread.run_sync(
-            _look, factory, bodies, who, gate_id, if_none_match, public, limiter=limiter
+            _look,
+            factory,
+            bodies,
+            who,
+            gate_id,
+            if_none_match,
+            public,
+            cases_limit,
+            limiter=limiter,
         )
         return _answer(etag, body)
     changes = state_of(request).gate_changes
@@ -320,9 +344,8 @@ async def get_gate(
         # committed while reading wakes the waiter again instead of being missed.
         with changes.subscribe(gate_id) as waiter:
             # Waiting happens on the event loop, so a long-poll holds no thread or lock.
-            etag, body = await anyio.to_thread.run_sync(
-                _look, factory, bodies, who, gate_id, if_none_match, public, limiter=limiter
-            )
+            look = partial(_look, factory, bodies, who, gate_id, if_none_match, public, cases_limit)
+            etag, body = await anyio.to_thread.run_sync(look, limiter=limiter)
             while body is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -333,14 +356,14 @@ async def get_gate(
                 waiter.clear()
                 # The revision alone first, on the loop: an unchanged gate (a lost
                 # notification's re-check, a reconnect's wake-up) costs no thread.
-                if not await _unchanged(request, who, gate_id, etag):
-                    etag, body = await anyio.to_thread.run_sync(
-                        _look, factory, bodies, who, gate_id, if_none_match, public, limiter=limiter
-                    )
+                if not await _unchanged(request, who, gate_id, etag, cases_limit):
+                    etag, body = await anyio.to_thread.run_sync(look, limiter=limiter)
             return _answer(etag, body)
 
 
-async def _unchanged(request: Request, who: Principal, gate_id: uuid.UUID, etag: str) -> bool:
+async def _unchanged(
+    request: Request, who: Principal, gate_id: uuid.UUID, etag: str, cases_limit: int
+) -> bool:
     """True when the gate still has this ETag; False when it changed, is gone, or the quick
     query failed (the caller then reads it the ordinary way)."""
     reads = state_of(request).status_reads
@@ -349,7 +372,7 @@ async def _unchanged(request: Request, who: Principal, gate_id: uuid.UUID, etag:
     except psycopg.Error:
         log.debug("status re-check: falling back to the ordinary path", exc_info=True)
         return False
-    return revision is not None and _etag(gate_id, revision) == etag
+    return revision is not None and _etag(gate_id, revision, cases_limit) == etag
 
 
 def _answer(etag: str, body: bytes | None) -> Response:
@@ -366,7 +389,25 @@ def cancel_gate(
     gate = service.request_cancel(session, gate_id, who.project_id)
     state_of(request).metrics.gate_ended_unstarted(session, gate)
     record_by(session, who, "gate.cancelled", gate=str(gate_id))
-    return service.read_gate(session, gate_id, who.project_id, public_url=settings.public_url)
+    return service.read_gate(
+        session, gate_id, who.project_id, public_url=settings.public_url, cases_limit=CASES_PAGE
+    )
+
+
+@router.get("/gates/{gate_id}/cases", response_model=CasePage, responses=ERRORS)
+def get_cases(
+    gate_id: uuid.UUID,
+    session: SessionDep,
+    who: Reader,
+    after: Annotated[
+        int, Query(ge=-1, description="Cases after this position (-1: from the first)")
+    ] = -1,
+    limit: Annotated[int, Query(ge=1, le=MAX_CASES_PAGE)] = CASES_PAGE,
+) -> CasePage:
+    """A page of the gate's cases, in order: what follows a gate's `next_cases`."""
+    service.gate_revision(session, gate_id, who.project_id)  # NotFound for another's gate
+    items, following = service.read_case_views(session, gate_id, after=after, limit=limit)
+    return CasePage(items=items, next=following)
 
 
 @router.get("/gates/{gate_id}/recordings", response_model=RecordingsRead, responses=ERRORS)

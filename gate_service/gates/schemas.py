@@ -68,6 +68,9 @@ class GateRead(Schema):
     total_cases: int
     passed_cases: int
     failed_cases: int
+    judged_cases: int = Field(
+        description="Cases with a verdict (passed, failed, error, cancelled), of total_cases"
+    )
     error: str | None
     failure_reason: str | None
     problems: list[dict[str, Any]]
@@ -77,10 +80,23 @@ class GateRead(Schema):
         "support table"
     )
     model_calls: ModelCallTotals
-    cases: list[CaseRead]
+    cases: list[CaseRead] = Field(
+        description="The gate's cases in order; GET answers the first `cases_limit` of them "
+        "and `next_cases` holds the path of the rest"
+    )
+    next_cases: str | None = Field(
+        default=None,
+        description="GET this path for the cases after those in `cases` (a CasePage); null "
+        "when `cases` holds them all",
+    )
     html_url: str = Field(
         description="The gate's results page: absolute under GATE_PUBLIC_URL, else a path"
     )
+
+
+class CasePage(Schema):
+    items: list[CaseRead]
+    next: str | None = Field(description="The path of the page after this one; null at the end")
 
 
 class GateSummary(Schema):

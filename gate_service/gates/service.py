@@ -7,7 +7,7 @@ transaction. Every visible change bumps ``Gate.revision``, which the ETag and lo
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
 from sqlalchemy import func, select
@@ -213,38 +213,66 @@ def gate_revision(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -
 
 
 def read_gate(
-    session: Session, gate_id: uuid.UUID, project_id: uuid.UUID, *, public_url: str = ""
+    session: Session,
+    gate_id: uuid.UUID,
+    project_id: uuid.UUID,
+    *,
+    public_url: str = "",
+    cases_limit: int | None = None,
 ) -> GateRead:
-    """``public_url``: GATE_PUBLIC_URL, which html_url is absolute under (a path when empty)."""
-    return read_gate_view(session, gate_id, project_id, public_url=public_url)[1]
+    """``public_url``: GATE_PUBLIC_URL, which html_url is absolute under (a path when empty).
+    ``cases_limit``: at most this many cases, the rest a page away (None: all of them)."""
+    return read_gate_view(
+        session, gate_id, project_id, public_url=public_url, cases_limit=cases_limit
+    )[1]
 
 
 def read_gate_body(
-    session: Session, gate_id: uuid.UUID, project_id: uuid.UUID, *, public_url: str = ""
+    session: Session,
+    gate_id: uuid.UUID,
+    project_id: uuid.UUID,
+    *,
+    public_url: str = "",
+    cases_limit: int | None = None,
 ) -> tuple[int, bytes]:
-    """The gate's revision and its JSON body (what GET answers), from four queries."""
-    revision, view = read_gate_view(session, gate_id, project_id, public_url=public_url)
+    """The gate's revision and its JSON body (what GET answers), from five queries."""
+    revision, view = read_gate_view(
+        session, gate_id, project_id, public_url=public_url, cases_limit=cases_limit
+    )
     return revision, view.model_dump_json().encode()
 
 
-def read_gate_view(
-    session: Session, gate_id: uuid.UUID, project_id: uuid.UUID, *, public_url: str = ""
-) -> tuple[int, GateRead]:
-    """The gate's revision and its view, read in one go (the results page's ETag and body)."""
-    # The gate and its bundle in one query, then the cases, then their runs' ids, then the
-    # model calls' totals per case.
-    row = session.execute(
-        select(Gate, Bundle)
-        .join(Bundle, Bundle.sha256 == Gate.bundle_sha256)
-        .where(Gate.id == gate_id)
-        .where(Gate.project_id == project_id)
-    ).first()
-    if row is None:
-        raise NotFound(f"no gate with id {gate_id}")
-    gate, bundle = row
-    cases = session.scalars(
-        select(Case).where(Case.gate_id == gate.id).order_by(Case.position)
-    ).all()
+# GET /v1/gates/{id} answers this many cases by default (?cases_limit), the rest a page away
+# (GET /v1/gates/{id}/cases): what a poll reads and serialises stays the same at 500 cases.
+CASES_PAGE = 100
+MAX_CASES_PAGE = 1000
+
+
+def cases_path(gate_id: uuid.UUID, after: int, limit: int) -> str:
+    """The REST path of the gate's cases after position ``after`` (a page's `next`)."""
+    return f"/v1/gates/{gate_id}/cases?after={after}&limit={limit}"
+
+
+def read_case_views(
+    session: Session,
+    gate_id: uuid.UUID,
+    *,
+    after: int = -1,
+    limit: int | None = None,
+    calls_by_case: Mapping[uuid.UUID, ModelCallTotals] | None = None,
+) -> tuple[list[CaseRead], str | None]:
+    """The gate's cases after position ``after`` in order, at most ``limit`` (None: all), and
+    the path of the page after them (None when these are the last). Three queries, whatever
+    the gate's size: a page costs what its own cases cost."""
+    query = (
+        select(Case).where(Case.gate_id == gate_id, Case.position > after).order_by(Case.position)
+    )
+    cases = list(session.scalars(query if limit is None else query.limit(limit + 1)).all())
+    following = None
+    if limit is not None and len(cases) > limit:
+        cases = cases[:limit]
+        # A body with no cases (cases_limit=0) points at the first page of the default size.
+        following = cases_path(gate_id, cases[-1].position if cases else after, limit or CASES_PAGE)
     runs_by_case: dict[uuid.UUID, list[tuple[uuid.UUID, bool]]] = {c.id: [] for c in cases}
     if cases:
         rows = session.execute(
@@ -254,9 +282,10 @@ def read_gate_view(
         ).all()
         for case_id, run_id, passed in rows:
             runs_by_case[case_id].append((run_id, passed))
-    calls, calls_by_case = model_call_totals(session, gate.id)
+    if calls_by_case is None:
+        calls_by_case = model_call_totals(session, gate_id)[1] if cases else {}
     none = ModelCallTotals()
-    case_views = [
+    views = [
         CaseRead(
             id=c.id,
             suite=c.suite,
@@ -275,6 +304,46 @@ def read_gate_view(
         )
         for c in cases
     ]
+    return views, following
+
+
+def read_gate_view(
+    session: Session,
+    gate_id: uuid.UUID,
+    project_id: uuid.UUID,
+    *,
+    public_url: str = "",
+    cases_limit: int | None = None,
+) -> tuple[int, GateRead]:
+    """The gate's revision and its view, read in one go (the results page's ETag and body).
+
+    With ``cases_limit``, the view holds the first cases only and ``next_cases`` the path of
+    the rest: a poll of a 500-case gate then costs what a poll of a small one does. The
+    counts are always the whole gate's.
+    """
+    # The gate and its bundle in one query, then the case counts, then a page of cases (see
+    # read_case_views), then the model calls' totals.
+    row = session.execute(
+        select(Gate, Bundle)
+        .join(Bundle, Bundle.sha256 == Gate.bundle_sha256)
+        .where(Gate.id == gate_id)
+        .where(Gate.project_id == project_id)
+    ).first()
+    if row is None:
+        raise NotFound(f"no gate with id {gate_id}")
+    gate, bundle = row
+    total, passed, failed, judged = session.execute(
+        select(
+            func.count(),
+            func.count().filter(Case.passed.is_(True)),
+            func.count().filter(Case.status == CaseStatus.failed),
+            func.count().filter(Case.status.not_in([CaseStatus.queued, CaseStatus.running])),
+        ).where(Case.gate_id == gate.id)
+    ).one()
+    calls, calls_by_case = model_call_totals(session, gate.id)
+    case_views, following = read_case_views(
+        session, gate.id, limit=cases_limit, calls_by_case=calls_by_case
+    )
     return gate.revision, GateRead(
         id=gate.id,
         status=gate.status,
@@ -286,15 +355,17 @@ def read_gate_view(
         model_mode=gate.model_mode,
         labels=gate.labels,
         bundle=BundleRead.model_validate(bundle),
-        total_cases=len(cases),
-        passed_cases=sum(1 for c in cases if c.passed is True),
-        failed_cases=sum(1 for c in cases if c.status == CaseStatus.failed),
+        total_cases=total,
+        passed_cases=passed,
+        failed_cases=failed,
+        judged_cases=judged,
         error=gate.error,
         failure_reason=gate.failure_reason,
         problems=gate.problems,
         warnings=gate.warnings,
         model_calls=calls,
         cases=case_views,
+        next_cases=following,
         html_url=gate_html_url(public_url, gate.id),
     )
 

@@ -82,7 +82,9 @@ def submit_bundle(
             if created:
                 record_by(session, who, "gate.submitted", gate=str(gate.id), sha256=upload.sha256)
             public = settings.public_url
-            view = service.read_gate(session, gate.id, who.project_id, public_url=public)
+            view = service.read_gate(
+                session, gate.id, who.project_id, public_url=public, cases_limit=service.CASES_PAGE
+            )
             return view, created
 
     try:
