@@ -41,6 +41,16 @@ BENCHES: list[tuple[str, str]] = [
         "test image: target <= 0.6x",
     ),
     (
+        "bench_gate_scale",
+        "per-case cost of warm gates of 20 and 500 one-run cases and of one `runs: 100` case, "
+        "against the 20-case gate: target <= 1.2x; GET of the 500-case gate: p50 < 50 ms",
+    ),
+    (
+        "bench_engines",
+        "gates per minute with one worker and with two, each on its own private Docker engine "
+        "under one queue (on one machine: the coordination cost, not a speed-up)",
+    ),
+    (
         "bench_live_cases",
         "a gate of 20 live cases, each 2 model calls answered after 1 s, against one such "
         "case alone: target <= 3x; and an invocation's model-client CPU before and after "

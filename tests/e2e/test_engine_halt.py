@@ -13,7 +13,8 @@ import pytest
 from gate_service.config import Settings
 from gate_service.sandbox import Halted
 from gate_service.sandbox.docker import DockerSandbox
-from tests.e2e.test_engine_restart import IMAGE, LIMITS, PrivateDaemon, private_daemon
+from tests.e2e.test_engine_restart import IMAGE, LIMITS, private_daemon
+from tests.fixtures.engines import PrivateDaemon
 
 __all__ = ["private_daemon"]  # the fixture, used by name below
 pytestmark = pytest.mark.docker

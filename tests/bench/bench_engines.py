@@ -1,0 +1,88 @@
+"""Benchmark: gates per minute with one worker and with two, each worker on its own Docker
+engine, all under one queue (run as root: python -m tests.bench.bench_engines).
+
+Starts two private engines (tests/fixtures/engines.py) holding this checkout's runner
+image, `gate api` on GATE_TEST_DATABASE_URL (a fresh database per round), and then one
+`gate worker` (on the first engine) or two (one per engine). Each round submits GATES gates of
+CASES one-run cases of the calc tool agent at once and times first POST to last verdict;
+the test image is built on each engine by a warm-up gate first, so the rounds are warm.
+
+On one machine both engines share its CPUs, so the ratio shows what the second worker and
+the shared queue cost or save there, not the speed-up of two hosts. Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gate_service.client.api import GateClient
+from tests.fixtures.auth import ADMIN_TOKEN
+from tests.fixtures.cluster import Cluster, engines_with_the_runner, sleepy_project
+from tests.fixtures.db import create_database, drop_database
+from tests.fixtures.engines import PrivateDaemon, can_start_engines
+from tests.fixtures.projects import bundle_of
+
+GATES = 10
+CASES = 4
+
+
+def round_of(
+    workers: int, engines: list[PrivateDaemon], server_url: str, work: Path, bundle: bytes
+) -> float:
+    """Gates per minute with ``workers`` workers (one per engine)."""
+    database = create_database(server_url)
+    cluster = Cluster(database, work / f"round-{workers}", lease_seconds=30)
+    try:
+        cluster.start_api()
+        for daemon in engines[:workers]:
+            cluster.start_worker(daemon)
+        client = GateClient(cluster.url, token=ADMIN_TOKEN)
+        try:
+            # Warm: every engine that will judge has the test image before the clock starts.
+            warm = [client.submit(bundle)["id"] for _ in range(workers * 2)]
+            for gate_id in warm:
+                client.wait(gate_id, timeout_s=900)
+            started = time.monotonic()
+            ids = [client.submit(bundle)["id"] for _ in range(GATES)]
+            ends = [client.wait(gate_id, timeout_s=1800)["status"] for gate_id in ids]
+            took = time.monotonic() - started
+        finally:
+            client.close()
+        if set(ends) != {"passed"}:
+            raise RuntimeError(f"not every gate passed: {ends}")
+        return GATES / took * 60
+    finally:
+        cluster.stop()
+        drop_database(server_url, database)
+
+
+def main() -> int:
+    server_url = os.environ.get("GATE_TEST_DATABASE_URL")
+    if not server_url or not can_start_engines():
+        print("needs GATE_TEST_DATABASE_URL, root and the dockerd binary", file=sys.stderr)
+        return 1
+    work = Path(tempfile.mkdtemp(prefix="gate-bench-engines-"))
+    try:
+        bundle = bundle_of(sleepy_project(work / "p", CASES, failing=False, sleep=0))
+        with engines_with_the_runner(2, work) as engines:
+            one = round_of(1, engines, server_url, work, bundle)
+            two = round_of(2, engines, server_url, work, bundle)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"{GATES} gates of {CASES} one-run cases, submitted at once, {os.cpu_count()} CPUs")
+    print(f"  one worker on one engine:          {one:6.1f} gates/minute")
+    print(f"  two workers, one on each engine:   {two:6.1f} gates/minute ({two / one:.2f}x)")
+    print(
+        "  (both engines share this machine's CPUs: the ratio is the cost or gain of a second "
+        "worker and the shared queue here, not the speed-up of a second host)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
