@@ -1,17 +1,18 @@
 """Benchmark: a warm 20-case gate, POST to verdict (run: python -m tests.bench.bench_gate).
 
 Starts `gate serve` (on GATE_TEST_DATABASE_URL, else its embedded Postgres) with its default
-settings, submits a 20-case tool-agent bundle once to build and cache its test image, then
-times further submissions of the same bundle from POST to the verdict read by long-polling,
-as a pipeline sees them. Between them it times 20 sequential bare runs of that same test
-image (`docker run --rm --network none --entrypoint python3 IMAGE -c pass`; the image's own
-entrypoint is the runner) and prints the ratio of the medians against the 0.6x target.
+settings and warms it with a first gate. Then, for two projects of 20 tool-agent cases, one
+whose code does not import `connic` and one whose tool module does, it submits the bundle
+once (timing the first gate, which builds its test image) and then times further
+submissions from POST to the verdict read by long-polling, as a pipeline sees them.
 
-Two floors, measured in the same run, say how much of the gate's time any one-container-per-
-case design must spend here: the same 20 bare runs started N at a time (N being the gate's
-case concurrency), and 20 containers created as the gate creates its case containers that do
-nothing but the one import every case needs (`python -I -c "import connic"`, the format's
-SDK and pydantic), also N at a time.
+Two floors, measured in the same run between those gates, say what any one-container-per-
+case design must spend here: 20 bare runs of the same test image (`docker run --rm --network
+none --entrypoint python3 IMAGE -c pass`) started N at a time (N being the gate's case
+concurrency), and 20 containers created as the gate creates its case containers that do
+nothing but `python -I -c "import connic"` (the format's SDK and pydantic), also N at a time.
+The targets: the first kind's gate within 1.25x of the bare floor, the second's within 1.15x
+of the import-only floor, and a first gate at most 1 s over a warm one.
 
 GATE_CASE_CONCURRENCY, if set, is passed on, to compare other values with the default. It
 prints figures and asserts nothing about timing: they depend on the machine (its CPU
@@ -44,7 +45,6 @@ from tests.fixtures.projects import bundle_of, tool_cases_project
 
 CASES = 20
 REPEATS = 3
-TARGET = 0.6
 BARE_RUN = ["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3"]
 RUNNER_PYTHON = "/opt/gate-runner/bin/python"  # the runner's interpreter, with the SDK
 FORMAT = "{{.Repository}}:{{.Tag}}"
@@ -132,30 +132,64 @@ def seconds_between(start: str, end: str) -> float:
     return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
 
 
+KINDS = (
+    ("project code without `import connic`", "", 1.25, "bare"),
+    (
+        "project code that imports `connic`",
+        "import connic  # the SDK, as user code does\n",
+        1.15,
+        "import",
+    ),
+)
+
+
+def kind_project(root: Path, header: str) -> Path:
+    """The 20-case calc project; ``header`` goes at the top of its tool module."""
+    tool_cases_project(root, CASES)
+    tool = root / "tools" / "math_ops.py"
+    tool.write_text(header + tool.read_text())
+    return root
+
+
 def main() -> None:
     server_url = os.environ.get("GATE_TEST_DATABASE_URL")
     database = create_database(server_url) if server_url else None
     data_dir = Path(tempfile.mkdtemp(prefix="gate-bench-gate-"))
     src = Path(tempfile.mkdtemp(prefix="gate-bench-src-"))
-    bundle = bundle_of(tool_cases_project(src, CASES))
     proc, url, log_path = serve(data_dir, database)
     client = GateClient(url, token=ADMIN_TOKEN)
     engine = docker.from_env()
-    gates: list[float] = []
-    bare: list[float] = []
-    parallel: list[float] = []
-    importing: list[float] = []
     at_once = int(os.environ.get("GATE_CASE_CONCURRENCY") or Settings().case_concurrency)
-    last: dict[str, Any] = {}
+    figures: list[dict[str, Any]] = []
     try:
-        cold, first = judge(client, bundle)  # builds and caches the test image
-        image = test_image_of(first["bundle"]["sha256"])
-        for _ in range(REPEATS):
-            elapsed, last = judge(client, bundle)
-            gates.append(elapsed)
-            bare.append(bare_runs(image))
-            parallel.append(bare_runs(image, at_once=at_once))
-            importing.append(import_only_runs(engine, image, at_once=at_once))
+        # A first gate of another bundle: the server, its worker and their connections are
+        # warm before anything is timed, so a first build is timed as a build.
+        judge(client, bundle_of(tool_cases_project(src / "warm-up", CASES)))
+        for label, header, target, floor_kind in KINDS:
+            bundle = bundle_of(kind_project(src / floor_kind, header))
+            cold, first = judge(client, bundle)  # builds and caches the test image
+            image = test_image_of(first["bundle"]["sha256"])
+            gates: list[float] = []
+            bare: list[float] = []
+            importing: list[float] = []
+            last: dict[str, Any] = {}
+            for _ in range(REPEATS):
+                elapsed, last = judge(client, bundle)
+                gates.append(elapsed)
+                bare.append(bare_runs(image, at_once=at_once))
+                importing.append(import_only_runs(engine, image, at_once=at_once))
+            figures.append(
+                {
+                    "label": label,
+                    "target": target,
+                    "floor_kind": floor_kind,
+                    "cold": cold,
+                    "gates": gates,
+                    "bare": bare,
+                    "importing": importing,
+                    "last": last,
+                }
+            )
     except Exception:
         print(f"gate serve's log, last lines:\n{log_path.read_text()[-4000:]}", file=sys.stderr)
         raise
@@ -167,42 +201,46 @@ def main() -> None:
             drop_database(server_url, database)
         shutil.rmtree(src, ignore_errors=True)
         shutil.rmtree(data_dir, ignore_errors=True)
-    gate_s, bare_s = statistics.median(gates), statistics.median(bare)
-    durations = [c["duration_ms"] / 1000 for c in last["cases"] if c.get("duration_ms")]
     print(
-        f"{CASES}-case tool-agent gate, `gate serve` defaults "
-        f"(GATE_CASE_CONCURRENCY={Settings().case_concurrency}, {os.cpu_count()} CPUs)"
+        f"{CASES}-case tool-agent gates, `gate serve` defaults "
+        f"(GATE_CASE_CONCURRENCY={at_once}, {os.cpu_count()} CPUs), medians of {REPEATS}"
     )
-    print(f"  first submission (builds the test image): {cold:.2f} s")
-    print(
-        f"  warm, POST to verdict: median {gate_s:.2f} s  ({', '.join(f'{g:.2f}' for g in gates)})"
-    )
-    print(
-        f"  {CASES} sequential bare `docker run --rm --network none` of its image: median "
-        f"{bare_s:.2f} s  ({', '.join(f'{b:.2f}' for b in bare)})"
-    )
-    ratio = gate_s / bare_s
-    verdict = "met" if ratio <= TARGET else "NOT met"
-    print(f"  ratio {ratio:.2f}x (target <= {TARGET}x: {verdict})")
-    for label, figures in (
-        (f"the same bare runs, {at_once} at a time", parallel),
-        (
-            f"{CASES} containers as the gate makes them that only `import connic`, "
-            f"{at_once} at a time",
-            importing,
-        ),
-    ):
-        floor = statistics.median(figures)
+    for f in figures:
+        gate_s = statistics.median(f["gates"])
+        bare_s = statistics.median(f["bare"])
+        import_s = statistics.median(f["importing"])
+        last = f["last"]
+        durations = [c["duration_ms"] / 1000 for c in last["cases"] if c.get("duration_ms")]
+        floor_s = bare_s if f["floor_kind"] == "bare" else import_s
+        ratio = gate_s / floor_s
+        print(f"  {f['label']}:")
         print(
-            f"  floor: {label}: median {floor:.2f} s ({floor / bare_s:.2f}x the bare runs; "
-            f"the gate is {gate_s / floor:.2f}x this)"
+            f"    warm gate, POST to verdict: {gate_s:.2f} s  "
+            f"({', '.join(f'{g:.2f}' for g in f['gates'])})"
         )
-    print(
-        f"  last warm gate: created to started {seconds_between(last['created_at'], last['started_at']):.2f} s, "
-        f"started to finished {seconds_between(last['started_at'], last['finished_at']):.2f} s; "
-        f"runner-reported case time: median {statistics.median(durations):.2f} s, "
-        f"sum {sum(durations):.2f} s"
-    )
+        print(
+            f"    first gate (builds the test image): {f['cold']:.2f} s, "
+            f"{f['cold'] - gate_s:+.2f} s over warm (target <= +1 s: "
+            f"{'met' if f['cold'] - gate_s <= 1 else 'NOT met'})"
+        )
+        print(
+            f"    floor: {CASES} bare `docker run --rm --network none` of its image, {at_once} "
+            f"at a time: {bare_s:.2f} s (the gate is {gate_s / bare_s:.2f}x this)"
+        )
+        print(
+            f"    floor: {CASES} containers made as the gate makes them that only "
+            f"`import connic`, {at_once} at a time: {import_s:.2f} s "
+            f"(the gate is {gate_s / import_s:.2f}x this)"
+        )
+        print(
+            f"    target: within {f['target']:.2f}x of the {f['floor_kind']} floor: "
+            f"{ratio:.2f}x, {'met' if ratio <= f['target'] else 'NOT met'}"
+        )
+        print(
+            f"    last warm gate: started to finished "
+            f"{seconds_between(last['started_at'], last['finished_at']):.2f} s; runner-reported "
+            f"case time median {statistics.median(durations):.3f} s"
+        )
 
 
 if __name__ == "__main__":
