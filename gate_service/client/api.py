@@ -90,8 +90,7 @@ class GateClient:
             page = self._check(self._http.get(following))
             cases.extend(page.get("items") or [])
             following = page.get("next")
-        gate["cases"], gate["next_cases"] = cases, None
-        return gate
+        return {**gate, "cases": cases, "next_cases": None}
 
     def _page_link(self, gate: dict[str, Any]) -> dict[str, Any]:
         """A gate's html_url made absolute: without GATE_PUBLIC_URL the service answers a
@@ -244,7 +243,7 @@ class GateClient:
                     f"/v1/gates/{gate_id}",
                     # No cases while it runs (the counts say how far it is): a poll of a
                     # 500-case gate costs what one of a 5-case gate does. All of them at
-                    # the end.
+                    # the end, by following next_cases.
                     params={"wait": wait_s, "cases_limit": 0},
                     headers=headers,
                     timeout=wait_s + 30,
@@ -263,5 +262,5 @@ class GateClient:
             if on_change:
                 on_change(gate)
             if gate.get("status") in TERMINAL:
-                return self.gate(gate_id)
+                return self._all_cases(gate)
         raise TimeoutError(f"gate {gate_id} did not finish within {timeout_s:g} s")

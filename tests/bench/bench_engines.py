@@ -27,10 +27,10 @@ import docker
 
 from gate_service.client.api import GateClient
 from tests.fixtures.auth import ADMIN_TOKEN
-from tests.fixtures.cluster import Cluster, engines_with_the_runner, sleepy_project
+from tests.fixtures.cluster import Cluster, engines_with_the_runner
 from tests.fixtures.db import create_database, drop_database
 from tests.fixtures.engines import PrivateDaemon, can_start_engines
-from tests.fixtures.projects import bundle_of
+from tests.fixtures.projects import bundle_of, sleepy_project
 
 GATES = 10
 CASES = 4

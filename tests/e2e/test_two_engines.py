@@ -27,11 +27,10 @@ from tests.fixtures.cluster import (
     StartedCases,
     case_containers,
     engines_with_the_runner,
-    sleepy_project,
 )
 from tests.fixtures.db import create_database, drop_database
 from tests.fixtures.engines import can_start_engines
-from tests.fixtures.projects import bundle_of
+from tests.fixtures.projects import bundle_of, sleepy_project
 
 pytestmark = pytest.mark.docker
 

@@ -114,3 +114,21 @@ def test_another_projects_token_cannot_page_a_gates_cases(
     assert other.status_code == 404
     with sessions() as session:
         assert session.query(Case).filter(Case.gate_id == uuid.UUID(gate_id)).count() == CASES
+
+
+def test_waiting_polls_without_cases_and_ends_with_all_of_them(
+    client: TestClient, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    gate_id = gate_with_cases(client, sessions, tmp_path)
+    with sessions.begin() as session:
+        gate = session.get_one(Gate, uuid.UUID(gate_id))
+        gate.status = "passed"
+        gate.revision += 1
+    seen: list[dict[str, object]] = []
+    api = GateClient("http://testserver", transport=Through(client))
+    try:
+        done = api.wait(gate_id, timeout_s=30, on_change=seen.append)
+    finally:
+        api.close()
+    assert [c["test_name"] for c in done["cases"]] == [f"case_{n:03}" for n in range(CASES)]
+    assert seen and seen[0]["cases"] == [] and seen[0]["judged_cases"] == 7

@@ -83,6 +83,8 @@ BUILDERS: dict[str, Callable[[Path], object]] = {
     "seed-bundle": seed_bundle.seed_bundle,
     "leaky": leaky.leaky_project,
     "tool-cases": projects.tool_cases_project,
+    "sleepy-passing": lambda root: projects.sleepy_project(root, 3, failing=False),
+    "sleepy-failing": lambda root: projects.sleepy_project(root, 3, failing=True),
     "big-output": outputs.big_output_project,
     "unstorable-output": outputs.unstorable_output_project,
     "escape": lambda root: escape.escape_project(root, "sk-parity-0001", [("127.0.0.1", 9)]),
@@ -103,6 +105,7 @@ BUILDER_FUNCTIONS: list[Callable[..., object]] = [
     outputs.big_output_project,
     outputs.unstorable_output_project,
     projects.tool_cases_project,
+    projects.sleepy_project,
     escape.escape_project,
 ]
 
