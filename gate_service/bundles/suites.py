@@ -19,14 +19,13 @@ from connic import ProjectLoader
 from connic.test_schema import TestCase, TestFile
 from pydantic import ValidationError
 
+# NON_SUITE_DIRS: the folders under tests/ that hold support files, not suites (spec §13.1),
+# the same the runner's plan skips.
+from gate_runner import NON_SUITE_DIRS
 from gate_runner.assertions import compile_assertions
 from gate_runner.expr import ExpressionError, compile_expression
 
 from .support import MAX_WARNINGS, agent_warnings
-
-# Folders under tests/ that hold support files, not suites (spec §13.1, decided: skip them).
-NON_SUITE_DIRS = ("files", "builders", "mocks", "models", "recordings")
-
 
 MAX_SUITE_BYTES = 1024 * 1024
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import BUNDLE_DEPS_DIR, typed_json
+from . import BUNDLE_DEPS_DIR, NON_SUITE_DIRS, typed_json
 from .assertions import (
     CompiledAssertions,
     calls_in_scope,
@@ -93,9 +93,6 @@ def suite_agent(suite_path: Path, test_file: TestFile) -> str:
     )
 
 
-SUPPORT_DIRS = ("files", "builders", "mocks", "models", "recordings")
-
-
 def suite_paths(project: Path) -> list[str]:
     """The suites under tests/ (not its support folders), relative to the project."""
     tests = project / "tests"
@@ -106,7 +103,7 @@ def suite_paths(project: Path) -> list[str]:
         for p in tests.rglob("*")
         if p.suffix.lower() in (".yaml", ".yml")
         and p.is_file()
-        and p.relative_to(tests).parts[0] not in SUPPORT_DIRS
+        and p.relative_to(tests).parts[0] not in NON_SUITE_DIRS
     )
 
 
