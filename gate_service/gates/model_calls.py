@@ -152,21 +152,21 @@ def save_model_calls(
 
 
 def model_call_totals(
-    session: Session, gate_id: uuid.UUID
+    session: Session, gate_id: uuid.UUID, case_ids: Sequence[uuid.UUID] | None = None
 ) -> tuple[ModelCallTotals, dict[uuid.UUID, ModelCallTotals]]:
     """The gate's totals and each case's (a case without calls is absent), from one grouped
-    query over the gate's calls."""
-    rows = session.execute(
-        select(
-            ModelCall.case_id,
-            func.count(),
-            func.coalesce(func.sum(ModelCall.tokens_in), 0),
-            func.coalesce(func.sum(ModelCall.tokens_out), 0),
-            func.coalesce(func.sum(ModelCall.cost_usd), 0.0),
-        )
-        .where(ModelCall.gate_id == gate_id)
-        .group_by(ModelCall.case_id)
-    ).all()
+    query over the gate's calls; with ``case_ids``, over those cases' calls only (a page of
+    cases), the first total then being theirs."""
+    query = select(
+        ModelCall.case_id,
+        func.count(),
+        func.coalesce(func.sum(ModelCall.tokens_in), 0),
+        func.coalesce(func.sum(ModelCall.tokens_out), 0),
+        func.coalesce(func.sum(ModelCall.cost_usd), 0.0),
+    ).where(ModelCall.gate_id == gate_id)
+    if case_ids is not None:
+        query = query.where(ModelCall.case_id.in_(case_ids))
+    rows = session.execute(query.group_by(ModelCall.case_id)).all()
     by_case = {
         case_id: ModelCallTotals(
             calls=int(calls),

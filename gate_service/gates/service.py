@@ -282,8 +282,9 @@ def read_case_views(
         ).all()
         for case_id, run_id, passed in rows:
             runs_by_case[case_id].append((run_id, passed))
-    if calls_by_case is None:
-        calls_by_case = model_call_totals(session, gate_id)[1] if cases else {}
+    if calls_by_case is None:  # a page alone: its own cases' calls
+        ids = [c.id for c in cases]
+        calls_by_case = model_call_totals(session, gate_id, ids)[1] if cases else {}
     none = ModelCallTotals()
     views = [
         CaseRead(
