@@ -187,6 +187,20 @@ except PermissionError:
 """
 
 
+def as_invocation(sandbox: DockerSandbox, tag: str, script: str) -> str:
+    """What ``script`` prints, run by the image's Python as the case's invocations run (uid
+    10001, no network)."""
+    out = sandbox.client.containers.run(
+        tag,
+        ["-c", script],
+        entrypoint="/opt/gate-runner/bin/python",
+        user="10001:10001",
+        network_mode="none",
+        remove=True,
+    )
+    return str(out.decode().strip())
+
+
 def test_deps_install_apart_from_the_runner_root_owned_and_without_the_wheels(
     builds: Builds,
 ) -> None:
@@ -197,15 +211,7 @@ def test_deps_install_apart_from_the_runner_root_owned_and_without_the_wheels(
     (tools / "calc.py").write_text("def add(a, b):\n    return a + b\n")
     (tools / "broken.py").write_text("def (:\n")  # its invocation reports it; the build goes on
     sandbox.build_test_image(image)
-    out = sandbox.client.containers.run(
-        image.tag,
-        ["-c", CHECK],
-        entrypoint="/opt/gate-runner/bin/python",
-        user="10001:10001",
-        network_mode="none",
-        remove=True,
-    )
-    assert out.decode().strip() == "ok"
+    assert as_invocation(sandbox, image.tag, CHECK) == "ok"
     # Only the bundle, the deps and the bundle's bytecode on top of the runner: the wheels
     # never made a layer.
     built = sandbox.client.images.get(image.tag).attrs["RootFS"]["Layers"]
@@ -271,12 +277,4 @@ def test_the_image_build_writes_the_plan_root_owned_and_read_only_to_cases(
     }
     write(image.context_dir / "bundle", files)
     sandbox.build_test_image(image)
-    out = sandbox.client.containers.run(
-        image.tag,
-        ["-c", PLAN_CHECK],
-        entrypoint="/opt/gate-runner/bin/python",
-        user="10001:10001",
-        network_mode="none",
-        remove=True,
-    )
-    assert out.decode().strip() == "ok"
+    assert as_invocation(sandbox, image.tag, PLAN_CHECK) == "ok"
