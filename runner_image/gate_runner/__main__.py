@@ -80,7 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     planning.add_argument("--project", default="/bundle", type=Path)
     planning.add_argument("--out", required=True, help="where to write the plan (JSON)")
     planning.add_argument("--as-uid", type=int, help="drop to this uid once the file is open")
+    measuring = sub.add_parser(
+        "sdk-modules", help="write the modules the SDK's path imports (light.py), at image build"
+    )
+    measuring.add_argument("--out", required=True)
     args = parser.parse_args(args_in)
+    if args.command == "sdk-modules":
+        import json
+
+        from .light import measure_sdk_modules
+
+        with open(args.out, "w", encoding="utf-8") as file:
+            json.dump(measure_sdk_modules(), file)
+        return 0
     if args.command == "plan":
         from .plan import write_plan
 

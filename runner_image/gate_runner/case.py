@@ -38,7 +38,7 @@ from .contract import MAX_CLEANUP_SECONDS, SCHEMA_VERSION, CaseResult, Invocatio
 from .expr import ExpressionError
 from .invocations import MAX_REPORT_BYTES, Channel, Isolation, Proc, Supervisor
 from .plan import AgentLimits, planned_case
-from .reports import BuilderReport, CleanupReport, InvocationReport, checked
+from .reports import BUILDER, CLEANUP, INVOCATION, checked
 from .verdict import case_failure_reason, case_passes
 
 if TYPE_CHECKING:
@@ -85,6 +85,10 @@ class PreparedCase:
     assertions: CompiledAssertions
     payload: dict[str, Any]
     agent_config: AgentLimits | None = None
+    # The project's agents as the light path loads them (light.py), when its plan has them,
+    # and whether its code imports the SDK all the same (the plan's hint).
+    light: list[dict[str, Any]] | None = None
+    imports_sdk: bool = True
 
 
 def suite_agent(suite_path: Path, test_file: TestFile) -> str:
@@ -351,6 +355,8 @@ def prepare(
             resolved=planned.resolved,
             assertions=compile_assertions(planned.resolved),
             payload=build_payload(project, planned.resolved),
+            light=plan.get("light") if plan is not None else None,
+            imports_sdk=bool(plan.get("imports_sdk", True)) if plan is not None else True,
         )
     test_file = load_suite(project, suite)
     matches = [c for c in test_file.tests if c.name == case_name]
@@ -367,6 +373,8 @@ def prepare(
         resolved=resolved,
         assertions=assertions,
         payload=build_payload(project, resolved),
+        light=plan.get("light") if plan is not None else None,
+        imports_sdk=bool(plan.get("imports_sdk", True)) if plan is not None else True,
     )
 
 
@@ -394,12 +402,11 @@ def _invocation_body(
     """What a forked invocation runs: the agent, then a builder's cleanup; reports over pipe."""
     data: dict[str, Any] | None = None
     try:
-        from connic import ProjectLoader
-
         from .approvals import Approvals
         from .builders import fixture_entries, load_builder, run_build, run_cleanup, with_files
         from .mocks import Mocks, StrictFlags
         from .runtime import Runtime, Trace, install_predefined, jsonable
+        from .runtime.sdk import after_sdk_import
 
         # The bundle's own dependencies come after the runner's: a wheel cannot shadow the
         # runner's modules, and no .pth file in it is ever processed.
@@ -407,19 +414,14 @@ def _invocation_body(
             sys.path.append(BUNDLE_DEPS_DIR)
         trace = Trace()
         runtime = Runtime({}, project=project, model_mode=model_mode, gateway=gateway)
-        install_predefined(runtime)  # before user modules import connic.tools names
+        # Before user modules import connic.tools names; if the SDK is imported at all.
+        after_sdk_import(lambda: install_predefined(runtime))
         resolved = prepared.resolved
         payload, builder = prepared.payload, None
         context: dict[str, Any] = {}
         stage = "loading the project"
         try:
-            # api: tools resolve against the project's specs (the SDK loader's registry).
-            loader = ProjectLoader(str(project), api_spec_tools=dict(api_tools) or None)
-            runtime.agents = {a.config.name: a for a in loader.load_agents()}
-            runtime.loader = loader
-            if prepared.agent_name not in runtime.agents:
-                errors = list(getattr(loader, "_load_errors", []))
-                raise RuntimeError("; ".join(errors) or f"agent {prepared.agent_name} not loaded")
+            _load_project(runtime, project, prepared, api_tools)
             stage = f"the mocks module {resolved.get('mocks')!r}"
             runtime.mocks = Mocks.load(
                 project,
@@ -484,6 +486,42 @@ def _invocation_body(
     channel.send("result", data)
 
 
+def _load_project(
+    runtime: Any, project: Path, prepared: PreparedCase, api_tools: Mapping[str, Any]
+) -> None:
+    """The project's agents into ``runtime``: without the SDK when the plan says the project
+    needs none of it (light.py), else, or when the light path cannot tell, with its loader."""
+    light = None
+    if prepared.light is not None:
+        from .light import Fallback, LightLoad, LightLoader
+
+        light = LightLoad(project.resolve())
+        try:
+            agents = light.agents(prepared.light)
+        except Fallback:
+            pass  # the SDK's loader decides, reusing what was imported
+        else:
+            if prepared.agent_name in agents:  # else the SDK's loader says why it is not
+                runtime.agents, runtime.loader = agents, LightLoader()
+                return
+    from connic import ProjectLoader
+
+    # api: tools resolve against the project's specs (the SDK loader's registry).
+    loader = ProjectLoader(str(project), api_spec_tools=dict(api_tools) or None)
+    if light is not None:
+        light.hand_over(loader)
+    runtime.agents = {a.config.name: a for a in loader.load_agents()}
+    runtime.loader = loader
+    errors = list(getattr(loader, "_load_errors", []))
+    agent = runtime.agents.get(prepared.agent_name)
+    if agent is None:
+        raise RuntimeError("; ".join(errors) or f"agent {prepared.agent_name} not loaded")
+    if str(getattr(agent.config.type, "value", agent.config.type)) == "tool" and not agent.tools:
+        # The SDK keeps a tool agent whose tool did not resolve (its import raised, say),
+        # with no tool: its load error is why the case cannot run, not an IndexError.
+        raise RuntimeError("; ".join(errors) or f"tool agent {prepared.agent_name} has no tool")
+
+
 def _late_cleanup_body(
     project: Path, prepared: PreparedCase, built: dict[str, Any], channel: Channel
 ) -> None:
@@ -511,8 +549,8 @@ def _log_spans(proc: Proc) -> list[dict[str, Any]]:
 def _agent_data(prepared: PreparedCase, proc: Proc, reports: dict[str, Any]) -> dict[str, Any]:
     """What the invocation process reported, or what its end says when it did not."""
     timeout_s, which = effective_timeout(prepared)
-    agent, agent_problem = checked(reports, "agent", InvocationReport)
-    result, result_problem = checked(reports, "result", InvocationReport)
+    agent, agent_problem = checked(reports, "agent", INVOCATION)
+    result, result_problem = checked(reports, "result", INVOCATION)
     if proc.timed_out and agent is not None:
         # The agent finished; its builder cleanup is what ran out of time.
         agent["cleanup_failure"] = f"builder cleanup timed out after {cleanup_budget(prepared)} s"
@@ -606,7 +644,7 @@ def _run_invocations(
                 inv = in_flight.pop(proc)
                 if inv.cleanup is proc:
                     assert inv.data is not None
-                    late, late_problem = checked(proc.messages(), "cleanup", CleanupReport)
+                    late, late_problem = checked(proc.messages(), "cleanup", CLEANUP)
                     failure: str | None
                     if proc.timed_out:
                         failure = f"builder cleanup timed out after {cleanup_budget(prepared)} s"
@@ -624,7 +662,7 @@ def _run_invocations(
                 data = _agent_data(prepared, proc, reports)
                 data["duration_ms"] = int((proc.ended_at - proc.started) * 1000)
                 data["limit_failures"] = supervisor.limit_failures(proc)
-                built, built_problem = checked(reports, "builder", BuilderReport)
+                built, built_problem = checked(reports, "builder", BUILDER)
                 if built_problem:
                     data["limit_failures"].append(
                         f"the builder's report is malformed: {built_problem}"
@@ -808,6 +846,10 @@ def run_case(
     runs = int(prepared.resolved["runs"])
     threshold = int(prepared.resolved["success_threshold"])
     invocations: list[Invocation] = []
+    if prepared.light is None or prepared.imports_sdk:
+        # Every invocation will import the SDK (its loader, or the project's code): once
+        # here, before they fork, not once each. This process still runs no user code.
+        import connic  # noqa: F401
     all_data = _run_invocations(
         project,
         prepared,

@@ -16,7 +16,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .gateway_wire import DEFAULT_MODERATION_MODEL
 from .runtime_errors import AgentRunError
 
 # Deliberately simple, documented patterns: a gate must be predictable more than clever.
@@ -152,6 +151,8 @@ def _moderation(
     if moderate is None:
         return Verdict("skipped", content, "moderation needs a provider: scripted mode calls none")
     threshold = float(config.get("threshold", MODERATION_THRESHOLD))
+    from .gateway_wire import DEFAULT_MODERATION_MODEL
+
     model = str(config.get("model") or DEFAULT_MODERATION_MODEL)
     verdict = moderate(content, model)
     scores: dict[str, float] = verdict["category_scores"]

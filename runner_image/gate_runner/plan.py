@@ -122,7 +122,25 @@ def build_plan(project: Path) -> dict[str, Any]:
             for name, limits in agents.items()
         },
         "suites": suites,
+        **_light_section(project),
     }
+
+
+def _light_section(project: Path) -> dict[str, Any]:
+    """The agents as the light path loads them (light.py), or why the project does not
+    qualify (kept in the plan, for whoever reads it to see why its cases pay for the SDK)."""
+    from .light import light_agents, names_the_sdk
+
+    try:
+        entries, why = light_agents(project)
+    except Exception as exc:  # never a reason to lose the rest of the plan
+        entries, why = None, f"{type(exc).__name__}: {exc}"
+    if entries is None:
+        return {"light": None, "light_refused": why}
+    try:
+        return {"light": _exact_json(entries), "imports_sdk": names_the_sdk(project)}
+    except (TypeError, ValueError):
+        return {"light": None, "light_refused": "an agent's config is not plain JSON"}
 
 
 def planned_case(plan: Mapping[str, Any], suite: str, case_name: str) -> PlannedCase | None:

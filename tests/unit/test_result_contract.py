@@ -32,7 +32,7 @@ from gate_runner.contract import (
     cut_mark,
     framed,
 )
-from gate_runner.reports import SpanReport
+from gate_runner.report_models import SpanReport
 from gate_service.gates.schemas import RunRead
 from gate_service.gates.service import _run_row
 from gate_service.models import Case, Run

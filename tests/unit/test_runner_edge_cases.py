@@ -86,7 +86,7 @@ def test_children_triggered_in_parallel_each_get_their_own_parent(tmp_path: Path
         """,
         },
     )
-    result = judged(project, "tests/fan.yaml", "three_at_once")
+    result = judged(project, "tests/fan.yaml", "three_at_once", spans_in_order=False)
     assert result.passed, result.failure_reason
     spans = result.invocations[0].traces
     children = [s for s in spans if s.type == "child_agent"]
@@ -177,7 +177,12 @@ def test_a_hanging_cleanup_runs_once_and_keeps_the_agents_result(tmp_path: Path)
         """,
         },
     )
-    result = judged(project, "tests/calc.yaml", "cleanup_hangs")
+    result = judged(
+        project,
+        "tests/calc.yaml",
+        "cleanup_hangs",
+        fresh=lambda: [m.unlink() for m in marks.iterdir()],
+    )
     inv = result.invocations[0]
     assert inv.output == {"sum": 3}
     assert inv.failed_assertions == ["builder cleanup timed out after 2 s"]

@@ -18,20 +18,57 @@ One module per concern, so that a change to one of them has one place to go:
 - ``trace``, ``payloads``, ``usercode``: spans, payload shapes, calling user code
 """
 
-from ..runtime_errors import AgentNotFound, AgentRunError
-from .llm import render_prompt
-from .orchestrator import RunOutcome, Runtime
-from .output_schema import schema_problem
-from .payloads import as_payload, content_to_message, jsonable, stage_input, user_content
-from .tool_calls import ApprovalRejected
-from .toolset import PREDEFINED_SCHEMAS, PREDEFINED_STUBS, tool_schema
-from .trace import Span, Trace, error_text, timed
-from .triggers import install_predefined
-from .usercode import call_user_function
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..runtime_errors import AgentNotFound, AgentRunError
+    from .llm import render_prompt
+    from .orchestrator import RunOutcome, Runtime
+    from .output_schema import schema_problem
+    from .payloads import as_payload, content_to_message, jsonable, stage_input, user_content
+    from .tool_calls import ApprovalRejected
+    from .toolset import PREDEFINED_SCHEMAS, predefined_stubs, tool_schema
+    from .trace import Span, Trace, error_text, timed
+    from .triggers import install_predefined
+    from .usercode import call_user_function
+
+# Each name from its module on first use: what a case needs of the runtime is imported, and
+# only that (a tool agent's case never loads the LLM loop, the model clients or MCP).
+_HOMES = {
+    "AgentNotFound": "..runtime_errors",
+    "AgentRunError": "..runtime_errors",
+    "render_prompt": ".llm",
+    "RunOutcome": ".orchestrator",
+    "Runtime": ".orchestrator",
+    "schema_problem": ".output_schema",
+    "as_payload": ".payloads",
+    "content_to_message": ".payloads",
+    "jsonable": ".payloads",
+    "stage_input": ".payloads",
+    "user_content": ".payloads",
+    "ApprovalRejected": ".tool_calls",
+    "PREDEFINED_SCHEMAS": ".toolset",
+    "predefined_stubs": ".toolset",
+    "tool_schema": ".toolset",
+    "Span": ".trace",
+    "Trace": ".trace",
+    "error_text": ".trace",
+    "timed": ".trace",
+    "install_predefined": ".triggers",
+    "call_user_function": ".usercode",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(home, __name__), name)
+
 
 __all__ = [
     "PREDEFINED_SCHEMAS",
-    "PREDEFINED_STUBS",
     "AgentNotFound",
     "AgentRunError",
     "ApprovalRejected",
@@ -45,6 +82,7 @@ __all__ = [
     "error_text",
     "install_predefined",
     "jsonable",
+    "predefined_stubs",
     "render_prompt",
     "schema_problem",
     "stage_input",

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..models import Model, choose_model
 from ..runtime_errors import AgentRunError
 
 if TYPE_CHECKING:
+    from ..models import Model
     from .orchestrator import Runtime
 
 
 def model_for(rt: Runtime, name: str) -> Model:
     """The agent's model, chosen once per invocation (scripted, replay or live)."""
     if name not in rt.models:
+        from ..models import choose_model  # here: agents without a model never load it
+
         if rt.project is None:
             raise AgentRunError("LLM agents need the project directory to find their model")
         retry = getattr(rt.agents[name].config, "retry_options", None)

@@ -7,13 +7,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from connic import StopProcessing
-
 from ..runtime_errors import AgentRunError
 from .guardrails import guard_input, guard_output
 from .middleware import call_middleware, middleware_of
 from .mocking import resolve_phase
 from .payloads import as_payload, jsonable, user_content
+from .sdk import stop_processing
 from .trace import Span, Trace
 
 if TYPE_CHECKING:
@@ -106,7 +105,7 @@ def with_retries(agent: Any, span: Span, attempt: Callable[[int], Any]) -> Any:
     for number in range(1, attempts + 1):
         try:
             return attempt(number)
-        except (StopProcessing, AgentRunError):
+        except (stop_processing(), AgentRunError):
             raise
         except Exception:
             if number == attempts:

@@ -14,27 +14,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-from connic import StopProcessing
+from typing import TYPE_CHECKING, Any
 
 from ..approvals import Approvals, AwaitingApproval
 from ..guardrails import GuardrailBlocked
 from ..mocks import Mocks, StrictFlags, StrictViolation
-from ..models import GatewayChannel, GatewayModel, Model, ReplayModel
 from ..predefined import Predefined, page_answer, web_read_page
 from ..runtime_errors import AgentNotFound, AgentRunError
 from . import triggers
-from .llm import run_llm_agent
-from .mcp import McpTools
 from .middleware import middleware_of
 from .mocking import resolve_phase
 from .model_choice import model_for
 from .payloads import as_payload, jsonable
+from .sdk import stop_processing
 from .sequential import run_sequential
 from .tool_agent import run_tool_agent
 from .trace import Span, Trace, error_text, timed
 from .usercode import call_user_function
+
+if TYPE_CHECKING:
+    from ..models import GatewayChannel, Model
+    from .mcp import McpTools
 
 Frame = tuple["Trace", "Span | None", dict[str, Any]]
 
@@ -126,6 +126,8 @@ class Runtime:
         """web_read_page for the agent whose run calls it: from its recordings in replay
         mode, else through the case's model gateway (the project's egress allowlist, every
         page recorded), else directly (only a case the operator gave a network reaches any)."""
+        from ..models import GatewayModel, ReplayModel
+
         agent = str(self.current_frame()[2].get("agent_name") or "")
         chosen: Model | None = None
         if agent and self.project is not None:
@@ -178,7 +180,7 @@ class Runtime:
         try:
             output = self.run_agent(agent_name, payload, context, trace, parent)
             status, error = "completed", None
-        except StopProcessing as stop:
+        except stop_processing() as stop:
             # Spec §3.1: StopProcessing ends the whole run gracefully with its message.
             output = getattr(stop, "response", str(stop))
             status, error = "completed", None
@@ -309,6 +311,8 @@ class Runtime:
                 return run_tool_agent(self, agent, payload, context, trace, span)
             if kind == "sequential":
                 return run_sequential(self, agent, payload, context, trace, span)
+            from .llm import run_llm_agent  # here: a case without LLM agents never loads it
+
             return run_llm_agent(self, agent, as_payload(payload), context, trace, span)
 
         limit = getattr(agent.config, "timeout", None)

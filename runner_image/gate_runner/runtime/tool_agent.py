@@ -5,10 +5,9 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
-from connic import AbortTool
-
 from .operation import operation
 from .payloads import jsonable, stage_input
+from .sdk import abort_tool
 from .tool_calls import aborted, after_hook, before_hook, call_custom_tool, hooks_of
 from .trace import Span, Trace, timed
 
@@ -71,7 +70,7 @@ def _call_tool(
     with timed(span):
         try:
             params = before_hook(rt, hooks, ref, tool.name, params, context, trace, span)
-        except AbortTool as exc:
+        except abort_tool() as exc:
             return aborted(span, getattr(exc, "result", str(exc)))
         # Assertions see the payload as the tool's params (spec 2.1: keys never spread).
         span.metadata["params"] = jsonable(params.get("payload"))

@@ -13,16 +13,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from connic import AbortTool, StopProcessing
-
 from ..approvals import AwaitingApproval, rejection_error, requires_approval
 from ..expr import describe
 from ..mocks import StrictViolation, check_arguments, normalise
 from ..runtime_errors import AgentRunError
-from .mcp import McpTool, call_api_tool
-from .mcp import call as call_mcp
 from .mocking import guard, resolve_phase, violate
 from .payloads import jsonable
+from .sdk import abort_tool, stop_processing
 from .toolset import approval_inputs, discoverable, is_api_tool, tool_schemas
 from .trace import Span, Trace, error_text, timed
 from .usercode import accepts, call_user_function
@@ -98,6 +95,9 @@ def run_tool_call(
                 executed=False, not_executed="refused by approval", result=jsonable(refused)
             )
             return refused
+        from .mcp import McpTool
+        from .mcp import call as call_mcp
+
         if isinstance(tool, McpTool):
             # No agent hook fires for an MCP tool (spec 4.2), and so no hook mock.
             result = call_mcp(rt, agent.config.name, tool, params, context, span)
@@ -105,12 +105,12 @@ def run_tool_call(
             return result
         try:
             params = before_hook(rt, hooks, ref, name, params, context, trace, span)
-        except (StopProcessing, StrictViolation, AwaitingApproval, ApprovalRejected):
+        except (stop_processing(), StrictViolation, AwaitingApproval, ApprovalRejected):
             raise
         except Exception as exc:
             # AbortTool or any other exception: the hook stopped the call before the tool
             # received it, so both are an aborted call (issue 10, rule 4).
-            if isinstance(exc, AbortTool):
+            if isinstance(exc, abort_tool()):
                 result = getattr(exc, "result", str(exc))
             else:
                 result = {"error": f"the before hook raised {error_text(exc)}"}
@@ -120,15 +120,16 @@ def run_tool_call(
         result = after_hook(rt, hooks, ref, name, original, result, context, trace, span)
         span.metadata["result"] = jsonable(result)
         return result
-    except (StopProcessing, StrictViolation, AwaitingApproval, ApprovalRejected) as stop:
+    except (stop_processing(), StrictViolation, AwaitingApproval, ApprovalRejected) as stop:
         span.metadata["stopped"] = True
         if not reached_tool:
             # The model called it, and the run stopped before the tool received the call.
-            why = {
+            whys: dict[type[BaseException], str] = {
                 ApprovalRejected: "refused by approval",
                 AwaitingApproval: "awaiting approval",
                 StrictViolation: "stopped by a strict flag",
-            }.get(type(stop), "stopped by a hook")
+            }
+            why = whys.get(type(stop), "stopped by a hook")
             span.metadata.setdefault("executed", False)
             span.metadata.setdefault("not_executed", why)
         raise
@@ -227,6 +228,8 @@ def execute_tool(
     """``agent``: whose call it is (a chain's stages share their run's context), so that its
     recordings serve it in replay mode."""
     if is_api_tool(tool):
+        from .mcp import call_api_tool  # here: only api: tools call through it
+
         # Never mocked (spec 8.2), and never under strict_mocks: it runs through the gateway,
         # from the recordings in replay mode.
         return call_api_tool(rt, agent or str(context.get("agent_name") or ""), tool.ref, params)

@@ -4,6 +4,7 @@ the function schemas they are described by.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -28,8 +29,11 @@ def tool_schema(tool: Any) -> dict[str, Any]:
     }
 
 
-def _sdk_stubs() -> dict[str, Callable[..., Any]]:
-    """The SDK's predefined-tool stubs, captured before install_predefined replaces them."""
+@functools.cache
+def predefined_stubs() -> dict[str, Callable[..., Any]]:
+    """The SDK's predefined-tool stubs, captured before install_predefined replaces them
+    (it calls this first), and on first use: a case that never reaches them never imports
+    the SDK."""
     import connic.tools as connic_tools
 
     names = ("trigger_agent", "trigger_agent_at", "db_find", "db_insert", "db_update",
@@ -39,8 +43,6 @@ def _sdk_stubs() -> dict[str, Callable[..., Any]]:
              "kb_list_namespaces")  # fmt: skip
     return {n: getattr(connic_tools, n) for n in names if hasattr(connic_tools, n)}
 
-
-PREDEFINED_STUBS = _sdk_stubs()
 
 PREDEFINED_SCHEMAS: dict[str, dict[str, Any]] = {
     # The discovery tools have no SDK stub: these are the gate's (see use_discoverable).
@@ -72,7 +74,7 @@ PREDEFINED_SCHEMAS: dict[str, dict[str, Any]] = {
 
 def predefined_schema(rt: Runtime, name: str) -> dict[str, Any]:
     """The JSON schema the SDK's own stub declares (its signature and docstring)."""
-    stub = PREDEFINED_STUBS.get(name)
+    stub = predefined_stubs().get(name)
     if stub is not None and rt.loader is not None:
         try:
             return dict(rt.loader._generate_schema(stub))
@@ -93,7 +95,7 @@ DISCOVERY_DESCRIPTIONS = {
 def predefined_description(name: str) -> str:
     """What the model is told a predefined tool does: the first paragraph of the SDK stub's
     docstring (the SDK's loader leaves a predefined tool's description empty)."""
-    stub = PREDEFINED_STUBS.get(name)
+    stub = predefined_stubs().get(name)
     doc = inspect.getdoc(stub) if stub is not None else None
     if not doc:
         return DISCOVERY_DESCRIPTIONS.get(name, "")

@@ -9,9 +9,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from connic import StopProcessing
-
 from ..runtime_errors import AgentRunError
+from .sdk import stop_processing
 
 
 @dataclass
@@ -70,7 +69,7 @@ def timed(span: Span) -> Iterator[Span]:
     started = time.monotonic()
     try:
         yield span
-    except StopProcessing:
+    except stop_processing():
         span.metadata["stopped"] = True
         raise
     except Exception as exc:

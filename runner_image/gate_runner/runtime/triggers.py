@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import threading
 import time
@@ -13,7 +12,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from .payloads import as_payload, jsonable
-from .toolset import PREDEFINED_STUBS
+from .toolset import predefined_stubs
 
 if TYPE_CHECKING:
     from .orchestrator import RunOutcome, Runtime
@@ -129,11 +128,14 @@ def install_predefined(runtime: Runtime) -> None:
 
     Must run before user modules are imported: they bind the name at import time.
     """
+    stubs = predefined_stubs()  # the SDK's own, before they are replaced
     import connic.tools as connic_tools
 
     async def trigger_agent(
         agent_name: str, payload: Any, wait_for_response: bool = True, timeout_seconds: int = 60
     ) -> dict[str, Any]:
+        import asyncio  # running: user code awaits this
+
         # The child may run async user code of its own: give it a thread and its own loop.
         return await asyncio.to_thread(
             runtime.trigger, agent_name, payload, wait_for_response, timeout_seconds
@@ -146,7 +148,7 @@ def install_predefined(runtime: Runtime) -> None:
 
     connic_tools.trigger_agent = trigger_agent
     connic_tools.trigger_agent_at = trigger_agent_at
-    for name in PREDEFINED_STUBS:
+    for name in stubs:
         implementation = runtime.predefined.get(name)
         if implementation is not None:
             setattr(connic_tools, name, _as_async(implementation))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +11,7 @@ def call_user_function(func: Callable[..., Any], *args: Any, **kwargs: Any) -> A
     """Call sync or async user code and return its result."""
     result = func(*args, **kwargs)
     if inspect.isawaitable(result):
+        import asyncio  # here: sync user code never pays for its import
 
         async def _await() -> Any:
             return await result

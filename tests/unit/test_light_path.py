@@ -1,0 +1,380 @@
+"""The light path (gate_runner/light.py): a project is loaded without the SDK's loader, and
+without the SDK unless its code imports it, and every case is judged exactly as the SDK's
+loader would judge it.
+
+`judged()` (tests/fixtures/runner.py) runs every case of a qualifying project both ways and
+holds the two results equal; here the cases are the ones the light path cannot decide alone,
+and a fresh interpreter shows which modules each path imported.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gate_runner.plan import build_plan
+from gate_runner.reports import BUILDER, CLEANUP, INVOCATION, SPAN, Shape, checked
+from tests.fixtures.projects import write
+from tests.fixtures.runner import judged
+
+AGENT = """
+    version: "1.0"
+    name: {name}
+    description: A tool agent.
+    type: tool
+    tool_name: {tool}
+"""
+PROBE = """
+    import sys
+
+
+    def probe(payload: dict, context: dict) -> dict:
+        # The SDK's name spelled so that the plan does not see the project name it.
+        names = {"sdk": "con" + "nic", "pydantic": "pydantic", "yaml": "yaml", "asyncio": "asyncio"}
+        return {key: name in sys.modules for key, name in names.items()}
+"""
+SUITE = """
+    agent: {agent}
+    tests:
+      - name: {case}
+        payload: '{{"a": 1}}'
+        expected_result: {expect}
+"""
+
+
+def project_with(
+    root: Path, tool_module: str, *, expect: str = "output.x == 1", **more: str
+) -> Path:
+    return write(
+        root,
+        {
+            "agents/probe.yaml": AGENT.format(name="probe", tool="checks.probe"),
+            "tools/checks.py": tool_module,
+            "tests/probe.yaml": SUITE.format(agent="probe", case="runs", expect=expect),
+            **more,
+        },
+    )
+
+
+def run_fresh(project: Path, suite: str, case: str) -> dict[str, Any]:
+    """The case run by a fresh interpreter (as a case container's runner: nothing imported
+    but the runner), from the project's plan; its result, and the runner's own modules."""
+    plan = project.parent / "plan.json"
+    plan.write_text(json.dumps(build_plan(project)))
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        from pathlib import Path
+        from gate_runner.case import run_case
+        plan = json.loads(Path({str(plan)!r}).read_text())
+        result = run_case(Path({str(project)!r}), {suite!r}, {case!r}, plan=plan)
+        print(json.dumps({{
+            "result": json.loads(result.to_json()),
+            "runner": sorted(n for n in ("connic", "pydantic", "yaml") if n in sys.modules),
+        }}))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    return dict(json.loads(out.stdout.splitlines()[-1]))
+
+
+def test_a_tool_case_runs_without_the_sdk_pydantic_yaml_or_asyncio(tmp_path: Path) -> None:
+    project = project_with(tmp_path / "p", PROBE, expect="output.sdk == false")
+    assert build_plan(project)["light"] is not None
+    ran = run_fresh(project, "tests/probe.yaml", "runs")
+    assert ran["runner"] == []
+    assert ran["result"]["invocations"][0]["output"] == {
+        "sdk": False,
+        "pydantic": False,
+        "yaml": False,
+        "asyncio": False,
+    }
+    judged(project, "tests/probe.yaml", "runs")  # the same both ways (with the SDK imported)
+
+
+# What the light path cannot tell alone: the SDK's loader decides, with the modules already
+# imported (the probe sees the SDK imported: the SDK's loader ran).
+HANDED_OVER = {
+    "decorated": """
+        import functools
+        import sys
+
+
+        def traced(func):
+            @functools.wraps(func)
+            def call(*args, **kwargs):
+                return func(*args, **kwargs)
+            return call
+
+
+        @traced
+        def probe(payload: dict, context: dict) -> dict:
+            return {"sdk": "con" + "nic" in sys.modules}
+    """,
+    "annotation_of_its_own": """
+        import sys
+
+
+        class Meta(type):
+            pass
+
+
+        class Payload(metaclass=Meta):
+            pass
+
+
+        def probe(payload: Payload, context: dict) -> dict:
+            return {"sdk": "con" + "nic" in sys.modules}
+    """,
+    "replaced_by_an_object": """
+        import sys
+
+
+        def probe(payload: dict) -> dict:
+            return {}
+
+
+        class Probe:
+            def __call__(self, payload: dict) -> dict:
+                return {"sdk": "con" + "nic" in sys.modules}
+
+
+        probe = Probe()
+    """,
+}
+
+
+@pytest.mark.parametrize("variant", sorted(HANDED_OVER))
+def test_what_the_light_path_cannot_tell_the_sdk_decides(tmp_path: Path, variant: str) -> None:
+    project = project_with(tmp_path / "p", HANDED_OVER[variant], expect="output.sdk == true")
+    assert build_plan(project)["light"] is not None
+    fresh = run_fresh(project, "tests/probe.yaml", "runs")["result"]
+    in_process = judged(project, "tests/probe.yaml", "runs")  # and the same both ways
+    assert fresh["invocations"][0]["failure_reason"] == in_process.invocations[0].failure_reason
+
+
+def test_a_tool_module_that_raises_is_imported_once_and_fails_as_with_the_sdk(
+    tmp_path: Path,
+) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    broken = f"""
+        import os
+        open(os.path.join({str(marks)!r}, str(os.getpid())), "w").close()
+        print("importing")
+        raise ValueError("no config for this module")
+
+
+        def probe(payload: dict) -> dict:
+            return {{}}
+    """
+    project = project_with(tmp_path / "p", broken)
+    result = judged(project, "tests/probe.yaml", "runs", fresh=lambda: None)
+    reason = result.invocations[0].failure_reason or ""
+    assert reason.startswith("loading the project raised RuntimeError: Tool agent 'probe': ")
+    assert "cannot resolve tool 'checks.probe': no config for this module" in reason, reason
+    # One import per invocation and per path: the SDK's loader raised what the light path's
+    # import raised, without running the module again.
+    assert len(list(marks.iterdir())) == 2
+    logs = [s.metadata["message"] for s in result.invocations[0].traces if s.type == "log"]
+    assert logs.count("importing") == 1, logs
+
+
+def test_two_agents_share_one_import_of_their_module(tmp_path: Path) -> None:
+    project = write(
+        tmp_path / "p",
+        {
+            "agents/one.yaml": AGENT.format(name="one", tool="shared.first"),
+            "agents/two.yaml": AGENT.format(name="two", tool="shared.second"),
+            "agents/both.yaml": """
+                version: "1.0"
+                name: both
+                description: one, then two.
+                type: sequential
+                agents: [one, two]
+            """,
+            "tools/shared.py": """
+                print("imported")
+
+
+                def first(payload: dict) -> dict:
+                    return {"n": payload["n"] + 1}
+
+
+                def second(payload: dict) -> dict:
+                    return {"n": payload["n"] * 10}
+            """,
+            "tests/both.yaml": """
+                agent: both
+                tests:
+                  - name: chain
+                    payload: '{"n": 1}'
+                    expected_result: output.n == 20
+            """,
+        },
+    )
+    assert build_plan(project)["light"] is not None
+    result = judged(project, "tests/both.yaml", "chain")
+    assert result.passed, result.failure_reason
+    logs = [s.metadata["message"] for s in result.invocations[0].traces if s.type == "log"]
+    assert logs == ["imported"]
+
+
+CALLERS = {
+    # The project's own import, at the top of its module, binds the name at import time.
+    "imported_at_the_top": """
+        import asyncio
+
+        from connic.tools import trigger_agent
+
+
+        def probe(payload: dict) -> dict:
+            answer = asyncio.run(trigger_agent("adder", {"a": payload["a"]}))
+            return {"child": answer["response"]}
+    """,
+    # Imported late, by a name the plan cannot see.
+    "imported_late": """
+        import asyncio
+        import importlib
+
+
+        def probe(payload: dict) -> dict:
+            tools = importlib.import_module("con" + "nic.tools")
+            answer = asyncio.run(tools.trigger_agent("adder", {"a": payload["a"]}))
+            return {"child": answer["response"]}
+    """,
+}
+
+
+@pytest.mark.parametrize("caller", sorted(CALLERS))
+def test_code_that_imports_the_sdk_gets_the_runtimes_trigger_agent(
+    tmp_path: Path, caller: str
+) -> None:
+    # Whenever user code imports the SDK, connic.tools is the runtime's before it binds a
+    # name of it: trigger_agent runs the child here, not the SDK's stub.
+    project = project_with(
+        tmp_path / "p",
+        CALLERS[caller],
+        expect="output.child.sum == 2",
+        **{
+            "agents/adder.yaml": AGENT.format(name="adder", tool="adding.add"),
+            "tools/adding.py": """
+                def add(payload: dict) -> dict:
+                    return {"sum": payload["a"] + 1}
+            """,
+        },
+    )
+    assert build_plan(project)["light"] is not None
+    fresh = run_fresh(project, "tests/probe.yaml", "runs")["result"]
+    assert fresh["passed"], fresh["failure_reason"]
+    result = judged(project, "tests/probe.yaml", "runs")
+    assert result.passed, result.failure_reason
+    assert [s.name for s in result.invocations[0].traces if s.type == "agent"] == [
+        "probe",
+        "adder",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("files", "why"),
+    [
+        (
+            {"middleware/probe.py": "def before(content, context):\n    return content\n"},
+            "middleware/",
+        ),
+        ({"tools/__init__.py": ""}, "tools/__init__.py"),
+        ({"yaml.py": "x = 1\n"}, "yaml.py would shadow the module 'yaml'"),
+        ({"pydantic/__init__.py": ""}, "pydantic would shadow"),
+        (
+            {
+                "agents/bot.yaml": 'version: "1.0"\nname: bot\ndescription: b\n'
+                "model: openai/gpt-4o\nsystem_prompt: hi\n"
+            },
+            "agent 'bot' is a llm agent",
+        ),
+    ],
+)
+def test_a_project_needing_more_than_the_light_path_keeps_the_sdk(
+    tmp_path: Path, files: dict[str, str], why: str
+) -> None:
+    plan = build_plan(project_with(tmp_path / "p", PROBE, **files))
+    assert plan["light"] is None
+    assert why in plan["light_refused"]
+
+
+# The runner's fast check of its invocations' reports takes exactly what pydantic's strict
+# models take, and gives the same data; pydantic still explains a refusal.
+A_SPAN = {
+    "span_id": "s1",
+    "parent_span_id": None,
+    "span_order": 1,
+    "type": "agent",
+    "name": "a",
+    "status": "ok",
+    "duration_ms": 3,
+    "metadata": {"k": [1, {"x": None}]},
+}
+SAMPLES: list[tuple[Shape, Any]] = [
+    (INVOCATION, {"status": "completed"}),
+    (INVOCATION, {"status": "completed", "output": {"a": 1}, "traces": [A_SPAN], "violations": []}),
+    (INVOCATION, {"status": "failed", "error": None, "setup_error": "x", "input": [1, 2]}),
+    (INVOCATION, {"status": 1}),
+    (INVOCATION, {"status": True}),
+    (INVOCATION, {"output": 1}),
+    (INVOCATION, {"status": "completed", "surprise": 1}),
+    (INVOCATION, {"status": "completed", "traces": [{**A_SPAN, "span_order": True}]}),
+    (INVOCATION, {"status": "completed", "traces": [{**A_SPAN, "span_order": 1.0}]}),
+    (INVOCATION, {"status": "completed", "traces": [{**A_SPAN, "extra": 1}]}),
+    (
+        INVOCATION,
+        {"status": "completed", "traces": [{k: v for k, v in A_SPAN.items() if k != "name"}]},
+    ),
+    (INVOCATION, {"status": "completed", "traces": [{**A_SPAN, "duration_ms": 10**30}]}),
+    (INVOCATION, {"status": "completed", "traces": {"0": A_SPAN}}),
+    (INVOCATION, {"status": "completed", "violations": ["a", 1]}),
+    (INVOCATION, {"status": "completed", "run_context": []}),
+    (INVOCATION, {"status": "completed", "cleanup_failure": 0}),
+    (INVOCATION, ["status"]),
+    (INVOCATION, None),
+    (BUILDER, {"context": {}, "input": {"a": 1}}),
+    (BUILDER, {"input": {}}),
+    (BUILDER, {"context": "x"}),
+    (CLEANUP, {}),
+    (CLEANUP, {"failure": None}),
+    (CLEANUP, {"failure": 3}),
+]
+
+
+@pytest.mark.parametrize(("shape", "data"), SAMPLES)
+def test_the_fast_report_check_agrees_with_pydantic(shape: Shape, data: Any) -> None:
+    from pydantic import ValidationError
+
+    from gate_runner import report_models
+
+    model = getattr(report_models, shape.model)
+    try:
+        expected: Any = model.model_validate(data).model_dump(exclude_unset=True)
+    except ValidationError:
+        expected = None
+    got, why = checked({"r": data}, "r", shape)
+    assert got == expected
+    assert shape.fits(data) is (expected is not None)
+    assert (why is None) is (expected is not None)
+
+
+def test_the_fast_shapes_are_the_models_fields() -> None:
+    from gate_runner import report_models
+
+    for shape in (INVOCATION, BUILDER, CLEANUP):
+        fields = getattr(report_models, shape.model).model_fields
+        assert {n for n, f in fields.items() if f.is_required()} == set(shape.required)
+        assert {n for n, f in fields.items() if not f.is_required()} == set(shape.optional)
+    assert set(report_models.SpanReport.model_fields) == set(SPAN.required)
