@@ -14,6 +14,9 @@ nothing but `python -I -c "import connic"` (the format's SDK and pydantic), also
 The targets: the first kind's gate within 1.25x of the bare floor, the second's within 1.15x
 of the import-only floor, and a first gate at most 1 s over a warm one.
 
+For each it also prints the CPU one case took, machine-wide (from /proc/stat: the engine,
+the containers, Postgres, the server and this client), and how much of it was `gate serve`'s.
+
 GATE_CASE_CONCURRENCY, if set, is passed on, to compare other values with the default. It
 prints figures and asserts nothing about timing: they depend on the machine (its CPU
 count is the default GATE_CASE_CONCURRENCY) and on what else runs on it.
@@ -66,6 +69,37 @@ def serve(data_dir: Path, database: str | None) -> tuple[subprocess.Popen[bytes]
         stop(proc)
         raise
     return proc, url, log_path
+
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(CPU seconds the whole machine has been busy, CPU seconds of process ``pid``) so far:
+    the difference over a run says how much CPU it took, and how much of it `gate serve`."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    busy = sum(fields) - fields[3] - fields[4]  # all but idle and iowait
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read().rsplit(")", 1)[1].split()
+    own = int(stat[11]) + int(stat[12])  # utime, stime (its threads included)
+    return busy / TICKS, own / TICKS
+
+
+class CpuMeter:
+    """CPU used between start() and stop(), in total and by `gate serve`, summed over runs."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.total, self.server, self._mark = pid, 0.0, 0.0, (0.0, 0.0)
+
+    def __enter__(self) -> CpuMeter:
+        self._mark = cpu_seconds(self.pid)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        busy, own = cpu_seconds(self.pid)
+        self.total += busy - self._mark[0]
+        self.server += own - self._mark[1]
 
 
 def judge(client: GateClient, bundle: bytes) -> tuple[float, dict[str, Any]]:
@@ -173,11 +207,15 @@ def main() -> None:
             bare: list[float] = []
             importing: list[float] = []
             last: dict[str, Any] = {}
+            meters = {k: CpuMeter(proc.pid) for k in ("gate", "bare", "importing")}
             for _ in range(REPEATS):
-                elapsed, last = judge(client, bundle)
+                with meters["gate"]:
+                    elapsed, last = judge(client, bundle)
                 gates.append(elapsed)
-                bare.append(bare_runs(image, at_once=at_once))
-                importing.append(import_only_runs(engine, image, at_once=at_once))
+                with meters["bare"]:
+                    bare.append(bare_runs(image, at_once=at_once))
+                with meters["importing"]:
+                    importing.append(import_only_runs(engine, image, at_once=at_once))
             figures.append(
                 {
                     "label": label,
@@ -188,6 +226,7 @@ def main() -> None:
                     "bare": bare,
                     "importing": importing,
                     "last": last,
+                    "cpu": {k: (m.total, m.server) for k, m in meters.items()},
                 }
             )
     except Exception:
@@ -235,6 +274,15 @@ def main() -> None:
         print(
             f"    target: within {f['target']:.2f}x of the {f['floor_kind']} floor: "
             f"{ratio:.2f}x, {'met' if ratio <= f['target'] else 'NOT met'}"
+        )
+        per_case = {k: (total / REPEATS / CASES, server / REPEATS / CASES)
+                    for k, (total, server) in f["cpu"].items()}  # fmt: skip
+        print(
+            "    CPU per case, the whole machine: "
+            f"gate {per_case['gate'][0] * 1000:.0f} ms (of which `gate serve` "
+            f"{per_case['gate'][1] * 1000:.0f} ms), bare floor "
+            f"{per_case['bare'][0] * 1000:.0f} ms, import floor "
+            f"{per_case['importing'][0] * 1000:.0f} ms"
         )
         print(
             f"    last warm gate: started to finished "
