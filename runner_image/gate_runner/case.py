@@ -811,6 +811,24 @@ def _judged(prepared: PreparedCase, index: int, data: Mapping[str, Any]) -> Invo
     )
 
 
+def _preload(prepared: PreparedCase, runs: int) -> None:
+    """Import here, before the invocations fork, what each of them would import: once, not
+    once per invocation. Only the runner's own modules and the SDK: this process still runs
+    no user code."""
+    from . import approvals, builders, mocks  # noqa: F401
+    from .runtime import orchestrator, tool_agent, triggers  # noqa: F401
+
+    if prepared.light is None or prepared.imports_sdk:
+        # Every invocation imports the SDK (its loader, or the project's code).
+        import connic  # noqa: F401
+    if prepared.light is not None:
+        from . import light  # noqa: F401
+    if runs > 1:
+        # An LLM agent's loop and model clients, which a one-run case leaves to its
+        # invocation (to the agents that use them).
+        from .runtime import llm  # noqa: F401
+
+
 def run_case(
     project: Path,
     suite: str,
@@ -846,10 +864,7 @@ def run_case(
     runs = int(prepared.resolved["runs"])
     threshold = int(prepared.resolved["success_threshold"])
     invocations: list[Invocation] = []
-    if prepared.light is None or prepared.imports_sdk:
-        # Every invocation will import the SDK (its loader, or the project's code): once
-        # here, before they fork, not once each. This process still runs no user code.
-        import connic  # noqa: F401
+    _preload(prepared, runs)
     all_data = _run_invocations(
         project,
         prepared,
