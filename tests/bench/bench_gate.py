@@ -74,32 +74,56 @@ def serve(data_dir: Path, database: str | None) -> tuple[subprocess.Popen[bytes]
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int) -> tuple[float, float]:
-    """(CPU seconds the whole machine has been busy, CPU seconds of process ``pid``) so far:
-    the difference over a run says how much CPU it took, and how much of it `gate serve`."""
+# The long-lived processes whose CPU is told apart; the rest (the containers, their shims
+# and runc, this client) is what the machine spent beyond them.
+GROUPS = {"engine": ("dockerd", "containerd"), "postgres": ("postgres",)}
+
+
+def process_cpu(pid: int) -> tuple[str, float]:
+    """(name, CPU seconds so far) of a live process; ("", 0) once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            head, rest = f.read().rsplit(")", 1)
+    except OSError:
+        return "", 0.0
+    fields = rest.split()
+    return head.split("(", 1)[1], (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def cpu_seconds(server: int) -> dict[str, float]:
+    """CPU seconds so far: the whole machine busy ("total"), `gate serve` ("server"), and
+    each of GROUPS, summed over its live processes."""
     with open("/proc/stat") as f:
         fields = [int(v) for v in f.readline().split()[1:]]
-    busy = sum(fields) - fields[3] - fields[4]  # all but idle and iowait
-    with open(f"/proc/{pid}/stat") as f:
-        stat = f.read().rsplit(")", 1)[1].split()
-    own = int(stat[11]) + int(stat[12])  # utime, stime (its threads included)
-    return busy / TICKS, own / TICKS
+    found = {"total": (sum(fields) - fields[3] - fields[4]) / TICKS}  # all but idle, iowait
+    found["server"] = process_cpu(server)[1]
+    for group in GROUPS:
+        found[group] = 0.0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            name, seconds = process_cpu(int(entry))
+            for group, names in GROUPS.items():
+                if name.startswith(names):
+                    found[group] += seconds
+    return found
 
 
 class CpuMeter:
-    """CPU used between start() and stop(), in total and by `gate serve`, summed over runs."""
+    """CPU used between entering and leaving, summed over runs, by each part of cpu_seconds."""
 
     def __init__(self, pid: int) -> None:
-        self.pid, self.total, self.server, self._mark = pid, 0.0, 0.0, (0.0, 0.0)
+        self.pid = pid
+        self.used = dict.fromkeys(("total", "server", *GROUPS), 0.0)
+        self._mark: dict[str, float] = {}
 
     def __enter__(self) -> CpuMeter:
         self._mark = cpu_seconds(self.pid)
         return self
 
     def __exit__(self, *_: object) -> None:
-        busy, own = cpu_seconds(self.pid)
-        self.total += busy - self._mark[0]
-        self.server += own - self._mark[1]
+        now = cpu_seconds(self.pid)
+        for key in self.used:
+            self.used[key] += now[key] - self._mark[key]
 
 
 def judge(client: GateClient, bundle: bytes) -> tuple[float, dict[str, Any]]:
@@ -226,7 +250,7 @@ def main() -> None:
                     "bare": bare,
                     "importing": importing,
                     "last": last,
-                    "cpu": {k: (m.total, m.server) for k, m in meters.items()},
+                    "cpu": {k: m.used for k, m in meters.items()},
                 }
             )
     except Exception:
@@ -275,14 +299,18 @@ def main() -> None:
             f"    target: within {f['target']:.2f}x of the {f['floor_kind']} floor: "
             f"{ratio:.2f}x, {'met' if ratio <= f['target'] else 'NOT met'}"
         )
-        per_case = {k: (total / REPEATS / CASES, server / REPEATS / CASES)
-                    for k, (total, server) in f["cpu"].items()}  # fmt: skip
+        ms = {k: {part: 1000 * s / REPEATS / CASES for part, s in used.items()}
+              for k, used in f["cpu"].items()}  # fmt: skip
+        gate_ms = ms["gate"]
+        rest = gate_ms["total"] - gate_ms["server"] - gate_ms["engine"] - gate_ms["postgres"]
         print(
-            "    CPU per case, the whole machine: "
-            f"gate {per_case['gate'][0] * 1000:.0f} ms (of which `gate serve` "
-            f"{per_case['gate'][1] * 1000:.0f} ms), bare floor "
-            f"{per_case['bare'][0] * 1000:.0f} ms, import floor "
-            f"{per_case['importing'][0] * 1000:.0f} ms"
+            f"    CPU per case, the whole machine: gate {gate_ms['total']:.0f} ms (`gate serve` "
+            f"{gate_ms['server']:.0f}, Postgres {gate_ms['postgres']:.0f}, dockerd and "
+            f"containerd {gate_ms['engine']:.0f}, the rest {rest:.0f}: containers, shims, "
+            f"runc, this client); bare floor {ms['bare']['total']:.0f} ms (dockerd and "
+            f"containerd {ms['bare']['engine']:.0f}); import floor "
+            f"{ms['importing']['total']:.0f} ms (dockerd and containerd "
+            f"{ms['importing']['engine']:.0f})"
         )
         print(
             f"    last warm gate: started to finished "
