@@ -23,6 +23,8 @@ here it could get the bundle's file, and so could the SDK when user code imports
 
 from __future__ import annotations
 
+import ast
+import builtins
 import contextlib
 import functools
 import importlib.machinery
@@ -38,6 +40,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from . import BUNDLE_DEPS_DIR
 
 LIGHT_KINDS = ("tool", "sequential")
 PROJECT_PACKAGES = ("tools", "middleware", "hooks", "guardrails")  # the SDK's, loader.py
@@ -62,8 +66,15 @@ def measure_sdk_modules() -> list[str]:
     script = SDK_PATH_IMPORTS + (
         "import json, sys\nprint(json.dumps(sorted({n.split('.')[0] for n in sys.modules})))"
     )
+    # Isolated (-I) and from /: neither the working directory (the bundle, at build time)
+    # nor the environment decides what it imports.
     out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+        [sys.executable, "-I", "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        cwd="/",
     )
     return list(json.loads(out.stdout))
 
@@ -151,6 +162,9 @@ def light_agents(project: Path) -> tuple[list[dict[str, Any]] | None, str]:
         importable = entry.is_dir() or entry.name.endswith(suffixes)
         if importable and stem in sdk_modules() and stem not in PROJECT_PACKAGES:
             return None, f"{entry.name} would shadow the module {stem!r}"
+    plugin = pydantic_plugin(Path(BUNDLE_DEPS_DIR))
+    if plugin:
+        return None, f"its dependency {plugin} declares a pydantic plugin"
     loader = ProjectLoader(str(project), validation_only=True)
     printed = io.StringIO()
     try:
@@ -186,6 +200,20 @@ def light_agents(project: Path) -> tuple[list[dict[str, Any]] | None, str]:
             return None, f"agent {config.name!r} has tools"
         entries.append({"config": config.model_dump(mode="json"), "tool": tool})
     return entries, ""
+
+
+def pydantic_plugin(deps: Path) -> str:
+    """The first of the bundle's dependencies that declares a pydantic plugin, or "".
+
+    On the SDK's path pydantic looks for plugins once, in the runner's process, before the
+    bundle's dependencies are on its path, so it never finds theirs; imported later, in an
+    invocation, it would. Such a project keeps the SDK's path."""
+    for entry_points in sorted(deps.glob("*.dist-info/entry_points.txt")):
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            lines = entry_points.read_text(encoding="utf-8").splitlines()
+            if any(line.strip() == "[pydantic]" for line in lines):
+                return entry_points.parent.name
+    return ""
 
 
 def names_the_sdk(project: Path) -> bool:
@@ -236,7 +264,9 @@ class LightLoad:
                 self.failed[module_name] = exc
                 raise Fallback(f"tools.{module_name} raised on import") from exc
             self.modules[module_name] = module
-        func = getattr(module, function, None)
+        # From the module's namespace: a module-level __getattr__ (user code) runs only on
+        # the SDK's path, once.
+        func = module.__dict__.get(function)
         if not _plain_tool_function(func, f"tools.{module_name}"):
             raise Fallback(f"{module_name}.{function} is not a plain tool function")
         return LightTool(
@@ -278,9 +308,6 @@ class LightLoad:
     def hand_over(self, loader: Any) -> None:
         """Seed the SDK's loader with what this load imported, so that it reuses those
         modules (and raises again what an import raised) instead of running them twice."""
-        if self.path_added:
-            with contextlib.suppress(ValueError):
-                sys.path.remove(str(self.project))  # the SDK's loader inserts it itself
         loader._runtime_tool_modules = {
             name: module
             for name, module in sys.modules.items()
@@ -296,6 +323,13 @@ class LightLoad:
             return real(module_name)
 
         loader._load_tool_module = load
+        if self.path_added:
+            # Where the SDK's loader would be after its first tool module (whether or not it
+            # reaches its own import now): the project first on sys.path once, its modules
+            # as this load left them.
+            with contextlib.suppress(ValueError):
+                sys.path.remove(str(self.project))
+            loader._activate_tool_imports()
 
 
 def _plain_tool_function(func: Any, module: str) -> bool:
@@ -314,30 +348,104 @@ def _plain_tool_function(func: Any, module: str) -> bool:
     params = inspect.signature(func).parameters
     if "payload" not in params or set(params) - {"payload", "context"}:
         return False
-    try:
-        hints = typing.get_type_hints(func)
-    except Exception:
-        hints = {}
     for name, param in params.items():
         if param.kind not in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
             return False
-        if name == "context":
-            continue
-        if not (param.default is param.empty or type(param.default) in PLAIN_DEFAULTS):
+        if name != "context" and not (
+            param.default is param.empty or type(param.default) in PLAIN_DEFAULTS
+        ):
             return False
-        if not _plain_annotation(hints.get(name, param.annotation)):
-            return False
+    # The SDK evaluates every annotation (get_type_hints): only ones whose evaluation runs no
+    # user code, and whose value its schema reads without a word, are taken here, before
+    # anything is evaluated, so that a hand-over never evaluates one a second time.
+    annotations = func.__annotations__  # a plain function's own dict
+    if type(annotations) is not dict:
+        return False
+    names = {**vars(builtins), **func.__globals__}
+    if not all(_plain_annotation(a, names) for a in annotations.values()):
+        return False
+    try:
+        typing.get_type_hints(func)  # as the SDK calls it, for what it may raise (nothing)
+    except Exception:
+        pass
     return True
 
 
-def _plain_annotation(annotation: Any, depth: int = 0) -> bool:
-    """An annotation the SDK's _type_to_schema reads without running user code."""
+# What a plain annotation may be made of: classes of the default metaclass (their == and
+# hash are type's own), None, and the typing and types constructs over them.
+PLAIN_FORMS = (types.GenericAlias, types.UnionType)
+
+
+def _plain_annotation(annotation: Any, names: Mapping[str, Any], depth: int = 0) -> bool:
+    """Whether evaluating ``annotation`` (get_type_hints) runs no user code and gives what
+    the SDK's _type_to_schema reads without raising."""
     if depth > 8:
         return False
-    if annotation is inspect.Parameter.empty or type(annotation) in (str, type(None)):
+    if annotation is None or annotation is inspect.Parameter.empty:
         return True
+    if type(annotation) is str:
+        return _plain_text(annotation, names, depth + 1)
     if type(annotation) is type:
         return True
-    if type(annotation).__module__ in ("typing", "types"):
-        return all(_plain_annotation(a, depth + 1) for a in typing.get_args(annotation))
+    if type(annotation) is typing.ForwardRef:
+        return _plain_text(annotation.__forward_arg__, names, depth + 1)
+    if isinstance(annotation, PLAIN_FORMS) or type(annotation).__module__ == "typing":
+        if typing.get_origin(annotation) is typing.Literal:
+            return all(type(a) in (str, int, bool, type(None)) for a in typing.get_args(annotation))
+        return all(_plain_annotation(a, names, depth + 1) for a in typing.get_args(annotation))
     return False
+
+
+def _plain_text(text: str, names: Mapping[str, Any], depth: int) -> bool:
+    """A string annotation: names (looked up, never called), dotted names on the typing
+    module, subscripts, `|` and None, each name's value plain."""
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError):
+        return False
+    return _plain_node(tree, names, depth)
+
+
+def _plain_node(node: ast.AST, names: Mapping[str, Any], depth: int) -> bool:
+    if isinstance(node, ast.Name):
+        return node.id in names and _plain_annotation(names[node.id], names, depth + 1)
+    if isinstance(node, ast.Attribute):
+        base = node.value
+        return (
+            isinstance(base, ast.Name)
+            and names.get(base.id) is typing
+            and _plain_annotation(getattr(typing, node.attr, _MISSING), names, depth + 1)
+        )
+    if isinstance(node, ast.Subscript):
+        # Subscripted: a typing construct or a builtin class (dict[...]), whose [] is never
+        # the project's __class_getitem__.
+        items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        return (
+            _plain_node(node.value, names, depth)
+            and _generic(_value_of(node.value, names))
+            and all(_plain_node(i, names, depth) for i in items)
+        )
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return _plain_node(node.left, names, depth) and _plain_node(node.right, names, depth)
+    if isinstance(node, ast.Constant):
+        value = node.value
+        return value is None or (type(value) is str and _plain_text(value, names, depth + 1))
+    return False
+
+
+def _value_of(node: ast.AST, names: Mapping[str, Any]) -> Any:
+    """What a name or a typing attribute that _plain_node took stands for."""
+    if isinstance(node, ast.Name):
+        return names.get(node.id, _MISSING)
+    if isinstance(node, ast.Attribute):
+        return getattr(typing, node.attr, _MISSING)
+    return _MISSING
+
+
+def _generic(value: Any) -> bool:
+    if type(value) is type:
+        return value.__module__ == "builtins"
+    return type(value).__module__ == "typing"
+
+
+_MISSING = object()

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from gate_runner.light import pydantic_plugin
 from gate_runner.plan import build_plan
 from gate_runner.reports import BUILDER, CLEANUP, INVOCATION, SPAN, Shape, checked
 from tests.fixtures.projects import write
@@ -134,6 +135,29 @@ HANDED_OVER = {
         def probe(payload: Payload, context: dict) -> dict:
             return {"sdk": "con" + "nic" in sys.modules}
     """,
+    "annotation_evaluated_with_a_side_effect": """
+        from __future__ import annotations
+
+        import sys
+        from typing import Annotated
+
+
+        def register():
+            print("evaluated")
+            return "doc"
+
+
+        def probe(payload: Annotated[dict, register()], context: dict) -> dict:
+            return {"sdk": "con" + "nic" in sys.modules}
+    """,
+    "annotation_the_schema_cannot_read": """
+        import sys
+        import types
+
+
+        def probe(payload: types.SimpleNamespace(a=1)) -> dict:
+            return {"sdk": "con" + "nic" in sys.modules}
+    """,
     "replaced_by_an_object": """
         import sys
 
@@ -159,6 +183,12 @@ def test_what_the_light_path_cannot_tell_the_sdk_decides(tmp_path: Path, variant
     fresh = run_fresh(project, "tests/probe.yaml", "runs")["result"]
     in_process = judged(project, "tests/probe.yaml", "runs")  # and the same both ways
     assert fresh["invocations"][0]["failure_reason"] == in_process.invocations[0].failure_reason
+    # Handed over before any of the project's code ran a second time: what its module and
+    # its annotations print, they print once, as on the SDK's path.
+    logs = [
+        s["metadata"]["message"] for s in fresh["invocations"][0]["traces"] if s["type"] == "log"
+    ]
+    assert len(logs) == len(set(logs)), logs
 
 
 def test_a_tool_module_that_raises_is_imported_once_and_fails_as_with_the_sdk(
@@ -178,14 +208,96 @@ def test_a_tool_module_that_raises_is_imported_once_and_fails_as_with_the_sdk(
     """
     project = project_with(tmp_path / "p", broken)
     result = judged(project, "tests/probe.yaml", "runs", fresh=lambda: None)
-    reason = result.invocations[0].failure_reason or ""
-    assert reason.startswith("loading the project raised RuntimeError: Tool agent 'probe': ")
-    assert "cannot resolve tool 'checks.probe': no config for this module" in reason, reason
+    # The SDK's loader keeps a tool agent whose tool did not resolve, with no tool: the run
+    # then fails as it always did on the SDK's path (see the closing note of issue 23).
+    assert "IndexError" in (result.invocations[0].failure_reason or "")
     # One import per invocation and per path: the SDK's loader raised what the light path's
     # import raised, without running the module again.
     assert len(list(marks.iterdir())) == 2
     logs = [s.metadata["message"] for s in result.invocations[0].traces if s.type == "log"]
     assert logs.count("importing") == 1, logs
+
+
+def test_a_hand_over_leaves_the_project_on_sys_path_as_the_sdk_would(tmp_path: Path) -> None:
+    # The only tool module raises on import; the SDK's loader is handed the exception, not
+    # the import, and the project must still be first on sys.path for the builder's import.
+    project = write(
+        tmp_path / "p",
+        {
+            "agents/stage.yaml": AGENT.format(name="stage", tool="broken.run"),
+            "agents/chain.yaml": """
+                version: "1.0"
+                name: chain
+                description: one stage.
+                type: sequential
+                agents: [stage]
+            """,
+            "tools/broken.py": """
+                raise ValueError("no config for this module")
+
+
+                def run(payload: dict) -> dict:
+                    return {}
+            """,
+            "helpers.py": "VALUE = 7\n",
+            "tests/builders/uses_helpers.py": """
+                def build(context, builder_args, test_name, payload, files):
+                    import helpers
+
+                    return {"n": helpers.VALUE}
+            """,
+            "tests/chain.yaml": """
+                agent: chain
+                tests:
+                  - name: runs
+                    builder: uses_helpers
+                    expected_result: status == "failed"
+            """,
+        },
+    )
+    assert build_plan(project)["light"] is not None
+    result = judged(project, "tests/chain.yaml", "runs")
+    assert result.passed, result.failure_reason
+
+
+def test_a_lookup_of_the_sdk_is_not_its_import(tmp_path: Path) -> None:
+    # importlib.util.find_spec finds the SDK without importing it; the import after it must
+    # still put the runtime's connic.tools in place.
+    caller = """
+        import asyncio
+        import importlib
+        import importlib.util
+
+
+        def probe(payload: dict) -> dict:
+            assert importlib.util.find_spec("con" + "nic") is not None
+            tools = importlib.import_module("con" + "nic.tools")
+            answer = asyncio.run(tools.trigger_agent("adder", {"a": payload["a"]}))
+            return {"child": answer["response"]}
+    """
+    project = project_with(
+        tmp_path / "p",
+        caller,
+        expect="output.child.sum == 2",
+        **{
+            "agents/adder.yaml": AGENT.format(name="adder", tool="adding.add"),
+            "tools/adding.py": "def add(payload: dict) -> dict:\n    return {'sum': payload['a'] + 1}\n",
+        },
+    )
+    fresh = run_fresh(project, "tests/probe.yaml", "runs")["result"]
+    assert fresh["passed"], fresh["failure_reason"]
+
+
+def test_a_dependency_with_a_pydantic_plugin_keeps_the_sdks_path(tmp_path: Path) -> None:
+    deps = tmp_path / "deps"
+    (deps / "plain-1.0.dist-info").mkdir(parents=True)
+    (deps / "plain-1.0.dist-info" / "entry_points.txt").write_text("[console_scripts]\nx = y\n")
+    assert pydantic_plugin(deps) == ""
+    (deps / "logfire-1.0.dist-info").mkdir()
+    (deps / "logfire-1.0.dist-info" / "entry_points.txt").write_text(
+        "[pydantic]\nlogfire = logfire.integrations.pydantic:plugin\n"
+    )
+    assert pydantic_plugin(deps) == "logfire-1.0.dist-info"
 
 
 def test_two_agents_share_one_import_of_their_module(tmp_path: Path) -> None:
@@ -291,6 +403,11 @@ def test_code_that_imports_the_sdk_gets_the_runtimes_trigger_agent(
             "middleware/",
         ),
         ({"tools/__init__.py": ""}, "tools/__init__.py"),
+        # A tool only a module __getattr__ gives: validation mode does not see it.
+        (
+            {"tools/checks.py": "def __getattr__(name):\n    return lambda payload: {}\n"},
+            "load with errors",
+        ),
         ({"yaml.py": "x = 1\n"}, "yaml.py would shadow the module 'yaml'"),
         ({"pydantic/__init__.py": ""}, "pydantic would shadow"),
         (

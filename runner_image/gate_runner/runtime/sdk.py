@@ -12,6 +12,7 @@ plan did not see import it, or by one of the bundle's dependencies.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -47,8 +48,8 @@ def abort_tool() -> type[BaseException]:
 class _Announcing:
     """The SDK's own loader, then ``then()`` once the package has executed."""
 
-    def __init__(self, loader: Loader, then: Callable[[], None]) -> None:
-        self.loader, self.then = loader, then
+    def __init__(self, loader: Loader, watch: _SdkWatch) -> None:
+        self.loader, self.watch = loader, watch
 
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         return self.loader.create_module(spec)
@@ -59,29 +60,39 @@ class _Announcing:
         if module.__spec__ is not None:
             module.__spec__.loader = self.loader
         self.loader.exec_module(module)
-        self.then()
+        self.watch.imported()
 
 
 class _SdkWatch:
-    """A meta path finder (by protocol) that announces the SDK's import."""
+    """A meta path finder (by protocol) that announces the SDK's import: its execution, not
+    a mere lookup (importlib.util.find_spec), which leaves the watch in place."""
 
     def __init__(self, then: Callable[[], None]) -> None:
-        self.then = then
+        self.then, self.done = then, False
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if fullname != SDK:
+        if fullname != SDK or self.done:
             return None
-        sys.meta_path.remove(self)  # once: the SDK is imported once per process
         for finder in sys.meta_path:  # the others, in their order, as if this were not here
+            if finder is self:
+                continue
             find = getattr(finder, "find_spec", None)
             spec: ModuleSpec | None = find(fullname, path, target) if find is not None else None
             if spec is not None:
                 if spec.loader is not None:
-                    spec.loader = _Announcing(spec.loader, self.then)  # type: ignore[assignment]
+                    spec.loader = _Announcing(spec.loader, self)  # type: ignore[assignment]
                 return spec
         return None
+
+    def imported(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        with contextlib.suppress(ValueError):  # user code may have rebuilt sys.meta_path
+            sys.meta_path.remove(self)
+        self.then()
 
 
 def after_sdk_import(then: Callable[[], Any]) -> None:
