@@ -278,3 +278,69 @@ def test_the_image_build_writes_the_plan_root_owned_and_read_only_to_cases(
     write(image.context_dir / "bundle", files)
     sandbox.build_test_image(image)
     assert as_invocation(sandbox, image.tag, PLAN_CHECK) == "ok"
+
+
+PROBE_TOOL = """
+import sys
+
+
+def probe(payload: dict, context: dict) -> dict:
+    # Spelled so that the plan does not see the project name the SDK.
+    names = {"sdk": "con" + "nic", "pydantic": "pydantic", "yaml": "yaml", "asyncio": "asyncio"}
+    return {key: name in sys.modules for key, name in names.items()}
+"""
+
+
+def test_a_case_container_runs_a_light_project_without_the_sdk(builds: Builds) -> None:
+    """Through the engine, as the worker runs a case: the image's plan takes the light path
+    (gate_runner/light.py), and neither the runner nor the invocation imports the SDK,
+    pydantic, PyYAML or asyncio."""
+    from gate_runner import case_env
+    from gate_service.runner_contract import parse_runner_output
+    from gate_service.worker.handler import runner_argv
+
+    sandbox = builds.sandbox()
+    image = builds.spec()
+    files = {
+        "agents/probe.yaml": 'version: "1.0"\nname: probe\ndescription: p\ntype: tool\n'
+        "tool_name: checks.probe\n",
+        "tools/checks.py": PROBE_TOOL,
+        "tests/probe.yaml": "agent: probe\ntests:\n  - name: bare\n    payload: '{}'\n"
+        "    expected_result: output.sdk == false and output.pydantic == false\n",
+    }
+    write(image.context_dir / "bundle", files)
+    sandbox.build_test_image(image)
+    assert as_invocation(sandbox, image.tag, LIGHT_CHECK) == "light"
+    settings = Settings()
+    nonce = uuid.uuid4().hex
+    run = sandbox.run(
+        image.tag,
+        runner_argv(settings, "tests/probe.yaml", "bare"),
+        stdin=case_env.encode({}, nonce),
+        limits=port.RunLimits(
+            memory_mb=settings.case_memory_mb,
+            cpus=settings.case_cpus,
+            pids=settings.case_pids_limit,
+            wall_seconds=60,
+            tmpfs_mb=settings.case_tmpfs_mb,
+            output_limit_bytes=settings.case_output_limit_bytes,
+        ),
+        labels={},
+    )
+    result = parse_runner_output(
+        run.stdout, nonce=nonce, suite="tests/probe.yaml", test_name="bare"
+    )
+    assert result.passed, result.failure_reason
+    assert result.invocations[0].output == {
+        "sdk": False,
+        "pydantic": False,
+        "yaml": False,
+        "asyncio": False,
+    }
+
+
+LIGHT_CHECK = """
+import json
+plan = json.load(open("/opt/gate-plan.json"))
+print("light" if plan["light"] and not plan["imports_sdk"] else plan.get("light_refused"))
+"""
