@@ -344,6 +344,9 @@ def prepare(
     """The case ready to run: from the project's plan (plan.py) when that holds the case,
     else from its suite."""
     planned = planned_case(plan, suite, case_name) if plan is not None else None
+    # The light path is the project's, whichever way the case itself is prepared.
+    light = plan.get("light") if plan is not None else None
+    imports_sdk = bool(plan.get("imports_sdk", True)) if plan is not None else True
     if planned is not None:
         if planned.error is not None:
             raise CaseError(planned.error)
@@ -355,8 +358,8 @@ def prepare(
             resolved=planned.resolved,
             assertions=compile_assertions(planned.resolved),
             payload=build_payload(project, planned.resolved),
-            light=plan.get("light") if plan is not None else None,
-            imports_sdk=bool(plan.get("imports_sdk", True)) if plan is not None else True,
+            light=light,
+            imports_sdk=imports_sdk,
         )
     test_file = load_suite(project, suite)
     matches = [c for c in test_file.tests if c.name == case_name]
@@ -373,8 +376,8 @@ def prepare(
         resolved=resolved,
         assertions=assertions,
         payload=build_payload(project, resolved),
-        light=plan.get("light") if plan is not None else None,
-        imports_sdk=bool(plan.get("imports_sdk", True)) if plan is not None else True,
+        light=light,
+        imports_sdk=imports_sdk,
     )
 
 

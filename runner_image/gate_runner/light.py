@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from . import BUNDLE_DEPS_DIR
+from .runtime.sdk import SDK
 
 LIGHT_KINDS = ("tool", "sequential")
 PROJECT_PACKAGES = ("tools", "middleware", "hooks", "guardrails")  # the SDK's, loader.py
@@ -222,7 +223,7 @@ def names_the_sdk(project: Path) -> bool:
     in each of them."""
     for path in project.rglob("*.py"):
         with contextlib.suppress(OSError):
-            if b"connic" in path.read_bytes():
+            if SDK.encode() in path.read_bytes():
                 return True
     return False
 
@@ -356,19 +357,14 @@ def _plain_tool_function(func: Any, module: str) -> bool:
         ):
             return False
     # The SDK evaluates every annotation (get_type_hints): only ones whose evaluation runs no
-    # user code, and whose value its schema reads without a word, are taken here, before
-    # anything is evaluated, so that a hand-over never evaluates one a second time.
+    # user code, and whose value its schema reads without a word, are taken here. Nothing is
+    # evaluated: for such annotations the evaluation has no effect (its names are looked up,
+    # each plain), so a hand-over never evaluates one a second time.
     annotations = func.__annotations__  # a plain function's own dict
     if type(annotations) is not dict:
         return False
     names = {**vars(builtins), **func.__globals__}
-    if not all(_plain_annotation(a, names) for a in annotations.values()):
-        return False
-    try:
-        typing.get_type_hints(func)  # as the SDK calls it, for what it may raise (nothing)
-    except Exception:
-        pass
-    return True
+    return all(_plain_annotation(a, names) for a in annotations.values())
 
 
 # What a plain annotation may be made of: classes of the default metaclass (their == and
