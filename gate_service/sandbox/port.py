@@ -164,6 +164,9 @@ class CaseRunner(Protocol):
         (gate_service.gateway). It is bind-mounted read-only at gateway_wire.SOCKET_DIR in
         this container alone, which keeps no network: the socket is the case's one way out.
 
+        The result's ``stderr`` is empty when the container exited 0 with stdout ending in
+        the runner's result block: only a runner that broke has it read.
+
         ``halt``: the job's halt event. Set before the container exists, none is created;
         set while it runs, it is removed. Either raises Halted.
         """

@@ -63,8 +63,12 @@ class StubContainer:
     def reload(self) -> None:
         pass
 
-    def logs(self, **_: Any) -> bytes:
-        return b""
+    stdout = b""
+    logs_read: list[dict[str, Any]]
+
+    def logs(self, **kwargs: Any) -> bytes:
+        self.__dict__.setdefault("logs_read", []).append(kwargs)
+        return self.stdout if kwargs.get("stdout") else b"the runner's stderr"
 
     def remove(self, force: bool = False) -> None:
         self.removed = True
@@ -79,10 +83,28 @@ class StubContainers:
         self.created += 1
         return self.container
 
+    def prepare_model(self, attrs: dict[str, Any]) -> StubContainer:
+        assert attrs["Id"] == self.container.id
+        return self.container
+
+
+class StubApi:
+    """The low-level calls the sandbox creates a case container with."""
+
+    def __init__(self, client: StubClient) -> None:
+        self.client = client
+
+    def create_host_config(self, **kwargs: Any) -> dict[str, Any]:
+        return kwargs
+
+    def create_container(self, image: str, **kwargs: Any) -> dict[str, Any]:
+        return {"Id": self.client.containers.create(image, **kwargs).id}
+
 
 class StubClient:
     def __init__(self, container: StubContainer) -> None:
         self.containers = StubContainers(container)
+        self.api = StubApi(self)
 
     def ping(self) -> bool:
         return True
@@ -270,3 +292,29 @@ def test_a_container_already_gone_is_not_waited_for() -> None:
             return super().wait(timeout)
 
     assert run(Gone(0)).exit_code == 0
+
+
+def test_the_stderr_of_a_runner_that_judged_is_not_read() -> None:
+    # One engine call less per case: only a runner that broke has its stderr looked at.
+    judged = StubContainer(0)
+    judged.stdout = b"===GATE-RUNNER-RESULT-BEGIN===\n{}\n===GATE-RUNNER-RESULT-END===\n"
+    result = run(judged)
+    assert result.stdout == judged.stdout and result.stderr == b""
+    assert [call["stdout"] for call in judged.logs_read] == [True]
+
+
+@pytest.mark.parametrize(
+    ("code", "stdout"),
+    [
+        (1, b"===GATE-RUNNER-RESULT-BEGIN===\n{}\n===GATE-RUNNER-RESULT-END===\n"),
+        (0, b"===GATE-RUNNER-RESULT-BEGIN===\n{}\n"),
+        (0, b""),
+    ],
+    ids=["failed-exit", "no-end-marker", "nothing"],
+)
+def test_the_stderr_of_a_runner_that_broke_is_read(code: int, stdout: bytes) -> None:
+    broke = StubContainer(code)
+    broke.stdout = stdout
+    result = run(broke)
+    assert result.stderr == b"the runner's stderr"
+    assert [call["stdout"] for call in broke.logs_read] == [True, False]

@@ -19,11 +19,14 @@ import urllib3.exceptions
 from docker.types import LogConfig, Mount, Ulimit
 
 from gate_runner import gateway_wire
+from gate_runner.contract import END_MARKER
 
 from ..port import LABEL, Halted, RunLimits, RunResult, SandboxError
 from .engine import DOCKER_ERRORS, HALT_POLL_SECONDS, MIB, DockerEngine, docker_errors
 
 log = logging.getLogger(__name__)
+
+RESULT_END = END_MARKER.encode()  # the last line of a runner's stdout once it has judged
 
 # A case container's exit codes that only a signal from outside it can cause: the runner runs
 # under an init as root, which nothing in the case can signal, and an out-of-memory kill is
@@ -88,11 +91,10 @@ class CaseContainers(DockerEngine):
         """
         if halt is not None and halt.is_set():
             raise Halted("the job was halted; no case container was created")
-        kwargs: dict[str, Any] = {
-            "command": list(argv),
+        # The host side of the container (HostConfig): its limits and what it may do.
+        host: dict[str, Any] = {
             # The runner starts as root with only what it needs to run each invocation under
             # INVOCATION_UID (which then holds no capability) and to kill what it leaves.
-            "user": "0:0",
             "cap_drop": ["ALL"],
             "cap_add": ["SETUID", "SETGID", "KILL"],
             "security_opt": ["no-new-privileges"],
@@ -109,12 +111,6 @@ class CaseContainers(DockerEngine):
             "memswap_limit": f"{limits.memory_mb}m",
             "nano_cpus": int(limits.cpus * 1e9),
             "network_mode": limits.network,
-            # With no network the engine need not join one: NetworkDisabled gives the
-            # container a fresh namespace with only loopback, as "none" does, but skips
-            # libnetwork's sandbox and the prestart hook that re-executes dockerd once per
-            # container, which was half the CPU of a case container's start (Docker 20.10).
-            "network_disabled": limits.network == "none",
-            "labels": {LABEL: "case", **labels},
             # The case's model gateway socket, and nothing else of the host: read-only, so
             # the case can connect to the socket but not replace it or leave files beside it.
             "mounts": [
@@ -127,21 +123,37 @@ class CaseContainers(DockerEngine):
             ]
             if model_channel is not None
             else [],
-            # No environment of ours: the image's alone reaches the runner's process. What a
-            # case needs (its environment, the nonce) goes to the runner's stdin, read once.
-            # With stdin_open the SDK also sets StdinOnce (it creates attached containers):
-            # the engine closes the container's stdin when our attach ends, an end of file.
-            "stdin_open": True,
-            "working_dir": "/bundle",
             # Rotation keeps the tail, which is where the runner's result is.
             "log_config": LogConfig(
                 type="json-file",
                 config={"max-size": str(limits.output_limit_bytes), "max-file": "1"},
             ),
         }
+        create: dict[str, Any] = {
+            "command": list(argv),
+            "user": "0:0",
+            # With no network the engine need not join one: NetworkDisabled gives the
+            # container a fresh namespace with only loopback, as "none" does, but skips
+            # libnetwork's sandbox and the prestart hook that re-executes dockerd once per
+            # container, which was half the CPU of a case container's start (Docker 20.10).
+            "network_disabled": limits.network == "none",
+            "labels": {LABEL: "case", **labels},
+            # No environment of ours: the image's alone reaches the runner's process. What a
+            # case needs (its environment, the nonce) goes to the runner's stdin, read once.
+            # With stdin_open the SDK also sets StdinOnce (it creates attached containers):
+            # the engine closes the container's stdin when our attach ends, an end of file.
+            "stdin_open": True,
+            "working_dir": "/bundle",
+        }
         started = time.monotonic()
         with docker_errors(f"running a case container from {image}"):
-            container = self.client.containers.create(image, **kwargs)
+            api = self.client.api
+            # The low-level create: the collection's would inspect the new container at once,
+            # an engine call per case for attributes nothing here reads before its end.
+            created = api.create_container(
+                image, host_config=api.create_host_config(**host), **create
+            )
+            container = self.client.containers.prepare_model({"Id": created["Id"]})
         timed_out = False
         try:
             if halt is not None and halt.is_set():
@@ -161,7 +173,13 @@ class CaseContainers(DockerEngine):
                 container.reload()
                 oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
                 stdout = container.logs(stdout=True, stderr=False)
-                stderr = container.logs(stdout=False, stderr=True, tail=200)
+                # Only a runner that broke has its stderr read (worker/outcome.py): one that
+                # exited 0 after its result block is not asked, an engine call less per case.
+                stderr = (
+                    b""
+                    if exit_code == 0 and stdout.rstrip().endswith(RESULT_END)
+                    else container.logs(stdout=False, stderr=True, tail=200)
+                )
             if not timed_out and not oom and exit_code in STOPPED_FROM_OUTSIDE:
                 raise SandboxError(
                     f"the case container was stopped from outside (exit code {exit_code}): the "
