@@ -345,6 +345,14 @@ class Settings(BaseSettings):
     # Intake
     upload_limit_bytes: int = 25 * MIB
     long_poll_max_seconds: int = 60
+    long_poll_settle_seconds: float = Field(
+        default=0.5,
+        ge=0,
+        le=10,
+        description="A ?wait= long-poll woken by a change of a gate that has not ended gathers "
+        "what else changes for up to this long into one answer; an end is answered at once. "
+        "0: every change is answered as it comes.",
+    )
 
     # Admission control: every cap answers at once (429, 503, or the gate ends `error`).
     max_queued_gates_per_project: int = Field(

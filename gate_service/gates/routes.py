@@ -345,34 +345,79 @@ async def get_gate(
         with changes.subscribe(gate_id) as waiter:
             # Waiting happens on the event loop, so a long-poll holds no thread or lock.
             look = partial(_look, factory, bodies, who, gate_id, if_none_match, public, cases_limit)
-            etag, body = await anyio.to_thread.run_sync(look, limiter=limiter)
+            known = reader.revision
+            if (
+                known is not None
+                and known != -1
+                and _etag(gate_id, known, cases_limit) == (if_none_match)
+            ):
+                # Unchanged when the token was checked; subscribed now, one look on the loop
+                # closes the gap between the two (no thread, no session).
+                etag, body = if_none_match, None
+                if await _peek(request, who, gate_id, etag, cases_limit) is not _SAME:
+                    etag, body = await anyio.to_thread.run_sync(look, limiter=limiter)
+            else:
+                etag, body = await anyio.to_thread.run_sync(look, limiter=limiter)
+            settle = settings.long_poll_settle_seconds
+            answer_at: float | None = None  # set once a change of a running gate is seen
             while body is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
+                now = time.monotonic()
+                if now >= deadline:
                     break
+                if answer_at is not None and now >= answer_at:
+                    etag, body = await anyio.to_thread.run_sync(look, limiter=limiter)
+                    answer_at = None
+                    continue
                 # Woken by a notification for this gate (or a reconnect of the listener);
                 # re-checks on its own now and then, in case a notification was lost.
-                await waiter.wait(min(left, changes.recheck_seconds))
+                until = deadline if answer_at is None else answer_at
+                woken = await waiter.wait(min(until - now, changes.recheck_seconds))
                 waiter.clear()
-                # The revision alone first, on the loop: an unchanged gate (a lost
+                if answer_at is not None and not woken:
+                    continue  # gathering, and nothing new: the answer is read when it is due
+                # The revision and status first, on the loop: an unchanged gate (a lost
                 # notification's re-check, a reconnect's wake-up) costs no thread.
-                if not await _unchanged(request, who, gate_id, etag, cases_limit):
-                    etag, body = await anyio.to_thread.run_sync(look, limiter=limiter)
+                seen = await _peek(request, who, gate_id, etag, cases_limit)
+                if seen is _SAME:
+                    continue
+                if seen is _RUNNING and settle > 0:
+                    # A running gate changes once or twice per case: answering each change
+                    # would cost a read, an answer and a new request per case for every
+                    # poller. Its changes are gathered for up to `settle` seconds into one
+                    # answer; an end (or a gone gate) is answered at once.
+                    if answer_at is None:
+                        answer_at = min(time.monotonic() + settle, deadline)
+                    continue
+                etag, body = await anyio.to_thread.run_sync(look, limiter=limiter)
+                answer_at = None
             return _answer(etag, body)
 
 
-async def _unchanged(
+# What a long-poll's look on the loop found (``_peek``).
+_SAME, _RUNNING, _OTHER = "same", "running", "other"
+
+
+async def _peek(
     request: Request, who: Principal, gate_id: uuid.UUID, etag: str, cases_limit: int
-) -> bool:
-    """True when the gate still has this ETag; False when it changed, is gone, or the quick
-    query failed (the caller then reads it the ordinary way)."""
+) -> str:
+    """_SAME when the gate still has this ETag; _RUNNING when it changed and has not ended;
+    _OTHER when it ended, is gone, or the quick query failed (the caller then reads it the
+    ordinary way)."""
     reads = state_of(request).status_reads
     try:
-        revision = await reads.revision(gate_id, who.project_id)
+        found = await reads.revision(gate_id, who.project_id)
     except psycopg.Error:
         log.debug("status re-check: falling back to the ordinary path", exc_info=True)
-        return False
-    return revision is not None and _etag(gate_id, revision, cases_limit) == etag
+        return _OTHER
+    if found is None:
+        return _OTHER
+    revision, status = found
+    if _etag(gate_id, revision, cases_limit) == etag:
+        return _SAME
+    return _OTHER if status in TERMINAL_STATUSES else _RUNNING
+
+
+TERMINAL_STATUSES = frozenset(s.value for s in GateStatus if s.terminal)
 
 
 def _answer(etag: str, body: bytes | None) -> Response:

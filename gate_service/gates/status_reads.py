@@ -34,7 +34,7 @@ _TOKEN_AND_REVISION = (
     " LEFT JOIN gates g ON g.id = %(gate)s AND g.project_id = t.project_id"
     " WHERE t.token_sha256 = %(digest)s"
 )
-_REVISION = "SELECT revision FROM gates WHERE id = %(gate)s AND project_id = %(project)s"
+_REVISION = "SELECT revision, status FROM gates WHERE id = %(gate)s AND project_id = %(project)s"
 
 
 class StatusReads:
@@ -79,10 +79,10 @@ class StatusReads:
         no token has that digest."""
         return await self.fetch_one(_TOKEN_AND_REVISION, {"gate": gate_id, "digest": digest})
 
-    async def revision(self, gate_id: uuid.UUID, project_id: uuid.UUID) -> int | None:
-        """The gate's revision, or None when the project has no such gate."""
+    async def revision(self, gate_id: uuid.UUID, project_id: uuid.UUID) -> tuple[int, str] | None:
+        """The gate's revision and status, or None when the project has no such gate."""
         row = await self.fetch_one(_REVISION, {"gate": gate_id, "project": project_id})
-        return None if row is None else int(row.revision)
+        return None if row is None else (int(row.revision), str(row.status))
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         return await psycopg.AsyncConnection.connect(

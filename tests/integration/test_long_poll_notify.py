@@ -332,3 +332,58 @@ def test_a_notification_during_the_health_check_is_not_lost(
             wait_until(lambda h=heard: changes.notifications > h, f"change {n + 1} is heard")
     finally:
         changes.health_check_seconds = 30.0
+
+
+def end(sessions: sessionmaker[Session], gate_id: str, status: str = "passed") -> None:
+    """The gate ends, as the worker's last transaction of it commits."""
+    with session_scope(sessions) as session:
+        session.execute(
+            update(Gate)
+            .where(Gate.id == uuid.UUID(gate_id))
+            .values(status=status, revision=Gate.revision + 1)
+        )
+
+
+def test_changes_of_a_running_gate_are_gathered_and_its_end_is_answered_at_once(
+    client: TestClient,
+    changes: GateChanges,
+    gate: tuple[str, str],
+    sessions: sessionmaker[Session],
+    pool: ThreadPoolExecutor,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Gathering for an hour: only the end can answer this long-poll within the test.
+    monkeypatch.setattr(state_of(client.app).settings, "long_poll_settle_seconds", 3600)
+    gate_id, etag = gate
+    waiting = long_poll(pool, client, gate_id, etag)
+    wait_until(lambda: changes.sleeping == 1, "the long-poll waits")
+    heard = changes.notifications
+    for _ in range(3):  # three cases' worth of changes of a gate that has not ended
+        bump(sessions, gate_id)
+    wait_until(lambda: changes.notifications >= heard + 3, "the three changes are heard")
+    wait_until(lambda: changes.sleeping == 1, "the long-poll gathers, asleep again")
+    time.sleep(1.0)  # answered per change, the answer would be on its way by now
+    assert not waiting.done()
+    end(sessions, gate_id)
+    answer = waiting.result(timeout=DEADLINE_SECONDS)
+    assert answer.status_code == 200 and answer.json()["status"] == "passed"
+    current = client.get(f"/v1/gates/{gate_id}", headers={"If-None-Match": answer.headers["ETag"]})
+    assert current.status_code == 304  # the answer holds every change, the end's included
+
+
+def test_a_gathered_change_is_answered_once_the_settle_time_is_over(
+    client: TestClient,
+    changes: GateChanges,
+    gate: tuple[str, str],
+    sessions: sessionmaker[Session],
+    pool: ThreadPoolExecutor,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(state_of(client.app).settings, "long_poll_settle_seconds", 0.2)
+    gate_id, etag = gate
+    waiting = long_poll(pool, client, gate_id, etag)  # WAIT is 60 s: a 304 would fail this
+    wait_until(lambda: changes.sleeping == 1, "the long-poll waits")
+    bump(sessions, gate_id)
+    answer = waiting.result(timeout=DEADLINE_SECONDS)
+    assert answer.status_code == 200 and answer.json()["status"] == "queued"
+    assert answer.headers["ETag"] != etag
