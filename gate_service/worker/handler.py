@@ -481,7 +481,10 @@ def _run_case_in_slot(
         slots.containers.slot(job.id, job.project_id),
         CaseLease(slots.cpu, job.id, job.project_id) as lease,
     ):
-        return _run_case(ctx, job, image, lease, *case)
+        ran = _run_case(ctx, job, image, lease, *case)
+    # Judged and stored with the slots given back: the container is gone, and the next case
+    # can start while this one's result is written.
+    return ran is not None and ran()
 
 
 @dataclass(frozen=True)
@@ -512,15 +515,16 @@ def _run_case(
     runs: int,
     success_threshold: int,
     timeout_s: int,
-) -> bool:
-    """Judge one case in its container: mark, run, store. False when it was skipped (stop,
-    cancel, halt); DeadlinePassed once the gate's deadline stopped it."""
+) -> Callable[[], bool] | None:
+    """Run one case in its container: mark it running, then run it. None when it was skipped
+    (stop, cancel, halt); else what judges and stores it (True), or raises DeadlinePassed
+    once the gate's deadline stopped it."""
     bind_log_context(case_id=case_id, case=f"{suite}::{test_name}")
     if ctx.stop.is_set() or job.halt.is_set():
-        return False
+        return None
     start = _mark_running(ctx, job, case_id)
     if start is None:
-        return False
+        return None
     s = ctx.settings
     # Each invocation: the agent's timeout_s, then a builder cleanup's own budget (the runner
     # gives it timeout_s, at most 120 s), then forking and judging.
@@ -537,8 +541,45 @@ def _run_case(
         )
         calls = list(channel.records) if channel is not None else []
     if result is None:
-        return False
+        return None
     ctx.metrics.container_started(result.start_ms)
+    return partial(
+        _judge_case,
+        ctx,
+        job,
+        case_id,
+        suite,
+        test_name,
+        runs,
+        success_threshold,
+        start=start,
+        result=result,
+        calls=calls,
+        nonce=nonce,
+        wall=wall,
+        cut=cut_by_deadline,
+    )
+
+
+def _judge_case(
+    ctx: WorkerContext,
+    job: ClaimedJob,
+    case_id: uuid.UUID,
+    suite: str,
+    test_name: str,
+    runs: int,
+    success_threshold: int,
+    *,
+    start: _CaseStart,
+    result: RunResult,
+    calls: list[CallRecord],
+    nonce: str,
+    wall: int,
+    cut: bool,
+) -> bool:
+    """The case's outcome from its container's run, stored (outcome.py): True, or
+    DeadlinePassed when the gate's deadline cut it."""
+    s = ctx.settings
     # Every value that reached the case, or its model calls, is redacted from all that is
     # stored for it.
     redactor = Redactor({**start.env, **start.secrets})
@@ -549,7 +590,7 @@ def _run_case(
         runs=runs,
         success_threshold=success_threshold,
         wall_seconds=wall,
-        cut_by_deadline=cut_by_deadline,
+        cut_by_deadline=cut,
         gate_deadline_seconds=s.gate_deadline_seconds,
         memory_mb=s.case_memory_mb,
         output_limit_bytes=s.case_output_limit_bytes,
