@@ -79,32 +79,43 @@ TICKS = os.sysconf("SC_CLK_TCK")
 GROUPS = {"engine": ("dockerd", "containerd"), "postgres": ("postgres",)}
 
 
-def process_cpu(pid: int) -> tuple[str, float]:
-    """(name, CPU seconds so far) of a live process; ("", 0) once it is gone."""
+def process_stat(pid: int) -> tuple[str, int, float]:
+    """(name, parent pid, CPU seconds so far) of a live process; ("", 0, 0) once it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             head, rest = f.read().rsplit(")", 1)
     except OSError:
-        return "", 0.0
+        return "", 0, 0.0
     fields = rest.split()
-    return head.split("(", 1)[1], (int(fields[11]) + int(fields[12])) / TICKS
+    return head.split("(", 1)[1], int(fields[1]), (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def cpu_seconds(server: int) -> dict[str, float]:
-    """CPU seconds so far: the whole machine busy ("total"), `gate serve` ("server"), and
-    each of GROUPS, summed over its live processes."""
+    """CPU seconds so far: the whole machine busy ("total"), `gate serve` and the processes it
+    started, its embedded workers ("server"), and each of GROUPS, summed over its live
+    processes."""
     with open("/proc/stat") as f:
         fields = [int(v) for v in f.readline().split()[1:]]
     found = {"total": (sum(fields) - fields[3] - fields[4]) / TICKS}  # all but idle, iowait
-    found["server"] = process_cpu(server)[1]
     for group in GROUPS:
         found[group] = 0.0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            name, seconds = process_cpu(int(entry))
-            for group, names in GROUPS.items():
-                if name.startswith(names):
-                    found[group] += seconds
+    stats = {int(e): process_stat(int(e)) for e in os.listdir("/proc") if e.isdigit()}
+    for name, _, seconds in stats.values():
+        for group, names in GROUPS.items():
+            if name.startswith(names):
+                found[group] += seconds
+    # `gate serve` and its children (the embedded workers), but not the embedded Postgres,
+    # which GROUPS counts.
+    tree, grown = {server}, True
+    while grown:
+        more = {
+            pid
+            for pid, (name, parent, _) in stats.items()
+            if parent in tree and pid not in tree and not name.startswith(GROUPS["postgres"])
+        }
+        tree |= more
+        grown = bool(more)
+    found["server"] = sum(stats[pid][2] for pid in tree if pid in stats)
     return found
 
 
@@ -304,7 +315,8 @@ def main() -> None:
         gate_ms = ms["gate"]
         rest = gate_ms["total"] - gate_ms["server"] - gate_ms["engine"] - gate_ms["postgres"]
         print(
-            f"    CPU per case, the whole machine: gate {gate_ms['total']:.0f} ms (`gate serve` "
+            f"    CPU per case, the whole machine: gate {gate_ms['total']:.0f} ms (`gate serve` and "
+            f"its workers "
             f"{gate_ms['server']:.0f}, Postgres {gate_ms['postgres']:.0f}, dockerd and "
             f"containerd {gate_ms['engine']:.0f}, the rest {rest:.0f}: containers, shims, "
             f"runc, this client); bare floor {ms['bare']['total']:.0f} ms (dockerd and "
