@@ -376,3 +376,44 @@ def test_the_heartbeat_removes_only_this_workers_containers_of_the_gate(
     worker._heartbeat(job, threading.Event())  # returns once it saw the loss or the cancel
     assert job.halt.is_set()
     assert sandbox.containers == [new_owners, my_other_gate]
+
+
+def test_the_next_case_starts_while_a_finished_case_is_stored(
+    client: TestClient,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    sandbox: FakeSandbox,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One case at a time: the first case's store is held until the second case has run,
+    # which it can only do once the first has given its slot back.
+    from gate_service.worker import handler
+    from tests.fixtures.sandbox import fake_wheels, fake_worker
+    from tests.fixtures.waiting import wait_until
+
+    fake_wheels(monkeypatch, sandbox)
+    one_at_a_time = fake_worker(
+        settings.model_copy(update={"case_concurrency": 1}), sessions, sandbox
+    )
+    storing, release = threading.Event(), threading.Event()
+    store = handler._store
+
+    def held_store(*args: object, **kwargs: object) -> None:
+        if not storing.is_set():
+            storing.set()
+            assert release.wait(120), "the first case's store was never released"
+        store(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(handler, "_store", held_store)
+    gate_id = submit(client, bundle_of(calculator_project(tmp_path / "p", failing=False)))
+    judging = threading.Thread(target=one_at_a_time.run_once)
+    judging.start()
+    try:
+        wait_until(storing.is_set, "the first case is being stored")
+        wait_until(lambda: len(sandbox.runs) >= 2, "the second case runs meanwhile")
+    finally:
+        release.set()
+        judging.join(60)
+    gate = client.get(f"/v1/gates/{gate_id}").json()
+    assert gate["status"] == "passed" and gate["judged_cases"] == gate["total_cases"]
