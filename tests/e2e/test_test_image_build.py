@@ -344,3 +344,26 @@ import json
 plan = json.load(open("/opt/gate-plan.json"))
 print("light" if plan["light"] and not plan["imports_sdk"] else plan.get("light_refused"))
 """
+
+
+def test_a_finished_one_stage_build_leaves_only_the_test_images_own_steps(
+    builds: Builds,
+) -> None:
+    # Its leftovers are not looked for (see DockerImageBuilder.build_test_image): every image
+    # the build made must be the test image or one of its parents, which go with it.
+    sandbox = builds.sandbox()
+    image = builds.spec()
+    sandbox.build_test_image(image)
+    made = {
+        str(i["Id"]): str(i.get("ParentId") or "")
+        for i in sandbox.client.api.images(
+            all=True, filters={"label": f"{BUILD_IMAGE_LABEL}={image.tag}"}
+        )
+    }
+    chain, at = set(), str(sandbox.client.images.get(image.tag).id)
+    while at:
+        chain.add(at)
+        at = str(sandbox.client.api.inspect_image(at).get("Parent") or "")
+    assert made and set(made) <= chain
+    sandbox.client.images.remove(image.tag)
+    assert builds.left_by(sandbox, image.tag) == []  # the steps went with it
