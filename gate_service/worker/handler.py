@@ -481,10 +481,11 @@ def _run_case_in_slot(
         slots.containers.slot(job.id, job.project_id),
         CaseLease(slots.cpu, job.id, job.project_id) as lease,
     ):
-        ran = _run_case(ctx, job, image, lease, *case)
-    # Judged and stored with the slots given back: the container is gone, and the next case
-    # can start while this one's result is written.
-    return ran is not None and ran()
+        store = _run_case(ctx, job, image, lease, *case)
+    # Stored with the slots given back: the container is gone and the outcome known (a
+    # deadline that ends the gate has halted it already), so the next case can start while
+    # this one's result is written.
+    return store is not None and store()
 
 
 @dataclass(frozen=True)
@@ -516,9 +517,9 @@ def _run_case(
     success_threshold: int,
     timeout_s: int,
 ) -> Callable[[], bool] | None:
-    """Run one case in its container: mark it running, then run it. None when it was skipped
-    (stop, cancel, halt); else what judges and stores it (True), or raises DeadlinePassed
-    once the gate's deadline stopped it."""
+    """Run one case in its container and judge it: mark it running, run it, read its outcome.
+    None when it was skipped (stop, cancel, halt); else what stores the outcome (True), or
+    raises DeadlinePassed once the gate's deadline stopped it."""
     bind_log_context(case_id=case_id, case=f"{suite}::{test_name}")
     if ctx.stop.is_set() or job.halt.is_set():
         return None
@@ -543,43 +544,6 @@ def _run_case(
     if result is None:
         return None
     ctx.metrics.container_started(result.start_ms)
-    return partial(
-        _judge_case,
-        ctx,
-        job,
-        case_id,
-        suite,
-        test_name,
-        runs,
-        success_threshold,
-        start=start,
-        result=result,
-        calls=calls,
-        nonce=nonce,
-        wall=wall,
-        cut=cut_by_deadline,
-    )
-
-
-def _judge_case(
-    ctx: WorkerContext,
-    job: ClaimedJob,
-    case_id: uuid.UUID,
-    suite: str,
-    test_name: str,
-    runs: int,
-    success_threshold: int,
-    *,
-    start: _CaseStart,
-    result: RunResult,
-    calls: list[CallRecord],
-    nonce: str,
-    wall: int,
-    cut: bool,
-) -> bool:
-    """The case's outcome from its container's run, stored (outcome.py): True, or
-    DeadlinePassed when the gate's deadline cut it."""
-    s = ctx.settings
     # Every value that reached the case, or its model calls, is redacted from all that is
     # stored for it.
     redactor = Redactor({**start.env, **start.secrets})
@@ -590,17 +554,38 @@ def _judge_case(
         runs=runs,
         success_threshold=success_threshold,
         wall_seconds=wall,
-        cut_by_deadline=cut,
+        cut_by_deadline=cut_by_deadline,
         gate_deadline_seconds=s.gate_deadline_seconds,
         memory_mb=s.case_memory_mb,
         output_limit_bytes=s.case_output_limit_bytes,
         reference=incidents.new_reference(),
     )
     outcome = case_outcome(result, facts, redactor.text)
-    _store(ctx, job, case_id, outcome, redactor, result.duration_ms, calls)
-    if isinstance(outcome, NotJudged) and outcome.ends_gate:
+    ends_gate = isinstance(outcome, NotJudged) and outcome.ends_gate
+    if ends_gate:
+        # Set while this case still holds its slots: no other case of the gate may start,
+        # not even while this one's outcome is being stored.
         job.halt.set()
-        raise DeadlinePassed(s.gate_deadline_seconds)
+    return partial(
+        _store_case, ctx, job, case_id, outcome, redactor, result.duration_ms, calls, ends_gate
+    )
+
+
+def _store_case(
+    ctx: WorkerContext,
+    job: ClaimedJob,
+    case_id: uuid.UUID,
+    outcome: Outcome,
+    redactor: Redactor,
+    duration_ms: int,
+    calls: Sequence[CallRecord],
+    ends_gate: bool,
+) -> bool:
+    """Store the case's outcome (outcome.py): True, or DeadlinePassed when the gate's
+    deadline cut it."""
+    _store(ctx, job, case_id, outcome, redactor, duration_ms, calls)
+    if ends_gate:
+        raise DeadlinePassed(ctx.settings.gate_deadline_seconds)
     return True
 
 
