@@ -346,11 +346,7 @@ async def get_gate(
             # Waiting happens on the event loop, so a long-poll holds no thread or lock.
             look = partial(_look, factory, bodies, who, gate_id, if_none_match, public, cases_limit)
             known = reader.revision
-            if (
-                known is not None
-                and known != -1
-                and _etag(gate_id, known, cases_limit) == (if_none_match)
-            ):
+            if known not in (None, -1) and _etag(gate_id, known, cases_limit) == if_none_match:
                 # Unchanged when the token was checked; subscribed now, one look on the loop
                 # closes the gap between the two (no thread, no session).
                 etag, body = if_none_match, None

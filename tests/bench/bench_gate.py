@@ -287,11 +287,11 @@ def main() -> None:
         import_s = statistics.median(f["importing"])
         last = f["last"]
         durations = [c["duration_ms"] / 1000 for c in last["cases"] if c.get("duration_ms")]
-        floor_s = bare_s if f["floor_kind"] == "bare" else import_s
+        floors = f["bare"] if f["floor_kind"] == "bare" else f["importing"]
+        floor_s = statistics.median(floors)
         # Each gate against the floor measured right after it, the median of those: the
         # machine's speed drifts by 10-20% within a run (a shared VM), and neighbours drift
         # together. The ratio of the medians is printed beside it.
-        floors = f["bare"] if f["floor_kind"] == "bare" else f["importing"]
         ratio = statistics.median(g / fl for g, fl in zip(f["gates"], floors, strict=True))
         print(f"  {f['label']}:")
         print(

@@ -13,6 +13,7 @@ from gate_service import jobs
 from gate_service.config import Settings
 from gate_service.db import session_scope
 from gate_service.models import Case, Gate, Job, Run
+from gate_service.worker import handler
 from gate_service.worker.handler import WorkerContext, judge_gate
 from gate_service.worker.loop import Worker
 from tests.fixtures.projects import (
@@ -21,7 +22,8 @@ from tests.fixtures.projects import (
     requirements_project,
     unknown_agent_project,
 )
-from tests.fixtures.sandbox import FakeSandbox
+from tests.fixtures.sandbox import FakeSandbox, fake_wheels, fake_worker
+from tests.fixtures.waiting import wait_until
 
 
 def submit(client: TestClient, data: bytes) -> str:
@@ -388,10 +390,6 @@ def test_the_next_case_starts_while_a_finished_case_is_stored(
 ) -> None:
     # One case at a time: the first case's store is held until the second case has run,
     # which it can only do once the first has given its slot back.
-    from gate_service.worker import handler
-    from tests.fixtures.sandbox import fake_wheels, fake_worker
-    from tests.fixtures.waiting import wait_until
-
     fake_wheels(monkeypatch, sandbox)
     one_at_a_time = fake_worker(
         settings.model_copy(update={"case_concurrency": 1}), sessions, sandbox

@@ -175,9 +175,11 @@ class CaseContainers(DockerEngine):
                 stdout = container.logs(stdout=True, stderr=False)
                 # Only a runner that broke has its stderr read (worker/outcome.py): one that
                 # exited 0 after its result block is not asked, an engine call less per case.
+                # Its tail alone is looked at, not a stripped copy of all it printed.
+                tail = stdout[-(len(RESULT_END) + 64) :].rstrip()
                 stderr = (
                     b""
-                    if exit_code == 0 and stdout.rstrip().endswith(RESULT_END)
+                    if exit_code == 0 and tail.endswith(RESULT_END)
                     else container.logs(stdout=False, stderr=True, tail=200)
                 )
             if not timed_out and not oom and exit_code in STOPPED_FROM_OUTSIDE:
