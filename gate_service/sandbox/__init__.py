@@ -10,6 +10,7 @@ API, the CLI or the database.
 
 from .factory import BACKENDS, open_sandbox
 from .port import (
+    BUILD_DEADLINE_LABEL,
     BUILD_ID_LABEL,
     BUILD_IMAGE_LABEL,
     BUILD_STAGE,
@@ -27,10 +28,12 @@ from .port import (
     Sandbox,
     SandboxError,
     TestImageSpec,
+    build_step_expired,
 )
 
 __all__ = [
     "BACKENDS",
+    "BUILD_DEADLINE_LABEL",
     "BUILD_ID_LABEL",
     "BUILD_IMAGE_LABEL",
     "BUILD_STAGE",
@@ -48,5 +51,6 @@ __all__ = [
     "Sandbox",
     "SandboxError",
     "TestImageSpec",
+    "build_step_expired",
     "open_sandbox",
 ]

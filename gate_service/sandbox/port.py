@@ -34,10 +34,25 @@ LABEL = "gate.managed"  # every container and image we create carries it, for th
 BUILD_STAGE = "build"
 BUILD_ID_LABEL = "gate.build"
 BUILD_IMAGE_LABEL = "gate.image"
+# A build's own step container (a one-stage test image is built in one; see the Docker
+# backend's recipes) carries the wall-clock time, in epoch seconds, by which its build has
+# ended one way or the other. One still there later was left by a worker that died during
+# the build, and the orphan reaper removes it (build_step_expired).
+BUILD_DEADLINE_LABEL = "gate.build_deadline"
 # The runner starts as root with only SETUID, SETGID and KILL, and runs every invocation
 # (all user code) under this uid, which holds no capability at all.
 INVOCATION_UID = 10001
 SCRATCH_DIR = "/tmp"  # the case's only writable place, a size-capped tmpfs
+
+
+def build_step_expired(labels: Mapping[str, str], now: float) -> bool:
+    """Whether a container is a build step whose build should have ended by ``now``."""
+    if labels.get(LABEL) != BUILD_STAGE:
+        return False
+    try:
+        return float(labels.get(BUILD_DEADLINE_LABEL, "")) < now
+    except ValueError:
+        return False  # another builder's step (the classic builder's carry no deadline)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from ..gates import service
 from ..jobs import ClaimedJob
 from ..logs import bind_log_context, log_context
 from ..models import GateStatus
+from ..sandbox import build_step_expired
 from .gc import collect_if_due
 from .handler import WorkerContext, judge_gate
 from .retention import PROCESS_CLOCK, RetentionClock, run_retention
@@ -255,12 +256,16 @@ class Worker:
         A container is kept while the worker named by its label holds a live lease on the
         job of its gate, so no worker removes another live worker's cases. Only containers
         of this database's gates: several installations (or test runs) may share one Docker
-        engine, and another's containers are never ours to judge. Runs at the worker's start
-        and every REAP_EVERY_SECONDS.
+        engine, and another's containers are never ours to judge. A test-image build's step
+        container is an orphan once the deadline on its label has passed (its worker died
+        during the build). Runs at the worker's start and every REAP_EVERY_SECONDS.
         """
+        now = time.time()
         with session_scope(self.ctx.sessions) as session:
 
             def keep(labels: Mapping[str, str]) -> bool:
+                if build_step_expired(labels, now):  # its worker died during the build
+                    return False
                 return jobs.keeps_container(
                     session, labels.get("gate.gate_id"), labels.get("gate.owner")
                 )

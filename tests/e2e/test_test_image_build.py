@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import docker.errors
 import pytest
@@ -86,8 +87,10 @@ def builds(
 
 
 def test_a_build_over_the_output_cap_is_refused(builds: Builds) -> None:
+    # A build with requirements: pip's output is the bundle's to make long. (A bundle without
+    # them runs only our step, whose log the engine caps and nobody reads but on failure.)
     sandbox = builds.sandbox(build_output_limit_bytes=10)
-    image = builds.spec()
+    image = builds.spec("gate-e2e-demo==1.0", wheel=True)
     with pytest.raises(BuildRefused, match="more than 10 bytes of output"):
         sandbox.build_test_image(image)
     assert not sandbox.image_exists(image.tag)
@@ -143,29 +146,115 @@ def test_a_build_halted_during_its_install_step_leaves_no_image(builds: Builds) 
     images, and the step's container was running; neither outlives the build."""
     sandbox = builds.sandbox()
     image = builds.spec("gate-e2e-demo==1.0", wheel=True)
-    halt = threading.Event()
+    build_halted_once(sandbox, image, lambda step: "pip" in str(step.get("Command")))
+    assert not sandbox.image_exists(image.tag)
+    assert builds.left_by(sandbox, image.tag) == []
+    assert step_containers(sandbox, image.tag) == []
 
-    def halt_once_pip_runs() -> None:
+
+def build_halted_once(
+    sandbox: DockerSandbox, image: port.TestImageSpec, found: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """Build ``image``, halting it once one of its step containers is ``found``; that
+    container's inspection."""
+    halt = threading.Event()
+    seen: list[dict[str, Any]] = []
+
+    def watch() -> None:
         deadline = time.monotonic() + 120
         while not halt.is_set() and time.monotonic() < deadline:
-            running = sandbox.client.api.containers(
-                all=True, filters={"label": f"{BUILD_IMAGE_LABEL}={image.tag}"}
-            )
-            if any("pip" in str(c.get("Command")) for c in running):
-                halt.set()
-            time.sleep(0.05)
+            for step in step_containers(sandbox, image.tag):
+                if found(step):
+                    seen.append(sandbox.client.api.inspect_container(step["Id"]))
+                    halt.set()
+            time.sleep(0.02)
 
-    watcher = threading.Thread(target=halt_once_pip_runs, daemon=True)
+    watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     with pytest.raises(Halted, match="halted during"):
         sandbox.build_test_image(image, halt=halt)
     watcher.join()
+    return seen[0]
+
+
+# About 1.9 MB of functions, under the step's per-file compile cap: a second or so to compile,
+# so the step is seen running (and can be cut) while it does.
+SLOW_TO_COMPILE = "".join(f"def f{i}(a, b):\n    return a * b + {i}\n" for i in range(45_000))
+
+
+def step_containers(sandbox: DockerSandbox, tag: str) -> list[dict[str, Any]]:
+    return list(
+        sandbox.client.api.containers(all=True, filters={"label": f"{BUILD_IMAGE_LABEL}={tag}"})
+    )
+
+
+def test_a_one_stage_build_over_the_time_limit_is_refused_and_leaves_nothing(
+    builds: Builds,
+) -> None:
+    sandbox = builds.sandbox(build_timeout_seconds=0.5)
+    image = builds.spec()
+    (image.context_dir / "bundle" / "slow.py").write_text(SLOW_TO_COMPILE)
+    with pytest.raises(BuildRefused, match=r"took longer than 0\.5 s"):
+        sandbox.build_test_image(image)
     assert not sandbox.image_exists(image.tag)
     assert builds.left_by(sandbox, image.tag) == []
-    left = sandbox.client.api.containers(
-        all=True, filters={"label": f"{BUILD_IMAGE_LABEL}={image.tag}"}
+    assert step_containers(sandbox, image.tag) == []
+
+
+def test_a_one_stage_build_step_is_hardened_and_a_halt_cuts_it(builds: Builds) -> None:
+    """The step that compiles the bundle and writes the plan runs as the classic builder's
+    RUN did (root, no network) but with no capability beyond the plan's drop to the
+    invocation uid, no new privileges, and bounded; halted meanwhile, it leaves nothing."""
+    sandbox = builds.sandbox()
+    image = builds.spec()
+    (image.context_dir / "bundle" / "slow.py").write_text(SLOW_TO_COMPILE)
+    step = build_halted_once(sandbox, image, lambda step: step.get("State") == "running")
+    host, config = step["HostConfig"], step["Config"]
+    assert host["CapDrop"] == ["ALL"] and sorted(host["CapAdd"]) == ["SETGID", "SETUID"]
+    assert host["SecurityOpt"] == ["no-new-privileges"]
+    assert host["NetworkMode"] == "none" and config["NetworkDisabled"] is True
+    assert host["Memory"] > 0 and host["PidsLimit"] > 0
+    assert config["Labels"][LABEL] == "build"
+    assert not sandbox.image_exists(image.tag)
+    assert step_containers(sandbox, image.tag) == []
+
+
+def test_a_one_stage_image_is_one_layer_over_the_runner_with_its_user_and_entrypoint(
+    builds: Builds,
+) -> None:
+    sandbox = builds.sandbox()
+    image = builds.spec()
+    (image.context_dir / "bundle" / "tools").mkdir()
+    (image.context_dir / "bundle" / "tools" / "calc.py").write_text(
+        "def add(a, b):\n    return a + b\n"
     )
-    assert left == []
+    sandbox.build_test_image(image)
+    built = sandbox.client.images.get(image.tag).attrs
+    runner = sandbox.client.images.get(sandbox.runner_image()).attrs
+    assert built["RootFS"]["Layers"][:-1] == runner["RootFS"]["Layers"]
+    assert built["Config"]["User"] == "10001:10001"
+    assert built["Config"]["Entrypoint"] == runner["Config"]["Entrypoint"]
+    assert built["Config"]["Env"] == runner["Config"]["Env"]
+    assert built["Config"]["WorkingDir"] == "/bundle"
+    assert built["Config"]["Labels"][LABEL] == "test"
+    assert as_invocation(sandbox, image.tag, BUNDLE_CHECK) == "ok"
+    assert step_containers(sandbox, image.tag) == []
+
+
+# The bundle is root-owned and read-only to the invocations, /bundle keeps the runner
+# image's owner and mode, and the bundle was compiled.
+BUNDLE_CHECK = """
+import os, pathlib
+root = pathlib.Path("/bundle")
+assert root.stat().st_uid == 0 and root.stat().st_mode & 0o777 == 0o755, oct(root.stat().st_mode)
+assert all(p.stat().st_uid == 0 and p.stat().st_gid == 0 for p in root.rglob("*"))
+assert (root / "marker.txt").read_text()
+assert list(pathlib.Path("/bundle/tools/__pycache__").glob("calc.*.pyc"))
+try:
+    open(root / "planted.txt", "w")
+except PermissionError:
+    print("ok")
+"""
 
 
 CHECK = f"""

@@ -1,6 +1,7 @@
 """The worker's queue and stages on a real Postgres, with the in-process fake sandbox."""
 
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from gate_service import jobs
 from gate_service.config import Settings
 from gate_service.db import session_scope
 from gate_service.models import Case, Gate, Job, Run
+from gate_service.sandbox import BUILD_DEADLINE_LABEL, BUILD_STAGE, LABEL
 from gate_service.worker import handler
 from gate_service.worker.handler import WorkerContext, judge_gate
 from gate_service.worker.loop import Worker
@@ -229,6 +231,22 @@ def test_the_orphan_reaper_removes_only_this_databases_dead_workers_containers(
     sandbox.containers = [dead, theirs, unlabelled]
     worker.reap_orphans()
     assert sandbox.containers == [theirs, unlabelled]
+
+
+def test_the_orphan_reaper_removes_a_build_step_only_past_its_deadline(
+    worker: Worker, sandbox: FakeSandbox
+) -> None:
+    """A one-stage build's step container whose worker died during the build: removed once
+    the deadline on its label has passed, never before; the classic builder's step
+    containers (labelled by the LABEL instruction, with no deadline) are the engine's."""
+    step = {LABEL: BUILD_STAGE, "gate.build": "b1"}
+    stale = {**step, BUILD_DEADLINE_LABEL: str(int(time.time()) - 1)}
+    live = {**step, BUILD_DEADLINE_LABEL: str(int(time.time()) + 600)}
+    classic = dict(step)
+    garbled = {**step, BUILD_DEADLINE_LABEL: "soon"}
+    sandbox.containers = [stale, live, classic, garbled]
+    worker.reap_orphans()
+    assert sandbox.containers == [live, classic, garbled]
 
 
 def test_model_mode_and_named_variables_reach_the_case_container(

@@ -15,7 +15,10 @@ def test_the_digest_changes_with_the_base_and_with_each_test_image_recipe(
     digest = recipes.runner_digest(src, "python:3.11-slim")
     assert recipes.runner_digest(src, "python:3.11-slim") == digest
     assert recipes.runner_digest(src, "other:1") != digest
-    for recipe in ("TEST_DOCKERFILE", "TEST_DOCKERFILE_DEPS"):
-        with monkeypatch.context() as m:
-            m.setattr(recipes, recipe, getattr(recipes, recipe) + "# changed\n")
-            assert recipes.runner_digest(src, "python:3.11-slim") != digest
+    with monkeypatch.context() as m:
+        m.setattr(recipes, "TEST_DOCKERFILE_DEPS", recipes.TEST_DOCKERFILE_DEPS + "# changed\n")
+        assert recipes.runner_digest(src, "python:3.11-slim") != digest
+    committed = recipes.commit_changes
+    with monkeypatch.context() as m:
+        m.setattr(recipes, "commit_changes", lambda *a: [*committed(*a), "CMD []"])
+        assert recipes.runner_digest(src, "python:3.11-slim") != digest

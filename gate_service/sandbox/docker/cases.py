@@ -14,15 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import docker.errors
-import requests.exceptions
-import urllib3.exceptions
 from docker.types import LogConfig, Mount, Ulimit
 
 from gate_runner import gateway_wire
 from gate_runner.contract import END_MARKER
 
 from ..port import LABEL, Halted, RunLimits, RunResult, SandboxError
-from .engine import DOCKER_ERRORS, HALT_POLL_SECONDS, MIB, DockerEngine, docker_errors
+from .engine import (
+    DOCKER_ERRORS,
+    HALT_POLL_SECONDS,
+    MIB,
+    DockerEngine,
+    docker_errors,
+    read_timed_out,
+)
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +240,7 @@ class CaseContainers(DockerEngine):
                 raise Halted("the job was halted; its case container was removed")
             return False, int(status.get("StatusCode", -1))
         except DOCKER_ERRORS as exc:
-            if not _read_timed_out(exc):
+            if not read_timed_out(exc):
                 if halt is not None and halt.is_set():
                     raise Halted("the job was halted; its case container was removed") from None
                 raise SandboxError(
@@ -251,21 +256,6 @@ class CaseContainers(DockerEngine):
         with docker_errors("stopping a timed-out case container"):
             container.kill()
         return True, None
-
-
-def _read_timed_out(exc: BaseException) -> bool:
-    """Whether a failed wait is its own read timeout, in either shape requests gives it.
-
-    ReadTimeout when the engine sent nothing at all; but the engine answers a wait with its
-    headers at once and the body only when the container ends, so a wait cut at the wall
-    deadline times out reading the body, which requests raises as a ConnectionError around
-    urllib3's ReadTimeoutError (docker 7.1, requests 2.34).
-    """
-    if isinstance(exc, requests.exceptions.ReadTimeout):
-        return True
-    return isinstance(exc, requests.exceptions.ConnectionError) and any(
-        isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in exc.args
-    )
 
 
 def _send_and_close(attached: Any, data: bytes, timeout_s: float) -> None:

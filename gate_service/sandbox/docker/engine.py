@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import docker
 import docker.errors
 import requests.exceptions
+import urllib3.exceptions
 
 from ...config import Settings
 from ..port import SandboxError
@@ -37,6 +38,21 @@ def docker_errors(action: str) -> Iterator[None]:
         raise SandboxError(f"{action} failed: {exc.msg}\n{tail}") from None
     except DOCKER_ERRORS as exc:
         raise SandboxError(f"{action} failed: {exc}") from None
+
+
+def read_timed_out(exc: BaseException) -> bool:
+    """Whether a failed wait is its own read timeout, in either shape requests gives it.
+
+    ReadTimeout when the engine sent nothing at all; but the engine answers a wait with its
+    headers at once and the body only when the container ends, so a wait cut at the wall
+    deadline times out reading the body, which requests raises as a ConnectionError around
+    urllib3's ReadTimeoutError (docker 7.1, requests 2.34).
+    """
+    if isinstance(exc, requests.exceptions.ReadTimeout):
+        return True
+    return isinstance(exc, requests.exceptions.ConnectionError) and any(
+        isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in exc.args
+    )
 
 
 class DockerEngine:

@@ -6,19 +6,43 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import tarfile
 import threading
 import time
 import uuid
 from collections import deque
+from pathlib import Path
 from typing import Any
 
-from ..port import BUILD_ID_LABEL, LABEL, BuildRefused, Halted, SandboxError, TestImageSpec
-from .engine import HALT_POLL_SECONDS, docker_errors
-from .recipes import build_labels, bundle_dockerfile
+from docker.types import LogConfig, Ulimit
+from docker.utils import parse_repository_tag
+
+from ..port import (
+    BUILD_DEADLINE_LABEL,
+    BUILD_ID_LABEL,
+    LABEL,
+    BuildRefused,
+    Halted,
+    SandboxError,
+    TestImageSpec,
+)
+from .engine import DOCKER_ERRORS, HALT_POLL_SECONDS, docker_errors, read_timed_out
+from .recipes import (
+    STEP_LOG_BYTES,
+    STEP_MEMORY_MB,
+    STEP_PIDS,
+    build_labels,
+    commit_changes,
+    compile_and_plan_command,
+    deps_dockerfile,
+)
 from .runner_image import RunnerImages
 
 log = logging.getLogger(__name__)
 
+# How much longer than the build's time limit its step container's deadline label says: the
+# orphan reaper must never take the step of a build that is still within its limit.
+STEP_DEADLINE_MARGIN_SECONDS = 60.0
 # A cut or failed test-image build: how long to wait, at most, for the engine to remove its
 # last step's container, and the time between two looks (see DockerImageBuilder._settle_build).
 BUILD_SETTLE_SECONDS = 30.0
@@ -42,7 +66,9 @@ class DockerImageBuilder(RunnerImages):
     def build_test_image(self, spec: TestImageSpec, *, halt: threading.Event | None = None) -> str:
         """Build the bundle's test image; whatever else the build made is removed as it ends."""
         build_id = uuid.uuid4().hex
-        dockerfile = bundle_dockerfile(
+        if not spec.requirements:
+            return self._build_in_container(spec, build_id, halt)
+        dockerfile = deps_dockerfile(
             self.runner_image(), spec.requirements, build_labels(spec, build_id)
         )
         (spec.context_dir / "Dockerfile").write_text(dockerfile)
@@ -66,12 +92,116 @@ class DockerImageBuilder(RunnerImages):
         finally:
             if not finished:  # cut or failed: let the engine end it before looking
                 self._settle_build(build_id)
-            # A one-stage build that finished made nothing but the test image's own steps,
-            # which go with it: no listing of the engine's images (a third of a second on an
-            # engine holding a few hundred) for leftovers that cannot exist.
-            if not finished or spec.requirements:
-                self.remove_build_leftovers(build_id, spec.tag)
+            self.remove_build_leftovers(build_id, spec.tag)
         return spec.tag
+
+    def _build_in_container(
+        self, spec: TestImageSpec, build_id: str, halt: threading.Event | None
+    ) -> str:
+        """A bundle without requirements: one step container, committed (recipes.commit_changes).
+
+        The bundle goes in as a root-owned archive, the step compiles it and writes the plan,
+        and the stopped container is committed as the test image, then removed. Within the
+        build's time limit, cut when ``halt`` is set; nothing but the test image remains.
+        """
+        action = f"building test image {spec.tag}"
+        if halt is not None and halt.is_set():
+            raise Halted(f"the job was halted before {action}")
+        limit = self.settings.build_timeout_seconds
+        deadline = time.monotonic() + limit
+        runner = self.runner_image()
+        archive = spec.context_dir / "bundle.tar"
+        _root_owned_tar(spec.context_dir / "bundle", archive)
+        api = self.client.api
+        labels = {
+            **build_labels(spec, build_id),
+            BUILD_DEADLINE_LABEL: str(int(time.time() + limit + STEP_DEADLINE_MARGIN_SECONDS)),
+        }
+        host = api.create_host_config(
+            network_mode="none",
+            cap_drop=["ALL"],
+            cap_add=["SETUID", "SETGID"],  # the plan's drop to the invocation uid
+            security_opt=["no-new-privileges"],
+            pids_limit=STEP_PIDS,
+            mem_limit=f"{STEP_MEMORY_MB}m",
+            memswap_limit=f"{STEP_MEMORY_MB}m",
+            ulimits=[
+                Ulimit(name="nofile", soft=1024, hard=1024),
+                Ulimit(name="core", soft=0, hard=0),
+            ],
+            log_config=LogConfig(
+                type="json-file", config={"max-size": str(STEP_LOG_BYTES), "max-file": "1"}
+            ),
+        )
+        with docker_errors(action):
+            entrypoint = self.client.images.get(runner).attrs["Config"]["Entrypoint"]
+            step = str(
+                api.create_container(
+                    runner,
+                    entrypoint=compile_and_plan_command(),
+                    user="0:0",
+                    network_disabled=True,
+                    labels=labels,
+                    host_config=host,
+                )["Id"]
+            )
+        try:
+            with docker_errors(action), archive.open("rb") as data:
+                api.put_archive(step, "/", data)
+                api.start(step)
+            self._wait_for_step(step, action, deadline, limit, halt)
+            repository, tag = parse_repository_tag(spec.tag)
+            with docker_errors(action):
+                api.commit(
+                    step,
+                    repository=repository,
+                    tag=tag,
+                    changes=commit_changes(entrypoint, {LABEL: "test", **spec.labels}),
+                )
+        finally:
+            try:
+                api.remove_container(step, force=True)
+            except DOCKER_ERRORS as exc:  # the orphan reaper's, by its deadline label
+                log.warning("could not remove build step %s of %s: %s", step, spec.tag, exc)
+        return spec.tag
+
+    def _wait_for_step(
+        self,
+        step: str,
+        action: str,
+        deadline: float,
+        limit: float,
+        halt: threading.Event | None,
+    ) -> None:
+        """Wait for the build step to exit 0; past ``deadline``, or once ``halt`` is set, raise
+        (the caller removes the step). Waits are short, so a halt is seen within one."""
+        api = self.client.api
+        while True:
+            if halt is not None and halt.is_set():
+                raise Halted(f"the job was halted during {action}; the build was stopped")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BuildRefused(f"the build took longer than {limit:g} s; stopped")
+            try:
+                # requests takes a float timeout; the stub's int is narrower than docker-py.
+                wait = min(HALT_POLL_SECONDS, left)
+                status = api.wait(step, timeout=wait)  # type: ignore[arg-type]
+                break
+            except DOCKER_ERRORS as exc:
+                if not read_timed_out(exc):
+                    raise SandboxError(f"{action} failed: {exc}") from None
+        code = int(status.get("StatusCode", -1))
+        if code == 0:
+            return
+        # The step catches every error of its own, so only a kill ends it otherwise.
+        with docker_errors(action):
+            oom = bool(api.inspect_container(step).get("State", {}).get("OOMKilled"))
+            tail = api.logs(step, tail=20).decode(errors="replace")
+        if oom:
+            raise BuildRefused(
+                f"compiling the bundle took more than {STEP_MEMORY_MB} MiB of memory; stopped"
+            )
+        raise SandboxError(f"{action} failed: its step exited with code {code}\n{tail[-2000:]}")
 
     def _settle_build(self, build_id: str) -> None:
         """Wait for the engine to be done with a build that was cut or failed.
@@ -236,3 +366,18 @@ class DockerImageBuilder(RunnerImages):
                 response.close()
         if error is not None:
             raise SandboxError(f"{action} failed: {error}\n{''.join(tail)[-2000:]}")
+
+
+def _root_owned_tar(bundle: Path, dest: Path) -> None:
+    """Write ``bundle``'s contents to ``dest`` as an archive that unpacks under /bundle, every
+    entry owned by root (as COPY --chown=0:0 gives them). The entries are the bundle's
+    children, not the directory itself, so /bundle keeps the runner image's owner and mode."""
+
+    def root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        return info
+
+    with tarfile.open(dest, "w") as tar:
+        for child in sorted(bundle.iterdir()):
+            tar.add(child, arcname=f"bundle/{child.name}", filter=root_owned)
