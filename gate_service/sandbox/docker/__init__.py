@@ -1,7 +1,7 @@
 """The Docker backend of the sandbox port: the only code that imports ``docker``.
 
 One module per job: ``engine`` (the client, and engine failures as SandboxError), ``images``
-(exists, list, remove), ``recipes`` (test-image Dockerfiles, build labels, the runner
+(exists, list, remove), ``recipes`` (test-image recipes, build labels, the runner
 digest), ``runner_image`` (the base and runner images), ``test_image`` (test-image builds and
 their leftovers), ``cases`` (case containers: run, stdin handoff, wait, halt) and
 ``reaping``. The classes stack into the port's two sides and one ``DockerSandbox`` with both,
