@@ -184,12 +184,21 @@ class Worker:
                 del holding[thread]
             if not holding:
                 return
-            self._housekeeping()
-            while not self.ctx.stop.is_set():
-                job = self._claim_fairly(holding)
-                if job is None:
-                    break
-                hold(job)
+            try:
+                self._housekeeping()
+                while not self.ctx.stop.is_set():
+                    job = self._claim_fairly(holding)
+                    if job is None:
+                        break
+                    hold(job)
+            except Exception:
+                # The database (or the engine) failing here must not end this call while jobs
+                # are held: their threads go on, each under its own lease, and returning would
+                # let the caller claim past GATE_WORKER_GATES beside them. Tried again at the
+                # next wake.
+                log.exception(
+                    "worker %s: claiming more jobs failed; the held ones go on", self.name
+                )
             changed.wait(self.ctx.settings.worker_poll_seconds)
 
     def _judge_one(self, job: ClaimedJob) -> None:

@@ -4,10 +4,12 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate_service import jobs
@@ -217,6 +219,52 @@ def test_a_worker_shutting_down_hands_the_job_back_without_using_an_attempt(
         assert job.last_error == "the worker shut down during the job"
     worker.ctx.stop.clear()
     worker.run_once()
+    assert client.get(f"/v1/gates/{gate_id}").json()["status"] == "passed"
+
+
+def test_a_failed_claim_beside_a_held_job_does_not_end_the_call_before_the_job(
+    client: TestClient,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    sandbox: FakeSandbox,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The database failing a claim made while a job is held (a Postgres restart did so in
+    CI): the call goes on until the held job ends, instead of raising beside its thread."""
+    worker = fake_worker(
+        settings.model_copy(update={"worker_poll_seconds": 0.05}), sessions, sandbox
+    )
+    gate_id = submit(client, bundle_of(calculator_project(tmp_path / "p", failing=False)))
+    release, claim_failed = threading.Event(), threading.Event()
+    run = sandbox.run
+
+    def held_run(*args: Any, **kwargs: Any) -> Any:
+        assert release.wait(60), "the test never released the case"
+        return run(*args, **kwargs)
+
+    def failing_claim(*_: Any) -> None:
+        claim_failed.set()
+        raise OperationalError("SELECT", {}, Exception("the database system is shutting down"))
+
+    monkeypatch.setattr(sandbox, "run", held_run)
+    monkeypatch.setattr(worker, "_claim_fairly", failing_claim)
+    errors: list[BaseException] = []
+
+    def run_once() -> None:
+        try:
+            worker.run_once()
+        except BaseException as exc:
+            errors.append(exc)
+
+    caller = threading.Thread(target=run_once, daemon=True)
+    caller.start()
+    assert claim_failed.wait(60)
+    caller.join(0.5)
+    still_holding = caller.is_alive()
+    release.set()
+    caller.join(60)
+    assert still_holding and not caller.is_alive() and errors == []
     assert client.get(f"/v1/gates/{gate_id}").json()["status"] == "passed"
 
 
