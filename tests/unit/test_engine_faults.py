@@ -100,6 +100,20 @@ class StubApi:
     def create_container(self, image: str, **kwargs: Any) -> dict[str, Any]:
         return {"Id": self.client.containers.create(image, **kwargs).id}
 
+    # The log read (cases.read_logs): docker-py's request and demultiplexing, no TTY inspect.
+    def _url(self, path: str, *args: str) -> str:
+        return path.format(*args)
+
+    def _get(self, url: str, params: dict[str, Any], stream: bool) -> dict[str, Any]:
+        assert url == "/containers/c0ffee/logs" and not stream
+        return params
+
+    def _get_result_tty(self, stream: bool, params: dict[str, Any], is_tty: bool) -> bytes:
+        container = self.client.containers.container
+        return container.logs(
+            stdout=bool(params["stdout"]), stderr=bool(params["stderr"]), tail=params["tail"]
+        )
+
 
 class StubClient:
     def __init__(self, container: StubContainer) -> None:
