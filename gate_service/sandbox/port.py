@@ -37,7 +37,9 @@ BUILD_IMAGE_LABEL = "gate.image"
 # A build's own step container (a one-stage test image is built in one; see the Docker
 # backend's recipes) carries the wall-clock time, in epoch seconds, by which its build has
 # ended one way or the other. One still there later was left by a worker that died during
-# the build, and the orphan reaper removes it (build_step_expired).
+# the build, and the orphan reaper removes it (build_step_expired). The test image committed
+# from it keeps its labels, and case containers inherit them, but only a container labelled
+# LABEL=BUILD_STAGE is ever taken for a step (cases are LABEL=case, the image LABEL=test).
 BUILD_DEADLINE_LABEL = "gate.build_deadline"
 # The runner starts as root with only SETUID, SETGID and KILL, and runs every invocation
 # (all user code) under this uid, which holds no capability at all.

@@ -175,7 +175,11 @@ class Worker:
 
             thread = threading.Thread(target=judge, name=f"job-{job.id}", daemon=True)
             holding[thread] = job.project_id
-            thread.start()
+            try:
+                thread.start()
+            except BaseException:
+                del holding[thread]  # never started, so it never ends: not held
+                raise
 
         hold(first)
         while True:
@@ -184,18 +188,20 @@ class Worker:
                 del holding[thread]
             if not holding:
                 return
+            # The database (or the engine) failing here must not end this call while jobs are
+            # held: their threads go on, each under its own lease, and returning would let the
+            # caller claim past GATE_WORKER_GATES beside them. Each is tried at the next wake.
             try:
                 self._housekeeping()
+            except Exception:
+                log.exception("worker %s: housekeeping failed; the held jobs go on", self.name)
+            try:
                 while not self.ctx.stop.is_set():
                     job = self._claim_fairly(holding)
                     if job is None:
                         break
                     hold(job)
             except Exception:
-                # The database (or the engine) failing here must not end this call while jobs
-                # are held: their threads go on, each under its own lease, and returning would
-                # let the caller claim past GATE_WORKER_GATES beside them. Tried again at the
-                # next wake.
                 log.exception(
                     "worker %s: claiming more jobs failed; the held ones go on", self.name
                 )

@@ -157,6 +157,7 @@ class DockerImageBuilder(RunnerImages):
                     repository=repository,
                     tag=tag,
                     changes=commit_changes(entrypoint, {LABEL: "test", **spec.labels}),
+                    pause=False,  # it has exited
                 )
         finally:
             try:
@@ -179,9 +180,7 @@ class DockerImageBuilder(RunnerImages):
         while True:
             if halt is not None and halt.is_set():
                 raise Halted(f"the job was halted during {action}; the build was stopped")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise BuildRefused(f"the build took longer than {limit:g} s; stopped")
+            left = max(0.01, deadline - time.monotonic())
             try:
                 # requests takes a float timeout; the stub's int is narrower than docker-py.
                 wait = min(HALT_POLL_SECONDS, left)
@@ -190,6 +189,14 @@ class DockerImageBuilder(RunnerImages):
             except DOCKER_ERRORS as exc:
                 if not read_timed_out(exc):
                     raise SandboxError(f"{action} failed: {exc}") from None
+            if deadline - time.monotonic() <= 0:
+                # A busy engine may answer a wait late: the step's own state decides.
+                with docker_errors(action):
+                    state = api.inspect_container(step).get("State") or {}
+                if state.get("Status") != "exited":
+                    raise BuildRefused(f"the build took longer than {limit:g} s; stopped")
+                status = {"StatusCode": state.get("ExitCode", -1)}
+                break
         code = int(status.get("StatusCode", -1))
         if code == 0:
             return
@@ -199,7 +206,8 @@ class DockerImageBuilder(RunnerImages):
             tail = api.logs(step, tail=20).decode(errors="replace")
         if oom:
             raise BuildRefused(
-                f"compiling the bundle took more than {STEP_MEMORY_MB} MiB of memory; stopped"
+                f"compiling the bundle and planning its cases took more than {STEP_MEMORY_MB} "
+                "MiB of memory; stopped"
             )
         raise SandboxError(f"{action} failed: its step exited with code {code}\n{tail[-2000:]}")
 
@@ -374,8 +382,13 @@ def _root_owned_tar(bundle: Path, dest: Path) -> None:
     children, not the directory itself, so /bundle keeps the runner image's owner and mode."""
 
     def root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        # The bundle's reader writes plain files and directories only (bundles/archive.py);
+        # anything else here is a bug, never to be copied in for a root step to write through.
+        if not (info.isfile() or info.isdir()):
+            raise SandboxError(f"the bundle holds {info.name}, neither a file nor a directory")
         info.uid = info.gid = 0
         info.uname = info.gname = ""
+        info.mode &= 0o777  # no setuid, setgid or sticky bit
         return info
 
     with tarfile.open(dest, "w") as tar:

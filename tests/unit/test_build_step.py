@@ -1,0 +1,80 @@
+"""The one-stage build's step (sandbox/docker/test_image.py) against a stub engine: its wait at
+the time limit, and the archive the bundle goes in as."""
+
+from __future__ import annotations
+
+import os
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests.exceptions
+
+from gate_service.config import Settings
+from gate_service.sandbox import BuildRefused, SandboxError
+from gate_service.sandbox.docker import DockerSandbox
+from gate_service.sandbox.docker.test_image import _root_owned_tar
+
+
+class SlowEngineApi:
+    """An engine that never answers a wait in time, whatever the step's state."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+        self.waits = 0
+
+    def wait(self, container: str, timeout: float) -> dict[str, Any]:
+        self.waits += 1
+        time.sleep(timeout)
+        raise requests.exceptions.ReadTimeout("read timed out")
+
+    def inspect_container(self, container: str) -> dict[str, Any]:
+        return {"State": self.state}
+
+
+class StubClient:
+    def __init__(self, api: SlowEngineApi) -> None:
+        self.api = api
+
+    def ping(self) -> bool:
+        return True
+
+
+def wait_for_step(state: dict[str, Any]) -> SlowEngineApi:
+    api = SlowEngineApi(state)
+    sandbox = DockerSandbox(Settings(), client=StubClient(api))  # type: ignore[arg-type]
+    sandbox._wait_for_step("step", "building", time.monotonic() + 0.3, 0.3, None)
+    return api
+
+
+def test_a_step_that_exited_while_the_engine_was_slow_to_say_so_is_not_refused() -> None:
+    api = wait_for_step({"Status": "exited", "ExitCode": 0})
+    assert api.waits >= 1
+
+
+def test_a_step_still_running_at_the_time_limit_is_refused() -> None:
+    with pytest.raises(BuildRefused, match=r"took longer than 0\.3 s"):
+        wait_for_step({"Status": "running", "ExitCode": 0})
+
+
+def test_the_bundle_goes_in_root_owned_under_bundle_without_special_bits(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    (bundle / "tools").mkdir(parents=True)
+    (bundle / "tools" / "calc.py").write_text("x = 1\n")
+    os.chmod(bundle / "tools" / "calc.py", 0o4755)
+    _root_owned_tar(bundle, tmp_path / "b.tar")
+    with tarfile.open(tmp_path / "b.tar") as tar:
+        members = {m.name: m for m in tar.getmembers()}
+    assert set(members) == {"bundle/tools", "bundle/tools/calc.py"}  # not /bundle itself
+    assert all(m.uid == 0 and m.gid == 0 and not m.uname for m in members.values())
+    assert members["bundle/tools/calc.py"].mode == 0o755
+
+
+def test_a_link_in_the_bundle_is_never_archived_for_the_root_step(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    (bundle / "tools").mkdir(parents=True)
+    (bundle / "tools" / "__pycache__").symlink_to("/etc")
+    with pytest.raises(SandboxError, match="neither a file nor a directory"):
+        _root_owned_tar(bundle, tmp_path / "b.tar")
