@@ -17,8 +17,8 @@ of the import-only floor, and a first gate at most 1 s over a warm one.
 For each it also prints the CPU one case took, machine-wide (from /proc/stat: the engine,
 the containers, Postgres, the server and this client), and how much of it was `gate serve`'s.
 
-GATE_CASE_CONCURRENCY, if set, is passed on, to compare other values with the default. It
-prints figures and asserts nothing about timing: they depend on the machine (its CPU
+GATE_CASE_CONCURRENCY and GATE_LONG_POLL_SETTLE_SECONDS, if set, are passed on, to compare
+other values with the default. It prints figures and asserts nothing about timing: they depend on the machine (its CPU
 count is the default GATE_CASE_CONCURRENCY) and on what else runs on it.
 """
 
@@ -60,8 +60,9 @@ def serve(data_dir: Path, database: str | None) -> tuple[subprocess.Popen[bytes]
     settings = {"GATE_PORT": str(port)}
     if database:
         settings["GATE_DATABASE_URL"] = database
-    if "GATE_CASE_CONCURRENCY" in os.environ:  # to compare with the default
-        settings["GATE_CASE_CONCURRENCY"] = os.environ["GATE_CASE_CONCURRENCY"]
+    for name in ("GATE_CASE_CONCURRENCY", "GATE_LONG_POLL_SETTLE_SECONDS"):
+        if name in os.environ:  # to compare with the default
+            settings[name] = os.environ[name]
     proc, log_path = start("serve", data_dir, **settings)
     url = f"http://127.0.0.1:{port}"
     try:
