@@ -561,32 +561,11 @@ def _run_case(
         reference=incidents.new_reference(),
     )
     outcome = case_outcome(result, facts, redactor.text)
-    ends_gate = isinstance(outcome, NotJudged) and outcome.ends_gate
-    if ends_gate:
+    if isinstance(outcome, NotJudged) and outcome.ends_gate:
         # Set while this case still holds its slots: no other case of the gate may start,
         # not even while this one's outcome is being stored.
         job.halt.set()
-    return partial(
-        _store_case, ctx, job, case_id, outcome, redactor, result.duration_ms, calls, ends_gate
-    )
-
-
-def _store_case(
-    ctx: WorkerContext,
-    job: ClaimedJob,
-    case_id: uuid.UUID,
-    outcome: Outcome,
-    redactor: Redactor,
-    duration_ms: int,
-    calls: Sequence[CallRecord],
-    ends_gate: bool,
-) -> bool:
-    """Store the case's outcome (outcome.py): True, or DeadlinePassed when the gate's
-    deadline cut it."""
-    _store(ctx, job, case_id, outcome, redactor, duration_ms, calls)
-    if ends_gate:
-        raise DeadlinePassed(ctx.settings.gate_deadline_seconds)
-    return True
+    return partial(_store, ctx, job, case_id, outcome, redactor, result.duration_ms, calls)
 
 
 @contextmanager
@@ -713,9 +692,9 @@ def _store(
     redactor: Redactor,
     duration_ms: int,
     calls: Sequence[CallRecord] = (),
-) -> None:
+) -> bool:
     """Write the case's outcome (see outcome.py) and its model calls in one fenced
-    transaction."""
+    transaction: True, or DeadlinePassed once stored when the gate's deadline cut the case."""
 
     def store(session: Session, gate: Gate) -> None:
         case = session.get_one(Case, case_id)
@@ -765,3 +744,6 @@ def _store(
         _write(ctx, job, store)
     except StorageRefused as refused:
         _write(ctx, job, partial(store_refused, refused))
+    if isinstance(outcome, NotJudged) and outcome.ends_gate:
+        raise DeadlinePassed(ctx.settings.gate_deadline_seconds)
+    return True

@@ -463,11 +463,11 @@ def test_the_next_case_starts_while_a_finished_case_is_stored(
     storing, release = threading.Event(), threading.Event()
     store = handler._store
 
-    def held_store(*args: object, **kwargs: object) -> None:
+    def held_store(*args: object, **kwargs: object) -> bool:
         if not storing.is_set():
             storing.set()
             assert release.wait(120), "the first case's store was never released"
-        store(*args, **kwargs)  # type: ignore[arg-type]
+        return store(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(handler, "_store", held_store)
     gate_id = submit(client, bundle_of(calculator_project(tmp_path / "p", failing=False)))
