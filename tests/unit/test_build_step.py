@@ -35,7 +35,7 @@ class SlowEngineApi:
 
 
 class StubClient:
-    def __init__(self, api: SlowEngineApi) -> None:
+    def __init__(self, api: Any) -> None:
         self.api = api
 
     def ping(self) -> bool:
@@ -78,3 +78,42 @@ def test_a_link_in_the_bundle_is_never_archived_for_the_root_step(tmp_path: Path
     (bundle / "tools" / "__pycache__").symlink_to("/etc")
     with pytest.raises(SandboxError, match="neither a file nor a directory"):
         _root_owned_tar(bundle, tmp_path / "b.tar")
+
+
+class KilledStepApi:
+    """A step the engine reports ended by a kill: out of memory, or from outside."""
+
+    def __init__(self, oom: bool) -> None:
+        self.oom = oom
+
+    def wait(self, container: str, timeout: float) -> dict[str, Any]:
+        return {"StatusCode": 137}
+
+    def inspect_container(self, container: str) -> dict[str, Any]:
+        return {"State": {"Status": "exited", "ExitCode": 137, "OOMKilled": self.oom}}
+
+    # The log read (engine.read_logs): docker-py's request and demultiplexing.
+    def _url(self, path: str, *args: str) -> str:
+        return path.format(*args)
+
+    def _get(self, url: str, params: dict[str, Any], stream: bool) -> dict[str, Any]:
+        assert url == "/containers/step/logs" and params["tail"] == 20
+        return params
+
+    def _get_result_tty(self, stream: bool, params: dict[str, Any], is_tty: bool) -> bytes:
+        return b"Killed\n"
+
+
+def wait_for_killed_step(oom: bool) -> None:
+    sandbox = DockerSandbox(Settings(), client=StubClient(KilledStepApi(oom)))  # type: ignore[arg-type]
+    sandbox._wait_for_step("step", "building", time.monotonic() + 5, 5, None)
+
+
+def test_a_step_out_of_memory_refuses_the_bundle() -> None:
+    with pytest.raises(BuildRefused, match="took more than 1024 MiB of memory"):
+        wait_for_killed_step(oom=True)
+
+
+def test_a_step_killed_from_outside_is_an_engine_error_with_its_log() -> None:
+    with pytest.raises(SandboxError, match="exited with code 137\nKilled"):
+        wait_for_killed_step(oom=False)

@@ -26,6 +26,7 @@ from .engine import (
     MIB,
     DockerEngine,
     docker_errors,
+    read_logs,
     read_timed_out,
 )
 
@@ -256,28 +257,6 @@ class CaseContainers(DockerEngine):
         with docker_errors("stopping a timed-out case container"):
             container.kill()
         return True, None
-
-
-def read_logs(
-    api: Any,
-    container_id: str,
-    *,
-    stdout: bool = False,
-    stderr: bool = False,
-    tail: int | str = "all",
-) -> bytes:
-    """A stopped container's output, as docker-py's ``logs()`` reads it, less the inspect that
-    it makes before every read to ask whether the container has a TTY (ours never do): an
-    engine call per read that nothing here needs (docker 7.1's ``_check_is_tty``)."""
-    params = {
-        "stdout": int(stdout),
-        "stderr": int(stderr),
-        "timestamps": 0,
-        "follow": 0,
-        "tail": tail,
-    }
-    response = api._get(api._url("/containers/{0}/logs", container_id), params=params, stream=False)
-    return bytes(api._get_result_tty(False, response, False))
 
 
 def _send_and_close(attached: Any, data: bytes, timeout_s: float) -> None:

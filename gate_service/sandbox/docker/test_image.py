@@ -26,7 +26,7 @@ from ..port import (
     SandboxError,
     TestImageSpec,
 )
-from .engine import DOCKER_ERRORS, HALT_POLL_SECONDS, docker_errors, read_timed_out
+from .engine import DOCKER_ERRORS, HALT_POLL_SECONDS, docker_errors, read_logs, read_timed_out
 from .recipes import (
     STEP_LOG_BYTES,
     STEP_MEMORY_MB,
@@ -203,13 +203,13 @@ class DockerImageBuilder(RunnerImages):
         # The step catches every error of its own, so only a kill ends it otherwise.
         with docker_errors(action):
             oom = bool(api.inspect_container(step).get("State", {}).get("OOMKilled"))
-            tail = api.logs(step, tail=20).decode(errors="replace")
+            said = read_logs(api, step, stdout=True, stderr=True, tail=20).decode(errors="replace")
         if oom:
             raise BuildRefused(
                 f"compiling the bundle and planning its cases took more than {STEP_MEMORY_MB} "
                 "MiB of memory; stopped"
             )
-        raise SandboxError(f"{action} failed: its step exited with code {code}\n{tail[-2000:]}")
+        raise SandboxError(f"{action} failed: its step exited with code {code}\n{said[-2000:]}")
 
     def _settle_build(self, build_id: str) -> None:
         """Wait for the engine to be done with a build that was cut or failed.
