@@ -44,7 +44,15 @@ TOOLS = {
         type: tool
         tool_name: noise.report
     """,
+    "agents/counter.yaml": """
+        version: "1.0"
+        name: counter
+        description: Says how much of the heap it shares with the runner stays out of its GC.
+        type: tool
+        tool_name: noise.frozen
+    """,
     "tools/noise.py": """
+        import gc
         import json
         import os
         import sys
@@ -74,6 +82,10 @@ TOOLS = {
         def sleep(payload: dict) -> str:
             time.sleep(payload["seconds"])
             return "slept"
+
+
+        def frozen(payload: dict) -> int:
+            return gc.get_freeze_count()
     """,
     "tests/builders/slow_cleanup.py": """
         import time
@@ -95,6 +107,12 @@ TOOLS = {
           - name: too_loud
             payload: '{"kib": 3072}'
             expected_result: output == "done"
+    """,
+    "tests/counter.yaml": """
+        tests:
+          - name: counts
+            payload: '{}'
+            expected_result: output > 0
     """,
     "tests/sleeper.yaml": """
         tests:
@@ -200,3 +218,17 @@ def test_a_case_leaves_no_descriptor_of_its_own_open(tmp_path: Path) -> None:
     finally:
         gc.enable()
     assert after <= before, sorted(after - before)
+
+
+def test_an_invocations_collections_leave_the_runners_heap_alone(tmp_path: Path) -> None:
+    # A full collection in a child walks every object it can see, copying each page of the
+    # heap it shares with the runner; in a big in-process runner (this pytest process) that
+    # cost seconds of the invocation's timeout_s. The heap is frozen for the child only.
+    import gc
+
+    project = write(tmp_path / "p", TOOLS)
+    held = [[] for _ in range(200_000)]  # tracked objects the runner holds at the fork
+    result = judged(project, "tests/counter.yaml", "counts", Isolation())
+    assert result.passed, result.failure_reason
+    assert result.invocations[0].output >= len(held)
+    assert gc.get_freeze_count() == 0  # this process's own collections still see them all
