@@ -598,6 +598,19 @@ def _model_channel(
         channel.close()
 
 
+def case_limits(settings: Settings, wall_seconds: float) -> RunLimits:
+    """A case container's limits on these settings, with its wall deadline."""
+    return RunLimits(
+        memory_mb=settings.case_memory_mb,
+        cpus=settings.case_cpus,
+        pids=settings.case_pids_limit,
+        wall_seconds=wall_seconds,
+        tmpfs_mb=settings.case_tmpfs_mb,
+        output_limit_bytes=settings.case_output_limit_bytes,
+        network=settings.case_network,
+    )
+
+
 def _run_container(
     ctx: WorkerContext,
     job: ClaimedJob,
@@ -622,15 +635,7 @@ def _run_container(
                 gateway_token=channel.token if channel else None,
                 api_tools=loader_tools(start.api_specs),
             ),
-            limits=RunLimits(
-                memory_mb=s.case_memory_mb,
-                cpus=s.case_cpus,
-                pids=s.case_pids_limit,
-                wall_seconds=wall,
-                tmpfs_mb=s.case_tmpfs_mb,
-                output_limit_bytes=s.case_output_limit_bytes,
-                network=s.case_network,
-            ),
+            limits=case_limits(s, wall),
             labels={
                 "gate.gate_id": str(job.gate_id),
                 "gate.case_id": str(case_id),

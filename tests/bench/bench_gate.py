@@ -9,8 +9,11 @@ submissions from POST to the verdict read by long-polling, as a pipeline sees th
 Two floors, measured in the same run between those gates, say what any one-container-per-
 case design must spend here: 20 bare runs of the same test image (`docker run --rm --network
 none --entrypoint python3 IMAGE -c pass`) started N at a time (N being the gate's case
-concurrency), and 20 containers created as the gate creates its case containers that do
-nothing but `python -I -c "import connic"` (the format's SDK and pydantic), also N at a time.
+concurrency), and 20 containers created as the gate creates its case containers (the same
+create parameters, from the worker's own `case_container`, so with the same isolation and
+limits) that do nothing but `python -I -c "import connic"` (the format's SDK and pydantic),
+also N at a time. The same containers without the case's isolation, as sessions before
+2026-12-04 measured this floor, are printed beside it.
 The targets: the first kind's gate within 1.25x of the bare floor, the second's within 1.15x
 of the import-only floor, and a first gate at most 1 s over a warm one.
 
@@ -41,6 +44,8 @@ import docker
 
 from gate_service.client.api import GateClient
 from gate_service.config import Settings
+from gate_service.sandbox.docker.cases import case_container
+from gate_service.worker.handler import case_limits
 from tests.e2e.conftest import start, stop, wait_ready
 from tests.fixtures.auth import ADMIN_TOKEN
 from tests.fixtures.db import create_database, drop_database
@@ -162,18 +167,44 @@ def bare_runs(image: str, *, at_once: int = 1) -> float:
     return time.monotonic() - started
 
 
-def import_only_runs(client: docker.DockerClient, image: str, *, at_once: int) -> float:
+def import_only_runs(
+    client: docker.DockerClient, image: str, *, at_once: int, isolated: bool, channel: Path
+) -> float:
     """Seconds for CASES containers that only import the SDK, ``at_once`` at a time, created
-    as the gate creates its case containers (through the API, no network, NetworkDisabled)."""
+    through the API with no network (NetworkDisabled). ``isolated``: with everything else of
+    a case container too, from the worker's own `case_container` on `gate serve`'s default
+    settings (capabilities, init, read-only root, /tmp tmpfs, ulimits, memory, pids, CPUs,
+    the log cap and the model gateway's read-only bind mount), as the gate makes them; not:
+    the plain containers earlier sessions measured."""
+    settings = Settings()
+    limits = case_limits(settings, 60)
 
     def one(_: int) -> None:
-        container = client.containers.create(
-            image,
-            ["-I", "-c", "import connic"],
-            entrypoint=RUNNER_PYTHON,
-            network_mode="none",
-            network_disabled=True,
-        )
+        argv = ["-I", "-c", "import connic"]
+        if isolated:
+            host, create = case_container(
+                argv,
+                limits=limits,
+                labels={},
+                model_channel=channel if settings.model_gateway else None,
+            )
+            # Not labelled as a case: `gate serve`'s reaper would take it for an orphan.
+            create["labels"] = {"gate.bench": "import-floor"}
+            created = client.api.create_container(
+                image,
+                host_config=client.api.create_host_config(**host),
+                entrypoint=RUNNER_PYTHON,
+                **create,
+            )
+            container = client.containers.prepare_model({"Id": created["Id"]})
+        else:
+            container = client.containers.create(
+                image,
+                argv,
+                entrypoint=RUNNER_PYTHON,
+                network_mode="none",
+                network_disabled=True,
+            )
         try:
             container.start()
             if container.wait()["StatusCode"] != 0:
@@ -228,6 +259,8 @@ def main() -> None:
     database = create_database(server_url) if server_url else None
     data_dir = Path(tempfile.mkdtemp(prefix="gate-bench-gate-"))
     src = Path(tempfile.mkdtemp(prefix="gate-bench-src-"))
+    # What the import-only floor's containers mount where a case's model gateway socket goes.
+    channel = Path(tempfile.mkdtemp(prefix="gate-bench-channel-"))
     proc, url, log_path = serve(data_dir, database)
     client = GateClient(url, token=ADMIN_TOKEN)
     engine = docker.from_env()
@@ -244,8 +277,9 @@ def main() -> None:
             gates: list[float] = []
             bare: list[float] = []
             importing: list[float] = []
+            plain: list[float] = []
             last: dict[str, Any] = {}
-            meters = {k: CpuMeter(proc.pid) for k in ("gate", "bare", "importing")}
+            meters = {k: CpuMeter(proc.pid) for k in ("gate", "bare", "importing", "plain")}
             for _ in range(REPEATS):
                 with meters["gate"]:
                     elapsed, last = judge(client, bundle)
@@ -253,7 +287,17 @@ def main() -> None:
                 with meters["bare"]:
                     bare.append(bare_runs(image, at_once=at_once))
                 with meters["importing"]:
-                    importing.append(import_only_runs(engine, image, at_once=at_once))
+                    importing.append(
+                        import_only_runs(
+                            engine, image, at_once=at_once, isolated=True, channel=channel
+                        )
+                    )
+                with meters["plain"]:
+                    plain.append(
+                        import_only_runs(
+                            engine, image, at_once=at_once, isolated=False, channel=channel
+                        )
+                    )
             figures.append(
                 {
                     "label": label,
@@ -263,6 +307,7 @@ def main() -> None:
                     "gates": gates,
                     "bare": bare,
                     "importing": importing,
+                    "plain": plain,
                     "last": last,
                     "cpu": {k: m.used for k, m in meters.items()},
                 }
@@ -277,6 +322,7 @@ def main() -> None:
         if server_url and database:
             drop_database(server_url, database)
         shutil.rmtree(src, ignore_errors=True)
+        shutil.rmtree(channel, ignore_errors=True)
         shutil.rmtree(data_dir, ignore_errors=True)
     print(
         f"{CASES}-case tool-agent gates, `gate serve` defaults "
@@ -286,6 +332,7 @@ def main() -> None:
         gate_s = statistics.median(f["gates"])
         bare_s = statistics.median(f["bare"])
         import_s = statistics.median(f["importing"])
+        plain_s = statistics.median(f["plain"])
         last = f["last"]
         durations = [c["duration_ms"] / 1000 for c in last["cases"] if c.get("duration_ms")]
         floors = f["bare"] if f["floor_kind"] == "bare" else f["importing"]
@@ -314,6 +361,10 @@ def main() -> None:
             f"(the gate is {gate_s / import_s:.2f}x this)"
         )
         print(
+            f"    (the same without the case's isolation, as sessions before 2026-12-04 "
+            f"measured it: {plain_s:.2f} s; the gate is {gate_s / plain_s:.2f}x this)"
+        )
+        print(
             f"    target: within {f['target']:.2f}x of the {f['floor_kind']} floor: "
             f"{ratio:.2f}x (median of each gate over the floor run after it; ratio of the "
             f"medians {gate_s / floor_s:.2f}x), {'met' if ratio <= f['target'] else 'NOT met'}"
@@ -330,7 +381,8 @@ def main() -> None:
             f"runc, this client); bare floor {ms['bare']['total']:.0f} ms (dockerd and "
             f"containerd {ms['bare']['engine']:.0f}); import floor "
             f"{ms['importing']['total']:.0f} ms (dockerd and containerd "
-            f"{ms['importing']['engine']:.0f})"
+            f"{ms['importing']['engine']:.0f}; without the isolation "
+            f"{ms['plain']['total']:.0f} ms, {ms['plain']['engine']:.0f})"
         )
         print(
             f"    last warm gate: started to finished "

@@ -23,6 +23,7 @@ from gate_service.sandbox import (
     SandboxError,
 )
 from gate_service.sandbox.docker import DockerSandbox
+from gate_service.worker.handler import case_limits
 from tests.fixtures.docker import reuse_a_runner
 from tests.fixtures.projects import AGENTS, make_wheel, write
 
@@ -406,14 +407,7 @@ def test_a_case_container_runs_a_light_project_without_the_sdk(builds: Builds) -
         image.tag,
         runner_argv(settings, "tests/probe.yaml", "bare"),
         stdin=case_env.encode({}, nonce),
-        limits=port.RunLimits(
-            memory_mb=settings.case_memory_mb,
-            cpus=settings.case_cpus,
-            pids=settings.case_pids_limit,
-            wall_seconds=60,
-            tmpfs_mb=settings.case_tmpfs_mb,
-            output_limit_bytes=settings.case_output_limit_bytes,
-        ),
+        limits=case_limits(settings, 60),
         labels={},
     )
     result = parse_runner_output(

@@ -73,6 +73,73 @@ def remove_until_gone(container: Any) -> None:
         log.warning("container %s: waiting for its removal failed: %s", container.id, exc)
 
 
+def case_container(
+    argv: Sequence[str],
+    *,
+    limits: RunLimits,
+    labels: Mapping[str, str],
+    model_channel: Path | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A case container's host config and create parameters, as `CaseContainers.run` makes
+    them (and tests/bench/bench_gate.py its import-only floor, so that floor pays the same
+    isolation a case does)."""
+    # The host side of the container (HostConfig): its limits and what it may do.
+    host: dict[str, Any] = {
+        # The runner starts as root with only what it needs to run each invocation under
+        # INVOCATION_UID (which then holds no capability) and to kill what it leaves.
+        "cap_drop": ["ALL"],
+        "cap_add": ["SETUID", "SETGID", "KILL"],
+        "security_opt": ["no-new-privileges"],
+        "init": True,  # reaps the orphans that invocations leave and the runner kills
+        "ulimits": [
+            Ulimit(name="nofile", soft=1024, hard=1024),
+            Ulimit(name="core", soft=0, hard=0),
+            Ulimit(name="fsize", soft=limits.tmpfs_mb * MIB, hard=limits.tmpfs_mb * MIB),
+        ],
+        "read_only": True,
+        "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={limits.tmpfs_mb}m,mode=1777"},
+        "pids_limit": limits.pids,
+        "mem_limit": f"{limits.memory_mb}m",
+        "memswap_limit": f"{limits.memory_mb}m",
+        "nano_cpus": int(limits.cpus * 1e9),
+        "network_mode": limits.network,
+        # The case's model gateway socket, and nothing else of the host: read-only, so
+        # the case can connect to the socket but not replace it or leave files beside it.
+        "mounts": [
+            Mount(
+                target=gateway_wire.SOCKET_DIR,
+                source=str(model_channel),
+                type="bind",
+                read_only=True,
+            )
+        ]
+        if model_channel is not None
+        else [],
+        # Rotation keeps the tail, which is where the runner's result is.
+        "log_config": LogConfig(
+            type="json-file",
+            config={"max-size": str(limits.output_limit_bytes), "max-file": "1"},
+        ),
+    }
+    create: dict[str, Any] = {
+        "command": list(argv),
+        "user": "0:0",
+        # With no network the engine need not join one: NetworkDisabled gives the
+        # container a fresh namespace with only loopback, as "none" does, but skips
+        # libnetwork's sandbox and the prestart hook that re-executes dockerd once per
+        # container, which was half the CPU of a case container's start (Docker 20.10).
+        "network_disabled": limits.network == "none",
+        "labels": {LABEL: "case", **labels},
+        # No environment of ours: the image's alone reaches the runner's process. What a
+        # case needs (its environment, the nonce) goes to the runner's stdin, read once.
+        # With stdin_open the SDK also sets StdinOnce (it creates attached containers):
+        # the engine closes the container's stdin when our attach ends, an end of file.
+        "stdin_open": True,
+        "working_dir": "/bundle",
+    }
+    return host, create
+
+
 class CaseContainers(DockerEngine):
     """Runs one case container, to its end or its wall deadline (CaseRunner.run)."""
 
@@ -97,60 +164,9 @@ class CaseContainers(DockerEngine):
         """
         if halt is not None and halt.is_set():
             raise Halted("the job was halted; no case container was created")
-        # The host side of the container (HostConfig): its limits and what it may do.
-        host: dict[str, Any] = {
-            # The runner starts as root with only what it needs to run each invocation under
-            # INVOCATION_UID (which then holds no capability) and to kill what it leaves.
-            "cap_drop": ["ALL"],
-            "cap_add": ["SETUID", "SETGID", "KILL"],
-            "security_opt": ["no-new-privileges"],
-            "init": True,  # reaps the orphans that invocations leave and the runner kills
-            "ulimits": [
-                Ulimit(name="nofile", soft=1024, hard=1024),
-                Ulimit(name="core", soft=0, hard=0),
-                Ulimit(name="fsize", soft=limits.tmpfs_mb * MIB, hard=limits.tmpfs_mb * MIB),
-            ],
-            "read_only": True,
-            "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={limits.tmpfs_mb}m,mode=1777"},
-            "pids_limit": limits.pids,
-            "mem_limit": f"{limits.memory_mb}m",
-            "memswap_limit": f"{limits.memory_mb}m",
-            "nano_cpus": int(limits.cpus * 1e9),
-            "network_mode": limits.network,
-            # The case's model gateway socket, and nothing else of the host: read-only, so
-            # the case can connect to the socket but not replace it or leave files beside it.
-            "mounts": [
-                Mount(
-                    target=gateway_wire.SOCKET_DIR,
-                    source=str(model_channel),
-                    type="bind",
-                    read_only=True,
-                )
-            ]
-            if model_channel is not None
-            else [],
-            # Rotation keeps the tail, which is where the runner's result is.
-            "log_config": LogConfig(
-                type="json-file",
-                config={"max-size": str(limits.output_limit_bytes), "max-file": "1"},
-            ),
-        }
-        create: dict[str, Any] = {
-            "command": list(argv),
-            "user": "0:0",
-            # With no network the engine need not join one: NetworkDisabled gives the
-            # container a fresh namespace with only loopback, as "none" does, but skips
-            # libnetwork's sandbox and the prestart hook that re-executes dockerd once per
-            # container, which was half the CPU of a case container's start (Docker 20.10).
-            "network_disabled": limits.network == "none",
-            "labels": {LABEL: "case", **labels},
-            # No environment of ours: the image's alone reaches the runner's process. What a
-            # case needs (its environment, the nonce) goes to the runner's stdin, read once.
-            # With stdin_open the SDK also sets StdinOnce (it creates attached containers):
-            # the engine closes the container's stdin when our attach ends, an end of file.
-            "stdin_open": True,
-            "working_dir": "/bundle",
-        }
+        host, create = case_container(
+            argv, limits=limits, labels=labels, model_channel=model_channel
+        )
         started = time.monotonic()
         with docker_errors(f"running a case container from {image}"):
             api = self.client.api
