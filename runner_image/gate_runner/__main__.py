@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -33,7 +33,19 @@ def main(argv: list[str] | None = None) -> int:
     import traceback
     from pathlib import Path
 
-    from .invocations import DEFAULT_OUTPUT_LIMIT_BYTES, Isolation, make_undumpable
+    from .dataclass_code import compiled_dataclasses, runner_imports, write
+
+    # The runner's own modules, imported with their dataclass methods compiled at image build
+    # (dataclass_code.py): the run-case path's all at once, here, before any user code or the
+    # SDK is imported. The image build's `dataclass-code` step collects that code.
+    collecting = args_in[:1] == ["dataclass-code"]
+    collected: dict[str, Any] = {}
+    lent = compiled_dataclasses({}, collect=collected) if collecting else compiled_dataclasses()
+    with lent:
+        from .invocations import DEFAULT_OUTPUT_LIMIT_BYTES, Isolation, make_undumpable
+
+        if collecting or args_in[:1] == ["run-case"]:
+            runner_imports()
 
     parser = argparse.ArgumentParser(prog="gate_runner")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -84,7 +96,15 @@ def main(argv: list[str] | None = None) -> int:
         "sdk-modules", help="write the modules the SDK's path imports (light.py), at image build"
     )
     measuring.add_argument("--out", required=True)
+    compiling = sub.add_parser(
+        "dataclass-code", help="write the runner's compiled dataclass code, at image build"
+    )
+    compiling.add_argument("--out", required=True)
     args = parser.parse_args(args_in)
+    if args.command == "dataclass-code":
+        write(args.out, collected)
+        print(f"{len(collected)} dataclass method texts compiled")
+        return 0
     if args.command == "sdk-modules":
         import json
 
