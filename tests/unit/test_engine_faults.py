@@ -332,3 +332,30 @@ def test_the_stderr_of_a_runner_that_broke_is_read(code: int, stdout: bytes) -> 
     result = run(broke)
     assert result.stderr == b"the runner's stderr"
     assert [call["stdout"] for call in broke.logs_read] == [True, False]
+
+
+class SocketApi:
+    """An engine client's low-level half as docker-py makes it for ``base_url``."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self.trust_env = True
+
+
+class SocketClient:
+    def __init__(self, base_url: str) -> None:
+        self.api = SocketApi(base_url)
+
+    def ping(self) -> bool:
+        return True
+
+
+def test_a_local_engine_socket_is_called_without_looking_for_proxies_or_netrc() -> None:
+    # docker-py names every local transport (unix socket, named pipe, ssh) http+docker://.
+    local = SocketClient("http+docker://localhost")
+    DockerSandbox(Settings(), client=local)  # type: ignore[arg-type]
+    assert local.api.trust_env is False
+    # A TCP engine may sit behind a proxy the environment names: requests still reads it.
+    remote = SocketClient("https://engine.internal:2376")
+    DockerSandbox(Settings(), client=remote)  # type: ignore[arg-type]
+    assert remote.api.trust_env is True
