@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -585,18 +585,16 @@ def save_case_result(
         packed = [(inv, pack_run(inv.as_dict(), cap)) for inv in result.invocations]
     except RecursionError:
         raise UntrustedResult("the result nests too deeply to store") from None
-    replaced = session.scalar(
-        select(func.coalesce(func.sum(Run.stored_bytes), 0)).where(Run.case_id == case.id)
+    # What an earlier result of the case stored, removed and counted in one statement.
+    replaced = sum(
+        session.scalars(delete(Run).where(Run.case_id == case.id).returning(Run.stored_bytes))
     )
-    session.query(Run).filter(Run.case_id == case.id).delete()
     case.status, case.passed, case.successes = status, passed, successes
     case.duration_ms = result.duration_ms
     case.failure_reason = _case_reason(result.failure_reason)
     for inv, run in packed:
         session.add(_run_row(case, inv, run))
-    gate.result_bytes = (
-        (gate.result_bytes or 0) - int(replaced or 0) + sum(r.stored_bytes for _, r in packed)
-    )
+    gate.result_bytes = (gate.result_bytes or 0) - replaced + sum(r.stored_bytes for _, r in packed)
     gate.revision += 1
 
 
