@@ -336,6 +336,23 @@ class _Handler(BaseHTTPRequestHandler):
             pass  # the channel was closed under this call, or the runner went away
 
 
+def channel_folder(root: Path) -> Path:
+    """A new folder under ``root`` for one case's socket: 0755, so the container's runner uid
+    can reach the socket and nobody may add to it. ValueError when a socket in it would have
+    a longer path than a Unix socket may."""
+    root.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="gate-model-", dir=root))
+    socket_path = folder / SOCKET_NAME
+    if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise ValueError(
+            f"the gateway's socket path {socket_path} is longer than a Unix socket may be "
+            f"({MAX_SOCKET_PATH} bytes); set GATE_GATEWAY_SOCKET_ROOT to a shorter folder"
+        )
+    os.chmod(folder, 0o755)
+    return folder
+
+
 class Channel:
     """One case's door to the gateway. Built by ``ModelGateway.open_channel``."""
 
@@ -354,6 +371,7 @@ class Channel:
         deadline: float,
         complete: Complete,
         waiting: Callable[[], AbstractContextManager[None]] | None = None,
+        folder: Path | None = None,
     ) -> None:
         self.gate_id = gate_id
         self.case_id = case_id
@@ -376,23 +394,16 @@ class Channel:
         self._connections: set[socket.socket] = set()
         self._closed = threading.Event()
 
-        root.mkdir(parents=True, exist_ok=True)
-        self.folder = Path(tempfile.mkdtemp(prefix="gate-model-", dir=root))
+        # A folder the caller made (channel_folder: the worker mounts it into the case's
+        # container before the case starts) stays the caller's to remove; else our own.
+        self._own_folder = folder is None
+        self.folder = channel_folder(root) if folder is None else folder
         self.socket_path = self.folder / SOCKET_NAME
-        if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            raise ValueError(
-                f"the gateway's socket path {self.socket_path} is longer than a Unix socket "
-                f"may be ({MAX_SOCKET_PATH} bytes); set GATE_GATEWAY_SOCKET_ROOT to a shorter "
-                "folder"
-            )
         try:
-            # 0755: the container's runner uid must reach the socket; nobody may add to it.
-            os.chmod(self.folder, 0o755)
             self._server = _Server(str(self.socket_path), _Handler)
             os.chmod(self.socket_path, 0o666)
         except BaseException:
-            shutil.rmtree(self.folder, ignore_errors=True)
+            self._remove_files()
             raise
         self._server.channel = self
         self._thread = threading.Thread(target=self._serve, name=f"gateway-{case_id}", daemon=True)
@@ -482,7 +493,14 @@ class Channel:
                 connection.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass  # already gone
-        shutil.rmtree(self.folder, ignore_errors=True)
+        self._remove_files()
+
+    def _remove_files(self) -> None:
+        """The socket, and the folder when it is the channel's own."""
+        if self._own_folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        else:
+            self.socket_path.unlink(missing_ok=True)
 
     def __enter__(self) -> Channel:
         return self

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -43,7 +44,7 @@ from gate_service.secrets.redact import Redactor
 from ..endpoints import host_allowed, refused_address
 from .api_call import build_call
 from .budget import Budget, BudgetLedger, Budgets, Limits, SpendStore
-from .channel import Channel
+from .channel import Channel, channel_folder
 from .failure import Failure
 from .keys import ModelRoute, Route, provider_secret_names, resolve_route
 from .mcp import fill_headers, fill_secrets, mcp_once
@@ -195,6 +196,7 @@ class ModelGateway:
         api_specs: Mapping[str, Any] | None = None,
         budgets: Budgets | None = None,
         waiting: Callable[[], AbstractContextManager[None]] | None = None,
+        folder: Path | None = None,
     ) -> Channel:
         """A channel for one case of ``gate_id``, calling with ``project_id``'s ``secrets``
         (name → value) and ``routes``, fetching pages of the ``egress`` hosts, until
@@ -203,7 +205,9 @@ class ModelGateway:
         ``budgets`` (default: the gateway's own) sets the gate's limits when its first
         channel opens and the project's when the project is first seen in this process;
         later channels share those counters. ``waiting``: entered around each call the
-        channel forwards (the worker lends the case's CPU slot meanwhile)."""
+        channel forwards (the worker lends the case's CPU slot meanwhile). ``folder``: where
+        its socket goes, one that ``case_folder`` made (and removes); default: a folder of
+        the channel's own, removed when it closes."""
         chosen = budgets or self.budgets
         with self._lock:
             gate = self._gate_budgets.get(gate_id)
@@ -231,7 +235,18 @@ class ModelGateway:
             deadline=deadline,
             complete=self.complete,
             waiting=waiting,
+            folder=folder,
         )
+
+    @contextmanager
+    def case_folder(self) -> Iterator[Path]:
+        """A folder for one case's channel socket, removed on leaving: the worker mounts it
+        into the case's container when it creates it, before the channel opens in it."""
+        folder = channel_folder(self.socket_root)
+        try:
+            yield folder
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def end_gate(self, gate_id: str) -> None:
         """Forget a finished gate's budget (its channels are closed)."""

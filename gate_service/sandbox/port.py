@@ -156,8 +156,45 @@ class ImageBuilder(Protocol):
         ...
 
 
+class CaseContainer(Protocol):
+    """A case container that ``CaseRunner.create`` made and has not started: run once, then
+    removed, whether it ran or not."""
+
+    def run(
+        self, stdin: bytes, *, wall_seconds: float, halt: threading.Event | None = None
+    ) -> RunResult:
+        """Start it, hand ``stdin`` to the runner, and wait for its end or ``wall_seconds``
+        (as ``CaseRunner.run``, which see). ``halt`` set before the start: it is not started,
+        and Halted is raised; set while it runs, it is stopped and Halted raised."""
+        ...
+
+    def remove(self) -> None:
+        """Remove it, started or not; returns once the engine no longer has it."""
+        ...
+
+
 class CaseRunner(Protocol):
     """One hardened container per case, and the removal of those no worker judges any more."""
+
+    def create(
+        self,
+        image: str,
+        argv: Sequence[str],
+        *,
+        limits: RunLimits,
+        labels: Mapping[str, str],
+        halt: threading.Event | None = None,
+        model_channel: Path | None = None,
+    ) -> CaseContainer:
+        """A case container as ``run`` makes one, created and not started.
+
+        So a worker makes a case's container while the case still waits for a CPU slot, and
+        removes it after giving the slot back: only the start, the run and the reading of its
+        output hold one. ``limits.wall_seconds`` is not read here (``CaseContainer.run``
+        takes it), and ``model_channel`` must exist: its socket may come later, before the
+        start. ``halt`` set: none is created, and Halted is raised.
+        """
+        ...
 
     def run(
         self,

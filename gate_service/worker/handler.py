@@ -16,14 +16,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -58,6 +58,7 @@ from ..sandbox import (
     INVOCATION_UID,
     SCRATCH_DIR,
     BuildRefused,
+    CaseContainer,
     Halted,
     RunLimits,
     RunResult,
@@ -447,6 +448,10 @@ class WorkerSlots:
 
 def _run_cases(ctx: WorkerContext, job: ClaimedJob, image: str, slots: WorkerSlots) -> None:
     with session_scope(ctx.sessions) as session:
+        gate = session.get_one(Gate, job.gate_id)
+        # Fixed at submission, so read once: each case's container is made with it.
+        model_mode = gate.model_mode
+        inputs = _case_inputs(ctx, session, gate.project_id)
         pending = [
             (c.id, c.suite, c.test_name, c.runs, c.success_threshold, c.timeout_s)
             for c in session.scalars(
@@ -461,7 +466,7 @@ def _run_cases(ctx: WorkerContext, job: ClaimedJob, image: str, slots: WorkerSlo
         futures = [
             pool.submit(
                 contextvars.copy_context().run,
-                partial(_run_case_in_slot, slots, ctx, job, image, *p),
+                partial(_run_case_in_slot, slots, ctx, job, image, model_mode, inputs, *p),
             )
             for p in pending
         ]
@@ -471,17 +476,53 @@ def _run_cases(ctx: WorkerContext, job: ClaimedJob, image: str, slots: WorkerSlo
 
 
 def _run_case_in_slot(
-    slots: WorkerSlots, ctx: WorkerContext, job: ClaimedJob, image: str, *case: Any
+    slots: WorkerSlots,
+    ctx: WorkerContext,
+    job: ClaimedJob,
+    image: str,
+    model_mode: str | None,
+    inputs: _CaseInputs,
+    case_id: uuid.UUID,
+    suite: str,
+    test_name: str,
+    *judging: int,
 ) -> bool:
-    """``_run_case`` once a container slot and a case slot of the worker are this gate's (see
-    slots.py); the case lends the latter while it waits on its model."""
+    """``_run_case`` with the case's slots (see slots.py): a container slot for its
+    container's life, and within it a case (CPU) slot, lent while it waits on its model.
+
+    The container is made once the container slot is the case's and removed after the case
+    slot is given back, so the engine's create and removal of one case overlap the runs of
+    others: only the start, the run and the reading of its output hold a case slot.
+    """
     if ctx.stop.is_set() or job.halt.is_set():
         return False
-    with (
-        slots.containers.slot(job.id, job.project_id),
-        CaseLease(slots.cpu, job.id, job.project_id) as lease,
-    ):
-        store = _run_case(ctx, job, image, lease, *case)
+    bind_log_context(case_id=case_id, case=f"{suite}::{test_name}")
+    with slots.containers.slot(job.id, job.project_id), ExitStack() as held:
+        # Left in reverse: the case slot, then the container, then its channel's folder.
+        folder = held.enter_context(ctx.gateway.case_folder()) if ctx.gateway else None
+        try:
+            container = ctx.sandbox.create(
+                image,
+                runner_argv(ctx.settings, suite, test_name, model_mode),
+                # Its wall deadline is the start's (see _run_case), not the container's.
+                limits=case_limits(ctx.settings, 0),
+                labels={
+                    "gate.gate_id": str(job.gate_id),
+                    "gate.case_id": str(case_id),
+                    "gate.owner": job.owner,
+                },
+                halt=job.halt,
+                model_channel=folder,
+            )
+        except SandboxError:  # Halted among them
+            if job.halt.is_set():  # the gate was cancelled or its lease lost meanwhile
+                return False
+            raise
+        held.callback(container.remove)
+        lease = held.enter_context(CaseLease(slots.cpu, job.id, job.project_id))
+        store = _run_case(
+            ctx, job, container, folder, lease, inputs, case_id, suite, test_name, *judging
+        )
     # Stored with the slots given back: the container is gone and the outcome known (a
     # deadline that ends the gate has halted it already), so the next case can start while
     # this one's result is written.
@@ -489,27 +530,54 @@ def _run_case_in_slot(
 
 
 @dataclass(frozen=True)
-class _CaseStart:
-    """A case marked running, and what its container gets."""
+class _CaseInputs:
+    """What each case of a gate gets of its project, read once as the gate's cases begin (in
+    each attempt): every case of a gate sees one state of its project, and a secret, route,
+    egress host or API spec changed while the gate runs applies from its next gate."""
 
-    model_mode: str | None
     # The GATE_CASE_ENV values and the project's secrets, less the provider keys when a
     # model gateway serves the case: what the case's invocations get.
     env: dict[str, str]
     secrets: dict[str, str]  # all the project's secrets: the gateway's to call with
     project_id: uuid.UUID
-    routes: tuple[ModelRoute, ...]  # the project's model routes, as the case starts
-    egress: tuple[str, ...]  # the project's egress allowlist, as the case starts
-    seconds_left: float  # until the gate's deadline
-    # The project's API specs (prefix -> {base_url, headers, tools}), as the case starts.
+    routes: tuple[ModelRoute, ...]  # the project's model routes
+    egress: tuple[str, ...]  # the project's egress allowlist
+    # The project's API specs (prefix -> {base_url, headers, tools}).
     api_specs: dict[str, Any]
+
+
+def _case_inputs(ctx: WorkerContext, session: Session, project_id: uuid.UUID) -> _CaseInputs:
+    """The project's part of its cases' inputs (see _CaseInputs), its secrets decrypted."""
+    # Decrypted before any case is marked: a key that does not fit fails the attempt (an
+    # infrastructure error of the gate) with its cases still queued.
+    project_env = project_secrets(session, ctx.box(), project_id)
+    # The project's secrets and the GATE_CASE_ENV values: handed to the runner on its stdin
+    # and given only to invocation processes (gate_runner/case_env.py). With a model
+    # gateway, the provider keys are the gateway's alone.
+    project = session.get_one(Project, project_id)
+    routes = tuple(route_of(stored) for stored in project.model_routes)
+    case_secrets = project_env
+    if ctx.gateway is not None:
+        # A route's key secret is a provider key too.
+        withheld = provider_secret_names() | {r.key_secret for r in routes if r.key_secret}
+        case_secrets = {k: v for k, v in project_env.items() if k not in withheld}
+    return _CaseInputs(
+        env={**case_environment(ctx.settings), **case_secrets},
+        secrets=project_env,
+        project_id=project_id,
+        routes=routes,
+        egress=tuple(str(host) for host in project.egress_hosts),
+        api_specs=dict(project.api_specs or {}),
+    )
 
 
 def _run_case(
     ctx: WorkerContext,
     job: ClaimedJob,
-    image: str,
+    container: CaseContainer,
+    folder: Path | None,
     lease: CaseLease | None,
+    inputs: _CaseInputs,
     case_id: uuid.UUID,
     suite: str,
     test_name: str,
@@ -517,14 +585,14 @@ def _run_case(
     success_threshold: int,
     timeout_s: int,
 ) -> Callable[[], bool] | None:
-    """Run one case in its container and judge it: mark it running, run it, read its outcome.
-    None when it was skipped (stop, cancel, halt); else what stores the outcome (True), or
-    raises DeadlinePassed once the gate's deadline stopped it."""
-    bind_log_context(case_id=case_id, case=f"{suite}::{test_name}")
+    """Run one case in its created container and judge it: mark it running, run it, read its
+    outcome. None when it was skipped (stop, cancel, halt); else what stores the outcome
+    (True), or raises DeadlinePassed once the gate's deadline stopped it. ``folder``: where
+    its model channel's socket goes, mounted into the container (None: no gateway)."""
     if ctx.stop.is_set() or job.halt.is_set():
         return None
-    start = _mark_running(ctx, job, case_id)
-    if start is None:
+    seconds_left = _mark_running(ctx, job, case_id)
+    if seconds_left is None:
         return None
     s = ctx.settings
     # Each invocation: the agent's timeout_s, then a builder cleanup's own budget (the runner
@@ -532,21 +600,19 @@ def _run_case(
     per_invocation = timeout_s + min(timeout_s, MAX_CLEANUP_SECONDS) + PER_INVOCATION_SLACK_SECONDS
     wall = runs * per_invocation + s.case_deadline_slack_seconds
     # No case container outlives the gate's deadline: its wall limit is at most the time left.
-    cut_by_deadline = wall > int(start.seconds_left)
-    wall = min(wall, int(start.seconds_left))
+    cut_by_deadline = wall > int(seconds_left)
+    wall = min(wall, int(seconds_left))
     # Only the runner can read this (see gate_runner/case_env.py); a result without it is forged.
     nonce = secrets.token_hex(32)
-    with _model_channel(ctx, job, case_id, start, lease) as channel:
-        result = _run_container(
-            ctx, job, image, case_id, suite, test_name, start, wall, nonce, channel
-        )
+    with _model_channel(ctx, job, case_id, inputs, seconds_left, lease, folder) as channel:
+        result = _run_container(job, container, inputs, wall, nonce, channel)
         calls = list(channel.records) if channel is not None else []
     if result is None:
         return None
     ctx.metrics.container_started(result.start_ms)
     # Every value that reached the case, or its model calls, is redacted from all that is
     # stored for it.
-    redactor = Redactor({**start.env, **start.secrets})
+    redactor = Redactor({**inputs.env, **inputs.secrets})
     facts = CaseFacts(
         suite=suite,
         test_name=test_name,
@@ -573,24 +639,28 @@ def _model_channel(
     ctx: WorkerContext,
     job: ClaimedJob,
     case_id: uuid.UUID,
-    start: _CaseStart,
+    inputs: _CaseInputs,
+    seconds_left: float,
     lease: CaseLease | None,
+    folder: Path | None,
 ) -> Iterator[Channel | None]:
-    """The case's channel to the process's model gateway, closed (and its socket gone) when
-    the case's container is: a channel never outlives its case. None without a gateway."""
-    if ctx.gateway is None:
+    """The case's channel to the process's model gateway, its socket in ``folder``, closed
+    (and its socket gone) when the case's container has ended: a channel never outlives its
+    case. None without a gateway."""
+    if ctx.gateway is None or folder is None:
         yield None
         return
     channel = ctx.gateway.open_channel(
         gate_id=str(job.gate_id),
         case_id=str(case_id),
-        project_id=str(start.project_id),
-        secrets=start.secrets,
-        routes=start.routes,
-        egress=start.egress,
-        api_specs=start.api_specs,
-        deadline=time.monotonic() + start.seconds_left,
+        project_id=str(inputs.project_id),
+        secrets=inputs.secrets,
+        routes=inputs.routes,
+        egress=inputs.egress,
+        api_specs=inputs.api_specs,
+        deadline=time.monotonic() + seconds_left,
         waiting=lease.waiting_on_model if lease is not None else None,
+        folder=folder,
     )
     try:
         yield channel
@@ -612,37 +682,24 @@ def case_limits(settings: Settings, wall_seconds: float) -> RunLimits:
 
 
 def _run_container(
-    ctx: WorkerContext,
     job: ClaimedJob,
-    image: str,
-    case_id: uuid.UUID,
-    suite: str,
-    test_name: str,
-    start: _CaseStart,
+    container: CaseContainer,
+    inputs: _CaseInputs,
     wall: int,
     nonce: str,
     channel: Channel | None,
 ) -> RunResult | None:
     """The case's container run; None when the job was halted under it."""
-    s = ctx.settings
     try:
-        return ctx.sandbox.run(
-            image,
-            runner_argv(s, suite, test_name, start.model_mode),
-            stdin=handoff.encode(
-                start.env,
+        return container.run(
+            handoff.encode(
+                inputs.env,
                 nonce,
                 gateway_token=channel.token if channel else None,
-                api_tools=loader_tools(start.api_specs),
+                api_tools=loader_tools(inputs.api_specs),
             ),
-            limits=case_limits(s, wall),
-            labels={
-                "gate.gate_id": str(job.gate_id),
-                "gate.case_id": str(case_id),
-                "gate.owner": job.owner,
-            },
+            wall_seconds=wall,
             halt=job.halt,
-            model_channel=channel.folder if channel else None,
         )
     except SandboxError:  # Halted among them
         if job.halt.is_set():  # the heartbeat removed the container (cancel or lost lease)
@@ -650,40 +707,32 @@ def _run_container(
         raise
 
 
-def _mark_running(ctx: WorkerContext, job: ClaimedJob, case_id: uuid.UUID) -> _CaseStart | None:
-    """Mark the case running and decrypt what it gets; None when the gate was cancelled."""
-
-    def mark(session: Session, gate: Gate) -> _CaseStart | None:
-        # Read before the case is marked, from the gate this transaction already holds: none
-        # starts once the gate's deadline has passed.
-        left = time_left(ctx.settings, gate.started_at)
-        if gate.cancel_requested:
-            return None
-        # Decrypted before the case is marked: a key that does not fit fails the attempt
-        # (an infrastructure error of the gate) with the case still queued.
-        project_env = project_secrets(session, ctx.box(), gate.project_id)
-        case = session.get_one(Case, case_id)
-        case.status = CaseStatus.running
-        gate.revision += 1
-        # The project's secrets and the GATE_CASE_ENV values: handed to the runner on its
-        # stdin and given only to invocation processes (gate_runner/case_env.py). With a
-        # model gateway, the provider keys are the gateway's alone.
-        project = session.get_one(Project, gate.project_id)
-        routes = tuple(route_of(stored) for stored in project.model_routes)
-        case_secrets = project_env
-        if ctx.gateway is not None:
-            # A route's key secret is a provider key too.
-            withheld = provider_secret_names() | {r.key_secret for r in routes if r.key_secret}
-            case_secrets = {k: v for k, v in project_env.items() if k not in withheld}
-        env = {**case_environment(ctx.settings), **case_secrets}
-        egress = tuple(str(host) for host in project.egress_hosts)
-        api_specs = dict(project.api_specs or {})
-        return _CaseStart(
-            gate.model_mode, env, project_env, gate.project_id, routes, egress, left, api_specs
-        )
-
+def _mark_running(ctx: WorkerContext, job: ClaimedJob, case_id: uuid.UUID) -> float | None:
+    """Mark the case running: the seconds left until the gate's deadline, or None when the
+    gate was cancelled. DeadlinePassed (with nothing written) once that deadline has passed,
+    whether or not the gate was also cancelled."""
     try:
-        return _write(ctx, job, mark)
+        # Three statements, none loading a row into the session: the lease, the gate's
+        # revision (locking the gate's row, as every write of a case does), the case.
+        with job.transaction(ctx.sessions) as session:
+            marked = session.execute(
+                update(Gate)
+                .where(Gate.id == job.gate_id, Gate.cancel_requested.is_(False))
+                .values(revision=Gate.revision + 1)
+                .returning(Gate.started_at),
+                execution_options={"synchronize_session": False},
+            ).one_or_none()
+            if marked is None:  # cancelled: nothing is marked, the deadline read first
+                time_left(ctx.settings, service.get_gate(session, job.gate_id).started_at)
+                return None
+            # No case starts once the gate's deadline has passed (the raise rolls the
+            # revision back).
+            left = time_left(ctx.settings, marked.started_at)
+            session.execute(
+                update(Case).where(Case.id == case_id).values(status=CaseStatus.running),
+                execution_options={"synchronize_session": False},
+            )
+            return left
     except DeadlinePassed:
         job.halt.set()  # the gate's other cases do not start either
         raise

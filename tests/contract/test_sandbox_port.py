@@ -53,6 +53,11 @@ REACH_VARIABLE = "REACH_TARGETS"
 REPORTS = "reports_its_environment"
 NAPS = "naps"  # long enough to be reaped, halted or cut off while it runs
 PROBE_VARIABLE = "CONTRACT_PROBE"
+# A case container's limits where the contract does not test them (a create does not read
+# the wall deadline: the start takes it).
+LIMITS_ANY = port.RunLimits(
+    memory_mb=256, cpus=1, pids=64, wall_seconds=0, tmpfs_mb=16, output_limit_bytes=1_000_000
+)
 PROJECT = {
     "agents/probe.yaml": """
         version: "1.0"
@@ -241,7 +246,7 @@ def test_the_backend_has_every_method_of_the_port(backend: Backend) -> None:
         for name in vars(protocol)
         if not name.startswith("_")
     }
-    assert names >= {"runner_image", "build_test_image", "run", "reap", "close"}
+    assert names >= {"runner_image", "build_test_image", "create", "run", "reap", "close"}
     assert {name for name in names if not callable(getattr(backend.sandbox, name, None))} == set()
 
 
@@ -340,6 +345,69 @@ def test_a_halt_while_a_case_runs_removes_it_and_raises_halted(backend: Backend)
         running.result(timeout=SETTLE_SECONDS)
     assert time.monotonic() - halted_at < 10  # at the halt, not at the end of the nap
     wait_until(lambda: not present(backend.sandbox, labels), "the halted container is gone")
+
+
+def create(backend: Backend, case: str, labels: Mapping[str, str]) -> port.CaseContainer:
+    """A case container of the contract project created as the worker creates one, unstarted."""
+    return backend.sandbox.create(
+        backend.image,
+        runner_argv(backend.settings, SUITE, case),
+        limits=LIMITS_ANY,
+        labels=labels,
+    )
+
+
+def test_a_created_case_container_is_listed_runs_once_and_is_removed(backend: Backend) -> None:
+    labels, nonce = contract_labels(), secrets.token_hex(32)
+    container = create(backend, REPORTS, labels)
+    # Created and not started: on the engine (so the reaper finds one a dead worker left).
+    assert len(present(backend.sandbox, labels)) == 1
+    result = container.run(
+        case_env.encode({PROBE_VARIABLE: "created"}, nonce), wall_seconds=SETTLE_SECONDS
+    )
+    parsed = parse_runner_output(result.stdout, nonce=nonce, suite=SUITE, test_name=REPORTS)
+    assert result.exit_code == 0 and parsed.passed
+    assert [invocation.output for invocation in parsed.invocations] == [{"seen": "created"}]
+    with pytest.raises(SandboxError):  # a container runs once
+        container.run(case_env.encode({}, nonce), wall_seconds=SETTLE_SECONDS)
+    container.remove()
+    container.remove()  # twice is harmless
+    assert present(backend.sandbox, labels) == []
+
+
+def test_a_created_container_removed_or_halted_before_its_start_never_runs(
+    backend: Backend,
+) -> None:
+    labels, halt = contract_labels(), threading.Event()
+    removed = create(backend, NAPS, labels)
+    removed.remove()
+    assert present(backend.sandbox, labels) == []
+    with pytest.raises(SandboxError):
+        removed.run(case_env.encode({}, secrets.token_hex(32)), wall_seconds=SETTLE_SECONDS)
+    halted = create(backend, NAPS, labels)
+    halt.set()
+    started = time.monotonic()
+    with pytest.raises(Halted):
+        halted.run(case_env.encode({}, secrets.token_hex(32)), wall_seconds=60, halt=halt)
+    assert time.monotonic() - started < 5  # not started: the nap takes 20 s
+    halted.remove()
+    assert present(backend.sandbox, labels) == []
+    with pytest.raises(Halted):  # and none is created once the job is halted
+        backend.sandbox.create(
+            backend.image, ["run-case"], limits=LIMITS_ANY, labels=labels, halt=halt
+        )
+    assert present(backend.sandbox, labels) == []
+
+
+def test_a_created_container_that_is_reaped_before_its_start_fails_it(backend: Backend) -> None:
+    labels = contract_labels()
+    container = create(backend, NAPS, labels)
+    assert backend.sandbox.reap(labels) == 1
+    with pytest.raises(SandboxError) as failed:
+        container.run(case_env.encode({}, secrets.token_hex(32)), wall_seconds=SETTLE_SECONDS)
+    assert not isinstance(failed.value, Halted)  # removed from outside, not halted
+    container.remove()
+    assert present(backend.sandbox, labels) == []
 
 
 @contextmanager

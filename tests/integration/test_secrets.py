@@ -10,8 +10,10 @@ from __future__ import annotations
 import stat
 import threading
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.fernet import Fernet
@@ -24,6 +26,7 @@ from gate_service.config import Settings
 from gate_service.db import session_scope
 from gate_service.errors import SecretUnreadable
 from gate_service.models import DEFAULT_PROJECT, Project, ProjectSecret
+from gate_service.sandbox import RunResult
 from gate_service.secrets.crypto import KEY_FILE, SecretBox, SecretsKeyInvalid
 from gate_service.secrets.service import (
     MAX_PROJECT_CIPHERTEXT_BYTES,
@@ -366,3 +369,37 @@ def test_a_worker_with_another_key_ends_the_gate_error_saying_why(
         c["failure_reason"].startswith("not judged: infrastructure error after")
         for c in gate.json()["cases"]
     )
+
+
+class ChangingSecretSandbox(FakeSandbox):
+    """Replaces the project's API_KEY through the API while the gate's first case runs."""
+
+    def __init__(self, client: TestClient) -> None:
+        super().__init__()
+        self.client = client
+        self.changed = False
+
+    def run(self, image: str, argv: Sequence[str], **kw: Any) -> RunResult:
+        if not self.changed:
+            self.changed = True
+            put = self.client.put(f"{BASE}/API_KEY", json={"value": SECRET + "-rotated"})
+            assert put.status_code == 200, put.text
+        return super().run(image, argv, **kw)
+
+
+def test_a_gate_sees_one_state_of_its_projects_secrets_and_the_next_gate_the_new_one(
+    client: TestClient, settings: Settings, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """Read once as a gate's cases begin (worker/handler.py, _CaseInputs): a secret replaced
+    while the gate runs reaches none of its cases, and every case of the next gate."""
+    assert client.put(f"{BASE}/API_KEY", json={"value": SECRET}).status_code == 201
+    sandbox = ChangingSecretSandbox(client)
+    worker = leaky_worker(settings, sessions, sandbox, case_concurrency=1)
+    bundle = bundle_of(leaky_project(tmp_path))
+    assert client.post("/v1/gates", files={"bundle": ("b.tgz", bundle)}).status_code == 202
+    assert worker.run_once()
+    assert sandbox.changed and len(sandbox.envs) == 3
+    assert [e["API_KEY"] for e in sandbox.envs] == [SECRET] * 3
+    assert client.post("/v1/gates", files={"bundle": ("b.tgz", bundle)}).status_code == 202
+    assert worker.run_once()
+    assert [e["API_KEY"] for e in sandbox.envs[3:]] == [SECRET + "-rotated"] * 3

@@ -141,7 +141,40 @@ def case_container(
 
 
 class CaseContainers(DockerEngine):
-    """Runs one case container, to its end or its wall deadline (CaseRunner.run)."""
+    """Creates case containers (CaseRunner.create), and runs one to its end or its wall
+    deadline (CaseRunner.run)."""
+
+    def create(
+        self,
+        image: str,
+        argv: Sequence[str],
+        *,
+        limits: RunLimits,
+        labels: Mapping[str, str],
+        halt: threading.Event | None = None,
+        model_channel: Path | None = None,
+    ) -> DockerCaseContainer:
+        """A case container, created and not started (see CaseRunner.create).
+
+        ``halt`` set before it is created: none is, and Halted is raised.
+        """
+        if halt is not None and halt.is_set():
+            raise Halted("the job was halted; no case container was created")
+        host, create = case_container(
+            argv, limits=limits, labels=labels, model_channel=model_channel
+        )
+        started = time.monotonic()
+        with docker_errors(f"creating a case container from {image}"):
+            api = self.client.api
+            # The low-level create: the collection's would inspect the new container at once,
+            # an engine call per case for attributes nothing here reads before its end.
+            created = api.create_container(
+                image, host_config=api.create_host_config(**host), **create
+            )
+            container = self.client.containers.prepare_model({"Id": created["Id"]})
+        return DockerCaseContainer(
+            api, container, limits, create_ms=int((time.monotonic() - started) * 1000)
+        )
 
     def run(
         self,
@@ -154,7 +187,8 @@ class CaseContainers(DockerEngine):
         halt: threading.Event | None = None,
         model_channel: Path | None = None,
     ) -> RunResult:
-        """One case container, to its end or its wall deadline (see CaseRunner.run).
+        """One case container, created, run to its end or its wall deadline, and removed
+        (see CaseRunner.run).
 
         ``halt`` (the job's: set when it is cancelled or its lease is lost, before the
         heartbeat removes the gate's containers) is read before the container is created and
@@ -162,56 +196,70 @@ class CaseContainers(DockerEngine):
         is removed here instead of running to completion. Set while the container runs, it
         is removed within HALT_POLL_SECONDS. Each raises Halted.
         """
-        if halt is not None and halt.is_set():
-            raise Halted("the job was halted; no case container was created")
-        host, create = case_container(
-            argv, limits=limits, labels=labels, model_channel=model_channel
+        container = self.create(
+            image, argv, limits=limits, labels=labels, halt=halt, model_channel=model_channel
         )
-        started = time.monotonic()
-        with docker_errors(f"running a case container from {image}"):
-            api = self.client.api
-            # The low-level create: the collection's would inspect the new container at once,
-            # an engine call per case for attributes nothing here reads before its end.
-            created = api.create_container(
-                image, host_config=api.create_host_config(**host), **create
-            )
-            container = self.client.containers.prepare_model({"Id": created["Id"]})
-        timed_out = False
         try:
-            if halt is not None and halt.is_set():
-                raise Halted("the job was halted; the case container was removed unstarted")
-            with docker_errors("starting a case container"):
-                # Attached before the start, so nothing the runner reads can be missed.
-                handoff = container.attach_socket(params={"stdin": 1, "stream": 1})
-                try:
-                    container.start()
-                    start_ms = int((time.monotonic() - started) * 1000)
-                    _send_and_close(handoff, stdin, limits.wall_seconds)
-                finally:
-                    handoff.close()
-            timed_out, exit_code = self._wait(container, limits.wall_seconds, halt)
-            duration_ms = int((time.monotonic() - started) * 1000)
-            with docker_errors("reading a case container's output"):
-                container.reload()
-                oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
-                stdout = read_logs(api, created["Id"], stdout=True)
-                # Only a runner that broke has its stderr read (worker/outcome.py): one that
-                # exited 0 after its result block is not asked, an engine call less per case.
-                # Its tail alone is looked at, not a stripped copy of all it printed.
-                tail = stdout[-(len(RESULT_END) + 64) :].rstrip()
-                stderr = (
-                    b""
-                    if exit_code == 0 and tail.endswith(RESULT_END)
-                    else read_logs(api, created["Id"], stderr=True, tail=200)
-                )
-            if not timed_out and not oom and exit_code in STOPPED_FROM_OUTSIDE:
-                raise SandboxError(
-                    f"the case container was stopped from outside (exit code {exit_code}): the "
-                    "Docker engine restarted or stopped, or someone stopped the container; "
-                    "the case was not judged"
-                )
+            return container.run(stdin, wall_seconds=limits.wall_seconds, halt=halt)
         finally:
-            remove_until_gone(container)
+            container.remove()
+
+
+class DockerCaseContainer:
+    """One created case container (CaseContainer): run once, then removed."""
+
+    def __init__(self, api: Any, container: Any, limits: RunLimits, *, create_ms: int) -> None:
+        self._api = api
+        self.container = container
+        self.limits = limits
+        self.create_ms = create_ms
+        self._started = False
+
+    def run(
+        self, stdin: bytes, *, wall_seconds: float, halt: threading.Event | None = None
+    ) -> RunResult:
+        """Start it with ``stdin`` handed to the runner, and wait for its end or
+        ``wall_seconds``; its output is read, and removing it is ``remove``'s."""
+        container, limits = self.container, self.limits
+        if halt is not None and halt.is_set():
+            raise Halted("the job was halted; the case container was not started")
+        if self._started:  # the engine would start it again, from its used file system
+            raise SandboxError("a case container runs once; this one has run")
+        self._started = True
+        with docker_errors("starting a case container"):
+            # Attached before the start, so nothing the runner reads can be missed.
+            handoff = container.attach_socket(params={"stdin": 1, "stream": 1})
+            try:
+                started = time.monotonic()
+                container.start()
+                # The engine's time to make the container and start it, less any wait for a
+                # case slot between the two.
+                start_ms = self.create_ms + int((time.monotonic() - started) * 1000)
+                _send_and_close(handoff, stdin, wall_seconds)
+            finally:
+                handoff.close()
+        timed_out, exit_code = _wait(container, wall_seconds, halt)
+        duration_ms = int((time.monotonic() - started) * 1000) + self.create_ms
+        with docker_errors("reading a case container's output"):
+            container.reload()
+            oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
+            api = self._api
+            stdout = read_logs(api, container.id, stdout=True)
+            # Only a runner that broke has its stderr read (worker/outcome.py): one that
+            # exited 0 after its result block is not asked, an engine call less per case.
+            # Its tail alone is looked at, not a stripped copy of all it printed.
+            tail = stdout[-(len(RESULT_END) + 64) :].rstrip()
+            stderr = (
+                b""
+                if exit_code == 0 and tail.endswith(RESULT_END)
+                else read_logs(api, container.id, stderr=True, tail=200)
+            )
+        if not timed_out and not oom and exit_code in STOPPED_FROM_OUTSIDE:
+            raise SandboxError(
+                f"the case container was stopped from outside (exit code {exit_code}): the "
+                "Docker engine restarted or stopped, or someone stopped the container; "
+                "the case was not judged"
+            )
         truncated = len(stdout) > limits.output_limit_bytes
         return RunResult(
             exit_code=exit_code,
@@ -224,55 +272,59 @@ class CaseContainers(DockerEngine):
             start_ms=start_ms,
         )
 
-    @staticmethod
-    def _wait(
-        container: Any, wall_seconds: float, halt: threading.Event | None = None
-    ) -> tuple[bool, int | None]:
-        """(timed_out, exit code): the container's end, or its kill at the wall deadline.
+    def remove(self) -> None:
+        """Remove it, run or not, returning once the engine no longer has it."""
+        remove_until_gone(self.container)
 
-        Only a read that ran the whole deadline is a timeout (the case's fault, judged
-        failed). The connection breaking before that (the engine restarted, crashed or
-        stopped) says nothing about the case: it is a SandboxError, an infrastructure fault
-        that the job is retried for, never a case that "ran past its hard deadline".
-        ``halt`` set meanwhile removes the container and raises Halted.
-        """
-        started = time.monotonic()
-        finished = threading.Event()
 
-        def watch_halt() -> None:
-            assert halt is not None
-            while not finished.wait(HALT_POLL_SECONDS):
-                if halt.is_set():
-                    try:
-                        container.remove(force=True)
-                    except DOCKER_ERRORS as exc:
-                        log.debug("removing a halted case container: %s", exc)
-                    return
+def _wait(
+    container: Any, wall_seconds: float, halt: threading.Event | None = None
+) -> tuple[bool, int | None]:
+    """(timed_out, exit code): the container's end, or its kill at the wall deadline.
 
-        if halt is not None:
-            threading.Thread(target=watch_halt, name="gate-case-halt", daemon=True).start()
-        try:
-            status = container.wait(timeout=wall_seconds)
+    Only a read that ran the whole deadline is a timeout (the case's fault, judged
+    failed). The connection breaking before that (the engine restarted, crashed or
+    stopped) says nothing about the case: it is a SandboxError, an infrastructure fault
+    that the job is retried for, never a case that "ran past its hard deadline".
+    ``halt`` set meanwhile removes the container and raises Halted.
+    """
+    started = time.monotonic()
+    finished = threading.Event()
+
+    def watch_halt() -> None:
+        assert halt is not None
+        while not finished.wait(HALT_POLL_SECONDS):
+            if halt.is_set():
+                try:
+                    container.remove(force=True)
+                except DOCKER_ERRORS as exc:
+                    log.debug("removing a halted case container: %s", exc)
+                return
+
+    if halt is not None:
+        threading.Thread(target=watch_halt, name="gate-case-halt", daemon=True).start()
+    try:
+        status = container.wait(timeout=wall_seconds)
+        if halt is not None and halt.is_set():
+            raise Halted("the job was halted; its case container was removed")
+        return False, int(status.get("StatusCode", -1))
+    except DOCKER_ERRORS as exc:
+        if not read_timed_out(exc):
             if halt is not None and halt.is_set():
-                raise Halted("the job was halted; its case container was removed")
-            return False, int(status.get("StatusCode", -1))
-        except DOCKER_ERRORS as exc:
-            if not read_timed_out(exc):
-                if halt is not None and halt.is_set():
-                    raise Halted("the job was halted; its case container was removed") from None
-                raise SandboxError(
-                    f"lost the Docker engine while a case container ran ({exc}); "
-                    "the case was not judged"
-                ) from None
-            if time.monotonic() - started < wall_seconds - 1:
-                raise SandboxError(
-                    f"waiting for a case container failed early: {exc}; the case was not judged"
-                ) from None
-        finally:
-            finished.set()
-        with docker_errors("stopping a timed-out case container"):
-            container.kill()
-        return True, None
+                raise Halted("the job was halted; its case container was removed") from None
+            raise SandboxError(
+                f"lost the Docker engine while a case container ran ({exc}); "
+                "the case was not judged"
+            ) from None
+        if time.monotonic() - started < wall_seconds - 1:
+            raise SandboxError(
+                f"waiting for a case container failed early: {exc}; the case was not judged"
+            ) from None
+    finally:
+        finished.set()
+    with docker_errors("stopping a timed-out case container"):
+        container.kill()
+    return True, None
 
 
 def _send_and_close(attached: Any, data: bytes, timeout_s: float) -> None:
