@@ -157,7 +157,7 @@ def build_halted_once(
     sandbox: DockerSandbox, image: port.TestImageSpec, found: Callable[[dict[str, Any]], bool]
 ) -> dict[str, Any]:
     """Build ``image``, halting it once one of its step containers is ``found``; that
-    container's inspection."""
+    container's inspection (empty when the step was gone by then, see below)."""
     halt = threading.Event()
     seen: list[dict[str, Any]] = []
 
@@ -166,7 +166,14 @@ def build_halted_once(
         while not halt.is_set() and time.monotonic() < deadline:
             for step in step_containers(sandbox, image.tag):
                 if found(step):
-                    seen.append(sandbox.client.api.inspect_container(step["Id"]))
+                    try:
+                        seen.append(sandbox.client.api.inspect_container(step["Id"]))
+                    except docker.errors.NotFound:
+                        # The listing also holds a step that has ended, and the builder
+                        # removes it once it is committed: on a loaded machine that can
+                        # happen between the listing and this look. The build is past
+                        # that step then, and the halt stops it in a later one.
+                        seen.append({})
                     halt.set()
             time.sleep(0.02)
 
