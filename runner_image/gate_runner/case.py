@@ -813,9 +813,9 @@ def _preload(prepared: PreparedCase, runs: int) -> None:
     """Import here, before the invocations fork, what each of them would import: once, not
     once per invocation. Only the runner's own modules and the SDK: this process still runs
     no user code."""
-    from . import approvals, builders, mocks  # noqa: F401
-    from .runtime import orchestrator, tool_agent, triggers  # noqa: F401
+    from .dataclass_code import runner_imports
 
+    runner_imports()  # in a case container, __main__ has imported them already
     if prepared.light is None or prepared.imports_sdk:
         # Every invocation imports the SDK (its loader, or the project's code).
         import connic  # noqa: F401

@@ -99,7 +99,8 @@ def compiled_dataclasses(
 
 
 def runner_imports() -> None:
-    """Import the modules the runner's run-case path defines its dataclasses in (with
-    ``invocations``, which __main__ imports first)."""
-    from . import approvals, builders, case, case_env, contract, mocks  # noqa: F401
+    """Import the runner's modules of the run-case path: every one an invocation uses, so
+    they are imported once before the invocations fork (case._preload), and, in a case
+    container, with their dataclass code from the image (__main__)."""
+    from . import approvals, builders, case, case_env, contract, invocations, mocks  # noqa: F401
     from .runtime import orchestrator, tool_agent, triggers  # noqa: F401
