@@ -2,9 +2,9 @@
 
 A container that ran the whole wall deadline is the case's fault (timed_out, judged failed);
 an engine that went away or stopped the container is infrastructure (SandboxError: the job is
-retried up to GATE_JOB_MAX_ATTEMPTS, then `error`). The errors raised here are the docker SDK's
-and requests' own classes, as a restarting engine produces them (see
-tests/e2e/test_engine_restart.py for the same against a real, private dockerd).
+retried up to GATE_JOB_MAX_ATTEMPTS, then `error`). The errors raised here are the engine
+wire's (sandbox/docker/wire.py), as tests/unit/test_engine_wire.py shows a failing engine
+produces them; tests/e2e/test_engine_restart.py does the same against a real, private dockerd.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import docker.errors
 import pytest
 import requests
 import requests.exceptions
-from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 from gate_service.config import Settings
 from gate_service.sandbox import RunLimits, RunResult, SandboxError
 from gate_service.sandbox.docker import DockerSandbox
+from gate_service.sandbox.docker.wire import EngineCallError, EngineNotFound, EngineTimeout
 
 LIMITS = RunLimits(
     memory_mb=64, cpus=1, pids=32, wall_seconds=2, tmpfs_mb=8, output_limit_bytes=10_000
@@ -35,179 +35,176 @@ def api_error(status: int, message: str) -> docker.errors.APIError:
     return docker.errors.APIError(message, response=response, explanation=message)
 
 
-class StubContainer:
+CID = "c0ffee"
+
+
+class StubWire:
+    """A case container's engine calls (wire.Wire), answered as scripted: ``wait`` is the
+    exit code the wait answers, an error it raises, or a function of its timeout."""
+
     def __init__(self, wait: Any, state: dict[str, Any] | None = None) -> None:
         self._wait = wait
-        self.id = "c0ffee"
-        self.attrs: dict[str, Any] = {"State": state or {}}
-        self.killed = self.removed = self.started = False
+        self.state: dict[str, Any] = state or {}
+        self.stdout = b""
+        self.calls: list[tuple[str, str, dict[str, Any]]] = []
+        self.remove_error: EngineCallError | None = None
+        self.gone = threading.Event()  # set once the container is removed
 
-    def start(self) -> None:
-        self.started = True
+    def _did(self, method: str) -> bool:
+        return any(call[0] == method for call in self.calls)
 
-    def attach_socket(self, params: dict[str, Any]) -> socket.socket:
+    @property
+    def killed(self) -> bool:
+        return any(path.endswith("/kill") for _, path, _ in self.calls)
+
+    @property
+    def removed(self) -> bool:
+        return self._did("DELETE")
+
+    @property
+    def logs_read(self) -> list[dict[str, Any]]:
+        return [params for _, path, params in self.calls if path.endswith("/logs")]
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Any = None,
+        body: Any = None,
+        timeout: float | None = None,
+    ) -> Any:
+        self.calls.append((method, path, dict(params or {})))
+        if path == "/containers/create":
+            return {"Id": CID}
+        assert path.startswith(f"/containers/{CID}"), path
+        if method == "DELETE":
+            if self.remove_error is not None:
+                raise self.remove_error
+            self.gone.set()
+            return None
+        if path.endswith("/wait") and (params or {}).get("condition") == "removed":
+            assert timeout is not None and self.gone.wait(timeout)
+            return {"StatusCode": 0}
+        if path.endswith("/wait"):
+            if isinstance(self._wait, BaseException):
+                raise self._wait
+            if callable(self._wait):
+                return dict(self._wait(timeout))
+            return {"StatusCode": self._wait}
+        if path.endswith("/json"):
+            return {"Id": CID, "State": self.state}
+        return None  # start, kill
+
+    def read(self, path: str, *, params: Any = None) -> bytes:
+        self.calls.append(("GET", path, dict(params or {})))
+        assert path == f"/containers/{CID}/logs"
+        said = self.stdout if params["stdout"] else b"the runner's stderr"
+        return b"\x01\x00\x00\x00" + len(said).to_bytes(4, "big") + said if said else b""
+
+    def hijack(self, path: str, *, params: Any = None) -> socket.socket:
         """The container's stdin, as the engine's hijacked attach connection is a socket."""
+        self.calls.append(("POST", path, dict(params or {})))
         ours, self.stdin_peer = socket.socketpair()
         return ours
 
-    def wait(self, timeout: float) -> dict[str, Any]:
-        if isinstance(self._wait, BaseException):
-            raise self._wait
-        if callable(self._wait):
-            return dict(self._wait(timeout))
-        return {"StatusCode": self._wait}
-
-    def kill(self) -> None:
-        self.killed = True
-
-    def reload(self) -> None:
+    def close(self) -> None:
         pass
-
-    stdout = b""
-    logs_read: list[dict[str, Any]]
-
-    def logs(self, **kwargs: Any) -> bytes:
-        self.__dict__.setdefault("logs_read", []).append(kwargs)
-        return self.stdout if kwargs.get("stdout") else b"the runner's stderr"
-
-    def remove(self, force: bool = False) -> None:
-        self.removed = True
-
-
-class StubContainers:
-    def __init__(self, container: StubContainer) -> None:
-        self.container = container
-        self.created = 0
-
-    def create(self, image: str, **_: Any) -> StubContainer:
-        self.created += 1
-        return self.container
-
-    def prepare_model(self, attrs: dict[str, Any]) -> StubContainer:
-        assert attrs["Id"] == self.container.id
-        return self.container
 
 
 class StubApi:
-    """The low-level calls the sandbox creates a case container with."""
+    """What the sandbox makes a case container's create body with (docker-py's, for real)."""
 
-    def __init__(self, client: StubClient) -> None:
-        self.client = client
+    def __init__(self) -> None:
+        self.real = docker.APIClient(base_url="unix:///nowhere.sock", version="1.41")
 
-    def create_host_config(self, **kwargs: Any) -> dict[str, Any]:
-        return kwargs
+    def create_host_config(self, **kwargs: Any) -> Any:
+        return self.real.create_host_config(**kwargs)
 
-    def create_container(self, image: str, **kwargs: Any) -> dict[str, Any]:
-        return {"Id": self.client.containers.create(image, **kwargs).id}
-
-    # The log read (cases.read_logs): docker-py's request and demultiplexing, no TTY inspect.
-    def _url(self, path: str, *args: str) -> str:
-        return path.format(*args)
-
-    def _get(self, url: str, params: dict[str, Any], stream: bool) -> dict[str, Any]:
-        assert url == "/containers/c0ffee/logs" and not stream
-        return params
-
-    def _get_result_tty(self, stream: bool, params: dict[str, Any], is_tty: bool) -> bytes:
-        container = self.client.containers.container
-        return container.logs(
-            stdout=bool(params["stdout"]), stderr=bool(params["stderr"]), tail=params["tail"]
-        )
+    def create_container_config(self, *args: Any, **kwargs: Any) -> Any:
+        return self.real.create_container_config(*args, **kwargs)
 
 
 class StubClient:
-    def __init__(self, container: StubContainer) -> None:
-        self.containers = StubContainers(container)
-        self.api = StubApi(self)
+    def __init__(self) -> None:
+        self.api = StubApi()
 
     def ping(self) -> bool:
         return True
 
 
-def run(container: StubContainer, halt: threading.Event | None = None) -> RunResult:
-    sandbox = DockerSandbox(Settings(), client=StubClient(container))  # type: ignore[arg-type]
+def run(wire: StubWire) -> RunResult:
+    sandbox = DockerSandbox(Settings(), client=StubClient())  # type: ignore[arg-type]
+    sandbox.wire = wire
     return sandbox.run("img", ["true"], limits=LIMITS, labels={})
 
 
+def timeout_error() -> EngineTimeout:
+    return EngineTimeout(f"POST unix:///run/docker.sock/v1.41/containers/{CID}/wait: timed out")
+
+
 LOST_ENGINE = [
-    requests.exceptions.ConnectionError(
-        ProtocolError("Connection aborted.", ConnectionResetError(104, "reset by peer"))
-    ),
-    requests.exceptions.ChunkedEncodingError(ProtocolError("Response ended prematurely")),
-    api_error(500, "Internal Server Error: daemon is shutting down"),
-    docker.errors.NotFound("No such container: c0ffee"),
+    EngineCallError("the connection to the engine failed (ConnectionResetError: reset by peer)"),
+    EngineCallError("the connection to the engine failed (IncompleteRead(0 bytes read))"),
+    EngineCallError("500 Server Error: daemon is shutting down", status=500),
+    EngineNotFound(f"404 Client Error: No such container: {CID}", status=404),
 ]
 
 
-@pytest.mark.parametrize("error", LOST_ENGINE, ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize("error", LOST_ENGINE, ids=["reset", "cut", "500", "404"])
 def test_losing_the_engine_mid_case_is_a_sandbox_error_not_a_timeout(error: Exception) -> None:
-    container = StubContainer(error)
+    wire = StubWire(error)
     with pytest.raises(SandboxError, match="the case was not judged"):
-        run(container)
-    assert not container.killed
-    assert container.removed  # tried, at least; the reaper removes it otherwise
+        run(wire)
+    assert not wire.killed
+    assert wire.removed  # tried, at least; the reaper removes it otherwise
 
 
 def test_only_a_wait_of_the_whole_deadline_is_a_timeout() -> None:
     def slow(timeout: float) -> dict[str, Any]:
         time.sleep(timeout)
-        raise requests.exceptions.ReadTimeout("read timed out")
+        raise timeout_error()
 
-    container = StubContainer(slow)
-    result = run(container)
+    wire = StubWire(slow)
+    result = run(wire)
     assert result.timed_out and result.exit_code is None
-    assert container.killed and container.removed
-
-
-def body_read_timeout() -> requests.exceptions.ConnectionError:
-    """What a real engine's wait raises at its timeout: the engine sent its headers at once,
-    and requests wraps urllib3's timeout reading the body (tests/contract checks it for real)."""
-    return requests.exceptions.ConnectionError(
-        ReadTimeoutError(None, "/containers/c0ffee/wait", "Read timed out.")  # type: ignore[arg-type]
-    )
-
-
-def test_a_body_read_timeout_of_the_whole_deadline_is_a_timeout() -> None:
-    def slow(timeout: float) -> dict[str, Any]:
-        time.sleep(timeout)
-        raise body_read_timeout()
-
-    container = StubContainer(slow)
-    result = run(container)
-    assert result.timed_out and result.exit_code is None
-    assert container.killed and container.removed
-
-
-def test_an_early_body_read_timeout_is_not_the_case_running_long() -> None:
-    container = StubContainer(body_read_timeout())
-    with pytest.raises(SandboxError, match="failed early"):
-        run(container)
-    assert not container.killed
+    assert wire.killed and wire.removed
 
 
 def test_an_early_read_timeout_is_not_the_case_running_long() -> None:
-    container = StubContainer(requests.exceptions.ReadTimeout("read timed out"))
-    with pytest.raises(SandboxError):
-        run(container)
-    assert not container.killed
+    wire = StubWire(timeout_error())
+    with pytest.raises(SandboxError, match="failed early"):
+        run(wire)
+    assert not wire.killed
+
+
+def test_the_wait_reads_for_the_wall_deadline_and_the_runner_gets_its_stdin() -> None:
+    waited: list[float | None] = []
+    wire = StubWire(lambda timeout: waited.append(timeout) or {"StatusCode": 0})
+    run(wire)
+    assert waited == [LIMITS.wall_seconds]
+    # attached before the start, and the stdin's end handed over with it
+    order = [path.rsplit("/", 1)[-1] for _, path, _ in wire.calls]
+    assert order[:4] == ["create", "attach", "start", "wait"], order
+    assert wire.stdin_peer.recv(10) == b""
 
 
 @pytest.mark.parametrize("code", [137, 143])
 def test_a_container_stopped_from_outside_is_a_sandbox_error(code: int) -> None:
-    container = StubContainer(code, {"OOMKilled": False})
+    wire = StubWire(code, {"OOMKilled": False})
     with pytest.raises(SandboxError, match="stopped from outside"):
-        run(container)
-    assert container.removed
+        run(wire)
+    assert wire.removed
 
 
 def test_an_out_of_memory_kill_stays_the_case_s_outcome() -> None:
-    result = run(StubContainer(137, {"OOMKilled": True}))
+    result = run(StubWire(137, {"OOMKilled": True}))
     assert result.oom_killed and result.exit_code == 137 and not result.timed_out
 
 
 @pytest.mark.parametrize("code", [0, 1, 70])
 def test_the_runner_s_own_exit_codes_are_results(code: int) -> None:
-    result = run(StubContainer(code, {"OOMKilled": False}))
+    result = run(StubWire(code, {"OOMKilled": False}))
     assert result.exit_code == code and not result.timed_out
 
 
@@ -267,54 +264,33 @@ def test_a_reap_still_reports_a_real_engine_error() -> None:
         sandbox.reap({})
 
 
-class RemovedElsewhere(StubContainer):
-    """A container whose removal another thread began first (the heartbeat's reap on a
-    cancel): remove() answers 409, and the engine drops it a moment later."""
-
-    def __init__(self) -> None:
-        super().__init__(0)
-        self.gone = threading.Event()
-        self.waited_for: list[str] = []
-
-    def remove(self, force: bool = False) -> None:
-        threading.Timer(0.2, self.gone.set).start()
-        raise api_error(409, "removal of container c0ffee is already in progress")
-
-    def wait(self, timeout: float, condition: str = "not-running") -> dict[str, Any]:
-        if condition == "removed":
-            self.waited_for.append(condition)
-            assert self.gone.wait(timeout)
-            return {"StatusCode": 0}
-        return super().wait(timeout)
-
-
 def test_a_run_returns_only_once_its_container_is_gone() -> None:
     # Else a gate's verdict (written once its cases' runs return) could land while one of
-    # its containers still exists, as a cancel's did.
-    container = RemovedElsewhere()
-    run(container)
-    assert container.waited_for == ["removed"] and container.gone.is_set()
+    # its containers still exists, as a cancel's did. Another thread's removal (the
+    # heartbeat's reap on a cancel) answers 409; the engine drops it a moment later.
+    wire = StubWire(0)
+    wire.remove_error = EngineCallError("removal of container c0ffee is in progress", status=409)
+    threading.Timer(0.2, wire.gone.set).start()
+    run(wire)
+    waits = [params for _, path, params in wire.calls if path.endswith("/wait")]
+    assert waits[-1] == {"condition": "removed"} and wire.gone.is_set()
 
 
 def test_a_container_already_gone_is_not_waited_for() -> None:
-    class Gone(StubContainer):
-        def remove(self, force: bool = False) -> None:
-            raise docker.errors.NotFound("no such container")
-
-        def wait(self, timeout: float, condition: str = "not-running") -> dict[str, Any]:
-            assert condition != "removed", "a container already gone was waited for"
-            return super().wait(timeout)
-
-    assert run(Gone(0)).exit_code == 0
+    wire = StubWire(0)
+    wire.remove_error = EngineNotFound("no such container", status=404)
+    assert run(wire).exit_code == 0
+    waits = [params for _, path, params in wire.calls if path.endswith("/wait")]
+    assert waits == [{}], "a container already gone was waited for"
 
 
 def test_the_stderr_of_a_runner_that_judged_is_not_read() -> None:
     # One engine call less per case: only a runner that broke has its stderr looked at.
-    judged = StubContainer(0)
+    judged = StubWire(0)
     judged.stdout = b"===GATE-RUNNER-RESULT-BEGIN===\n{}\n===GATE-RUNNER-RESULT-END===\n"
     result = run(judged)
     assert result.stdout == judged.stdout and result.stderr == b""
-    assert [call["stdout"] for call in judged.logs_read] == [True]
+    assert [call["stdout"] for call in judged.logs_read] == [1]
 
 
 @pytest.mark.parametrize(
@@ -327,11 +303,14 @@ def test_the_stderr_of_a_runner_that_judged_is_not_read() -> None:
     ids=["failed-exit", "no-end-marker", "nothing"],
 )
 def test_the_stderr_of_a_runner_that_broke_is_read(code: int, stdout: bytes) -> None:
-    broke = StubContainer(code)
+    broke = StubWire(code)
     broke.stdout = stdout
     result = run(broke)
     assert result.stderr == b"the runner's stderr"
-    assert [call["stdout"] for call in broke.logs_read] == [True, False]
+    assert [(c["stdout"], c["stderr"], c["tail"]) for c in broke.logs_read] == [
+        (1, 0, "all"),
+        (0, 1, 200),
+    ]
 
 
 class SocketApi:

@@ -13,22 +13,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import docker.errors
 from docker.types import LogConfig, Mount, Ulimit
 
 from gate_runner import gateway_wire
 from gate_runner.contract import END_MARKER
 
 from ..port import LABEL, Halted, RunLimits, RunResult, SandboxError
-from .engine import (
-    DOCKER_ERRORS,
-    HALT_POLL_SECONDS,
-    MIB,
-    DockerEngine,
-    docker_errors,
-    read_logs,
-    read_timed_out,
-)
+from .engine import HALT_POLL_SECONDS, MIB, DockerEngine, docker_errors
+from .wire import EngineCallError, EngineNotFound, EngineTimeout, Wire, demultiplex, path_of
 
 log = logging.getLogger(__name__)
 
@@ -46,31 +38,34 @@ STOPPED_FROM_OUTSIDE = frozenset({128 + signal.SIGKILL, 128 + signal.SIGTERM})
 REMOVAL_WAIT_SECONDS = 60
 
 
-def remove_until_gone(container: Any) -> None:
+def remove_until_gone(engine: Wire, container_id: str) -> None:
     """Remove a case container, and return only once the engine no longer has it.
 
     A removal another thread started first (the heartbeat's reap on a cancel, the halt watch)
     answers 409 "removal in progress": that one is waited for, so a gate's verdict, written
     after its cases' runs return, never lands while a container of it still exists.
     """
+    path = path_of("/containers/{0}", container_id)
     try:
-        container.remove(force=True)
+        engine.call("DELETE", path, params={"force": 1})
         return
-    except docker.errors.NotFound:
+    except EngineNotFound:
         return
-    except docker.errors.APIError as exc:
-        if exc.status_code != 409:
-            log.warning("could not remove container %s: %s", container.id, exc)
+    except EngineCallError as exc:
+        if exc.status != 409:
+            log.warning("could not remove container %s: %s", container_id, exc)
             return
-    except DOCKER_ERRORS as exc:
-        log.warning("could not remove container %s: %s", container.id, exc)
-        return
     try:
-        container.wait(condition="removed", timeout=REMOVAL_WAIT_SECONDS)
-    except docker.errors.NotFound:
+        engine.call(
+            "POST",
+            path + "/wait",
+            params={"condition": "removed"},
+            timeout=REMOVAL_WAIT_SECONDS,
+        )
+    except EngineNotFound:
         pass  # gone before the wait began
-    except DOCKER_ERRORS as exc:
-        log.warning("container %s: waiting for its removal failed: %s", container.id, exc)
+    except EngineCallError as exc:
+        log.warning("container %s: waiting for its removal failed: %s", container_id, exc)
 
 
 def case_container(
@@ -166,15 +161,17 @@ class CaseContainers(DockerEngine):
         started = time.monotonic()
         with docker_errors(f"creating a case container from {image}"):
             api = self.client.api
-            # The low-level create: the collection's would inspect the new container at once,
-            # an engine call per case for attributes nothing here reads before its end.
-            created = api.create_container(
+            # docker-py makes the body (its host config and container config, as its own
+            # create would), the wire sends it. Not docker-py's create_container: besides its
+            # cost, it would add proxy variables from the host's ~/.docker/config.json to the
+            # container's environment, where nothing of ours belongs.
+            config = api.create_container_config(
                 image, host_config=api.create_host_config(**host), **create
             )
-            container = self.client.containers.prepare_model({"Id": created["Id"]})
-        return DockerCaseContainer(
-            api, container, limits, create_ms=int((time.monotonic() - started) * 1000)
-        )
+            body = {key: value for key, value in config.items() if value is not None}
+            created = self.wire.call("POST", "/containers/create", body=body)
+        create_ms = int((time.monotonic() - started) * 1000)
+        return DockerCaseContainer(self.wire, str(created["Id"]), limits, create_ms=create_ms)
 
     def run(
         self,
@@ -208,9 +205,10 @@ class CaseContainers(DockerEngine):
 class DockerCaseContainer:
     """One created case container (CaseContainer): run once, then removed."""
 
-    def __init__(self, api: Any, container: Any, limits: RunLimits, *, create_ms: int) -> None:
-        self._api = api
-        self.container = container
+    def __init__(self, engine: Wire, container_id: str, limits: RunLimits, *, create_ms: int):
+        self.engine = engine
+        self.id = container_id
+        self.path = path_of("/containers/{0}", container_id)
         self.limits = limits
         self.create_ms = create_ms
         self._started = False
@@ -220,7 +218,7 @@ class DockerCaseContainer:
     ) -> RunResult:
         """Start it with ``stdin`` handed to the runner, and wait for its end or
         ``wall_seconds``; its output is read, and removing it is ``remove``'s."""
-        container, limits = self.container, self.limits
+        engine, path, limits = self.engine, self.path, self.limits
         if halt is not None and halt.is_set():
             raise Halted("the job was halted; the case container was not started")
         if self._started:  # the engine would start it again, from its used file system
@@ -228,23 +226,22 @@ class DockerCaseContainer:
         self._started = True
         with docker_errors("starting a case container"):
             # Attached before the start, so nothing the runner reads can be missed.
-            handoff = container.attach_socket(params={"stdin": 1, "stream": 1})
+            handoff = engine.hijack(path + "/attach", params={"stdin": 1, "stream": 1})
             try:
                 started = time.monotonic()
-                container.start()
+                engine.call("POST", path + "/start")
                 # The engine's time to make the container and start it, less any wait for a
                 # case slot between the two.
                 start_ms = self.create_ms + int((time.monotonic() - started) * 1000)
                 _send_and_close(handoff, stdin, wall_seconds)
             finally:
                 handoff.close()
-        timed_out, exit_code = _wait(container, wall_seconds, halt)
+        timed_out, exit_code = _wait(engine, path, wall_seconds, halt)
         duration_ms = int((time.monotonic() - started) * 1000) + self.create_ms
         with docker_errors("reading a case container's output"):
-            container.reload()
-            oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
-            api = self._api
-            stdout = read_logs(api, container.id, stdout=True)
+            state = (engine.call("GET", path + "/json") or {}).get("State") or {}
+            oom = bool(state.get("OOMKilled"))
+            stdout = _logs(engine, path, stdout=1)
             # Only a runner that broke has its stderr read (worker/outcome.py): one that
             # exited 0 after its result block is not asked, an engine call less per case.
             # Its tail alone is looked at, not a stripped copy of all it printed.
@@ -252,7 +249,7 @@ class DockerCaseContainer:
             stderr = (
                 b""
                 if exit_code == 0 and tail.endswith(RESULT_END)
-                else read_logs(api, container.id, stderr=True, tail=200)
+                else _logs(engine, path, stderr=1, tail=200)
             )
         if not timed_out and not oom and exit_code in STOPPED_FROM_OUTSIDE:
             raise SandboxError(
@@ -274,11 +271,25 @@ class DockerCaseContainer:
 
     def remove(self) -> None:
         """Remove it, run or not, returning once the engine no longer has it."""
-        remove_until_gone(self.container)
+        remove_until_gone(self.engine, self.id)
+
+
+def _logs(engine: Wire, path: str, *, stdout: int = 0, stderr: int = 0, tail: int = 0) -> bytes:
+    """A stopped container's output (all of it, or its last ``tail`` lines), as docker-py's
+    ``logs()`` returns it, less the inspect it makes first to ask whether the container has
+    a TTY (ours never do)."""
+    params = {
+        "stdout": stdout,
+        "stderr": stderr,
+        "timestamps": 0,
+        "follow": 0,
+        "tail": tail or "all",
+    }
+    return demultiplex(engine.read(path + "/logs", params=params))
 
 
 def _wait(
-    container: Any, wall_seconds: float, halt: threading.Event | None = None
+    engine: Wire, path: str, wall_seconds: float, halt: threading.Event | None = None
 ) -> tuple[bool, int | None]:
     """(timed_out, exit code): the container's end, or its kill at the wall deadline.
 
@@ -296,20 +307,20 @@ def _wait(
         while not finished.wait(HALT_POLL_SECONDS):
             if halt.is_set():
                 try:
-                    container.remove(force=True)
-                except DOCKER_ERRORS as exc:
+                    engine.call("DELETE", path, params={"force": 1})
+                except EngineCallError as exc:
                     log.debug("removing a halted case container: %s", exc)
                 return
 
     if halt is not None:
         threading.Thread(target=watch_halt, name="gate-case-halt", daemon=True).start()
     try:
-        status = container.wait(timeout=wall_seconds)
+        status = engine.call("POST", path + "/wait", timeout=wall_seconds) or {}
         if halt is not None and halt.is_set():
             raise Halted("the job was halted; its case container was removed")
         return False, int(status.get("StatusCode", -1))
-    except DOCKER_ERRORS as exc:
-        if not read_timed_out(exc):
+    except EngineCallError as exc:
+        if not isinstance(exc, EngineTimeout):
             if halt is not None and halt.is_set():
                 raise Halted("the job was halted; its case container was removed") from None
             raise SandboxError(
@@ -323,11 +334,11 @@ def _wait(
     finally:
         finished.set()
     with docker_errors("stopping a timed-out case container"):
-        container.kill()
+        engine.call("POST", path + "/kill")
     return True, None
 
 
-def _send_and_close(attached: Any, data: bytes, timeout_s: float) -> None:
+def _send_and_close(attached: socket.socket, data: bytes, timeout_s: float) -> None:
     """Write ``data`` to a container's stdin through its attach socket, then end the stream.
 
     The attach is a hijacked HTTP connection; closing its write half tells the engine the

@@ -1,7 +1,8 @@
 """The Docker backend's connection to the engine, and how the engine's failures surface.
 
-Every part of the backend works through one ``DockerEngine``: the settings and one docker SDK
-client (its HTTP session is not safely shared between threads, so one per worker).
+Every part of the backend works through one ``DockerEngine``: the settings, one docker SDK
+client (its HTTP session is not safely shared between threads, so one per worker), and the
+wire that case containers are made, run and removed through (wire.py).
 ``docker_errors`` turns any failure of the engine or of the connection to it into the port's
 SandboxError, an infrastructure error.
 """
@@ -15,16 +16,21 @@ from typing import Any
 import docker
 import docker.errors
 import requests.exceptions
-import urllib3.exceptions
 
 from ...config import Settings
 from ..port import SandboxError
+from . import wire
+from .wire import EngineCallError
 
 MIB = 1024 * 1024
 # Seconds between looks at the job's halt event while an image builds or a case runs.
 HALT_POLL_SECONDS = 0.2
 
-DOCKER_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
+DOCKER_ERRORS = (
+    docker.errors.DockerException,
+    requests.exceptions.RequestException,
+    EngineCallError,  # the case path's own calls (wire.py)
+)
 
 
 @contextmanager
@@ -39,21 +45,6 @@ def docker_errors(action: str) -> Iterator[None]:
         raise SandboxError(f"{action} failed: {exc.msg}\n{tail}") from None
     except DOCKER_ERRORS as exc:
         raise SandboxError(f"{action} failed: {exc}") from None
-
-
-def read_timed_out(exc: BaseException) -> bool:
-    """Whether a failed wait is its own read timeout, in either shape requests gives it.
-
-    ReadTimeout when the engine sent nothing at all; but the engine answers a wait with its
-    headers at once and the body only when the container ends, so a wait cut at the wall
-    deadline times out reading the body, which requests raises as a ConnectionError around
-    urllib3's ReadTimeoutError (docker 7.1, requests 2.34).
-    """
-    if isinstance(exc, requests.exceptions.ReadTimeout):
-        return True
-    return isinstance(exc, requests.exceptions.ConnectionError) and any(
-        isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in exc.args
-    )
 
 
 def read_logs(
@@ -91,6 +82,9 @@ class DockerEngine:
                 # for them costs requests a fifth of each engine call's CPU.
                 api.trust_env = False
             self.client.ping()
+        # The case path's calls: on a wire of our own when the engine's transport allows.
+        self.wire: wire.Wire = wire.of(getattr(self.client, "api", None))
 
     def close(self) -> None:
+        self.wire.close()
         self.client.close()

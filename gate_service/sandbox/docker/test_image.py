@@ -26,7 +26,7 @@ from ..port import (
     SandboxError,
     TestImageSpec,
 )
-from .engine import DOCKER_ERRORS, HALT_POLL_SECONDS, docker_errors, read_logs, read_timed_out
+from .engine import DOCKER_ERRORS, HALT_POLL_SECONDS, docker_errors, read_logs
 from .recipes import (
     STEP_LOG_BYTES,
     STEP_MEMORY_MB,
@@ -37,6 +37,7 @@ from .recipes import (
     deps_dockerfile,
 )
 from .runner_image import RunnerImages
+from .wire import read_timed_out
 
 log = logging.getLogger(__name__)
 
