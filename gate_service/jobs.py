@@ -29,6 +29,12 @@ class LeaseLost(Exception):
     """Another worker owns the job now; stop working on it and write nothing."""
 
 
+# The lease's proof, first in every write of a job (built once: it is on every case's path).
+_FENCE = text(
+    "SELECT id FROM jobs WHERE id = :id AND lease_owner = :owner AND state = 'running' FOR UPDATE"
+)
+
+
 @dataclass(frozen=True)
 class ClaimedJob:
     """A job this worker holds under a lease, and the writes that lease allows."""
@@ -50,13 +56,7 @@ class ClaimedJob:
 
     def fence(self, session: Session) -> None:
         """Lock our job row and make sure we still own it; call first in every write."""
-        row = session.execute(
-            text(
-                "SELECT id FROM jobs WHERE id = :id AND lease_owner = :owner "
-                "AND state = 'running' FOR UPDATE"
-            ),
-            {"id": self.id, "owner": self.owner},
-        ).one_or_none()
+        row = session.execute(_FENCE, {"id": self.id, "owner": self.owner}).one_or_none()
         if row is None:
             raise LeaseLost(f"job {self.id} is no longer owned by {self.owner}")
 

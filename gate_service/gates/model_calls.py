@@ -80,8 +80,8 @@ def _cost(value: float) -> float:
 
 
 def _row(
-    gate: Gate,
-    case: Case,
+    gate_id: uuid.UUID,
+    case_id: uuid.UUID,
     position: int,
     record: CallRecord,
     redact: Redact,
@@ -104,8 +104,8 @@ def _row(
         "attempts": _count(record.attempts),
     }
     return ModelCall(
-        gate_id=gate.id,
-        case_id=case.id,
+        gate_id=gate_id,
+        case_id=case_id,
         position=position,
         stored_bytes=json_bytes(values),
         **values,
@@ -114,15 +114,16 @@ def _row(
 
 def save_model_calls(
     session: Session,
-    gate: Gate,
-    case: Case,
+    gate_id: uuid.UUID,
+    case_id: uuid.UUID,
     records: Sequence[CallRecord],
     redact: Redact,
     *,
     cap: RunCap | None = None,
-) -> None:
+) -> int:
     """Store the calls a case's gateway channel answered, replacing any an earlier attempt
-    of the case stored, and count their bytes into ``gate.result_bytes``.
+    of the case stored: the change in the bytes they store, for the gate's ``result_bytes``
+    (``service.count_case_write``).
 
     ``redact`` replaces every secret value in a JSON-like value (``secrets.redact.Redactor``
     of the case's environment); request, response, error, agent and model pass through it
@@ -136,19 +137,16 @@ def save_model_calls(
         response_limit = min(response_limit, cap.limit)
     replaced = session.scalar(
         select(func.coalesce(func.sum(ModelCall.stored_bytes), 0)).where(
-            ModelCall.case_id == case.id
+            ModelCall.case_id == case_id
         )
     )
-    session.execute(delete(ModelCall).where(ModelCall.case_id == case.id))
+    session.execute(delete(ModelCall).where(ModelCall.case_id == case_id))
     rows = [
-        _row(gate, case, position, record, redact, request_limit, response_limit)
+        _row(gate_id, case_id, position, record, redact, request_limit, response_limit)
         for position, record in enumerate(records)
     ]
     session.add_all(rows)
-    gate.result_bytes = (
-        (gate.result_bytes or 0) - int(replaced or 0) + sum(r.stored_bytes for r in rows)
-    )
-    gate.revision += 1
+    return sum(r.stored_bytes for r in rows) - int(replaced or 0)
 
 
 def model_call_totals(

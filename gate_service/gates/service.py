@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from typing import IO, Any
+from typing import IO, Any, cast
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import Table, bindparam, delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -565,19 +565,60 @@ def run_cap(session: Session, settings: Settings, project_id: uuid.UUID) -> RunC
     return RunCap.setting(settings.max_stored_run_bytes, "GATE_MAX_STORED_RUN_BYTES")
 
 
+# A case's store runs on every case's path: its statements are built once, on the tables
+# (plain Core, none of the ORM's per-statement work), and their compiled forms are cached.
+# The ORM's loads and flush had been most of the store's CPU.
+_GATES, _CASES, _RUNS = (cast(Table, m.__table__) for m in (Gate, Case, Run))
+_LOCK_GATE = (
+    select(_GATES.c.project_id).where(_GATES.c.id == bindparam("gate_id")).with_for_update()
+)
+_DELETE_RUNS = (
+    delete(_RUNS).where(_RUNS.c.case_id == bindparam("case_id")).returning(_RUNS.c.stored_bytes)
+)
+_INSERT_RUN = _RUNS.insert()
+_CASE_VERDICT = (
+    update(_CASES)
+    .where(_CASES.c.id == bindparam("case_id"))
+    .values(
+        status=bindparam("status"),
+        passed=bindparam("passed"),
+        successes=bindparam("successes"),
+        duration_ms=bindparam("duration_ms"),
+        failure_reason=bindparam("failure_reason"),
+    )
+)
+_COUNT_CASE_WRITE = (
+    update(_GATES)
+    .where(_GATES.c.id == bindparam("gate_id"))
+    .values(
+        revision=_GATES.c.revision + 1,
+        result_bytes=func.coalesce(_GATES.c.result_bytes, 0) + bindparam("stored_bytes"),
+    )
+)
+
+
+def lock_gate_for_case_write(session: Session, gate_id: uuid.UUID) -> uuid.UUID:
+    """Lock the gate's row, first in every write of one of its cases (so two writers of one
+    gate take their locks in one order), and return its project; NotFound when it is gone."""
+    project_id = session.execute(_LOCK_GATE, {"gate_id": gate_id}).scalar_one_or_none()
+    if project_id is None:
+        raise NotFound(f"no gate with id {gate_id}")
+    return project_id  # type: ignore[no-any-return]
+
+
 def save_case_result(
     session: Session,
-    gate: Gate,
-    case: Case,
+    case_id: uuid.UUID,
     result: CaseResult,
     cap: RunCap,
     *,
     status: CaseStatus,
     successes: int,
     passed: bool | None,
-) -> None:
+) -> int:
     """Store a judged case with its verdict (decided by worker/outcome.py from the suite the
-    worker validated, never from the result's own) and each invocation, within ``cap``.
+    worker validated, never from the result's own) and each invocation, within ``cap``: the
+    change in the bytes its runs store, for ``count_case_write``.
 
     UntrustedResult when the result nests too deeply to store; nothing is changed then.
     """
@@ -586,16 +627,42 @@ def save_case_result(
     except RecursionError:
         raise UntrustedResult("the result nests too deeply to store") from None
     # What an earlier result of the case stored, removed and counted in one statement.
-    replaced = sum(
-        session.scalars(delete(Run).where(Run.case_id == case.id).returning(Run.stored_bytes))
+    replaced = int(sum(session.execute(_DELETE_RUNS, {"case_id": case_id}).scalars()))
+    _set_verdict(
+        session,
+        case_id,
+        status=status,
+        passed=passed,
+        successes=successes,
+        duration_ms=result.duration_ms,
+        reason=result.failure_reason,
     )
-    case.status, case.passed, case.successes = status, passed, successes
-    case.duration_ms = result.duration_ms
-    case.failure_reason = _case_reason(result.failure_reason)
-    for inv, run in packed:
-        session.add(_run_row(case, inv, run))
-    gate.result_bytes = (gate.result_bytes or 0) - replaced + sum(r.stored_bytes for _, r in packed)
-    gate.revision += 1
+    if packed:
+        session.execute(_INSERT_RUN, [_run_row(case_id, inv, run) for inv, run in packed])
+    return sum(run.stored_bytes for _, run in packed) - replaced
+
+
+def _set_verdict(
+    session: Session,
+    case_id: uuid.UUID,
+    *,
+    status: CaseStatus,
+    passed: bool | None,
+    successes: int,
+    duration_ms: int | None,
+    reason: str | None,
+) -> None:
+    session.execute(
+        _CASE_VERDICT,
+        {
+            "case_id": case_id,
+            "status": CaseStatus(status).value,
+            "passed": passed,
+            "successes": successes,
+            "duration_ms": duration_ms,
+            "failure_reason": _case_reason(reason),
+        },
+    )
 
 
 def _case_reason(reason: str | None) -> str | None:
@@ -607,29 +674,45 @@ def _case_reason(reason: str | None) -> str | None:
     return cut_text(reason, MAX_CASE_REASON_BYTES - 64)
 
 
-def _run_row(case: Case, inv: Invocation, run: PackedRun) -> Run:
-    return Run(
-        case_id=case.id,
-        index=inv.index,
-        status=storable_text(inv.status)[:STATUS_CHARS],
-        passed=inv.passed,
-        duration_ms=inv.duration_ms,
-        shared_values=run.shared,
-        stored_bytes=run.stored_bytes,
+def _run_row(case_id: uuid.UUID, inv: Invocation, run: PackedRun) -> dict[str, Any]:
+    return {
+        "id": uuid.uuid4(),
+        "case_id": case_id,
+        "index": inv.index,
+        "status": storable_text(inv.status)[:STATUS_CHARS],
+        "passed": inv.passed,
+        "duration_ms": inv.duration_ms,
+        "shared_values": run.shared,
+        "stored_bytes": run.stored_bytes,
         **run.fields,
-    )
+    }
 
 
 def save_case_outcome(
-    gate: Gate, case: Case, *, status: CaseStatus, reason: str, duration_ms: int | None = None
+    session: Session,
+    case_id: uuid.UUID,
+    *,
+    status: CaseStatus,
+    reason: str,
+    duration_ms: int | None = None,
 ) -> None:
-    """A case the runner could not report on: failed (the bundle's fault) or error (ours)."""
-    case.status = status
-    case.passed = False if status == CaseStatus.failed else None
-    case.successes = 0
-    case.failure_reason = _case_reason(reason)
-    case.duration_ms = duration_ms
-    gate.revision += 1
+    """A case the runner could not report on: failed (the bundle's fault) or error (ours).
+    Its runs (none, unless an earlier attempt stored some) are left as they are."""
+    _set_verdict(
+        session,
+        case_id,
+        status=status,
+        passed=False if status == CaseStatus.failed else None,
+        successes=0,
+        duration_ms=duration_ms,
+        reason=reason,
+    )
+
+
+def count_case_write(session: Session, gate_id: uuid.UUID, stored_bytes: int) -> None:
+    """The gate's revision bumped (its pollers see the change) and ``stored_bytes`` (what the
+    case's write added to what the gate stores, less what it replaced) counted in."""
+    session.execute(_COUNT_CASE_WRITE, {"gate_id": gate_id, "stored_bytes": stored_bytes})
 
 
 def finish_gate(session: Session, gate: Gate) -> None:

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -165,14 +165,24 @@ class WorkerContext:
 
 
 def _write(ctx: WorkerContext, job: ClaimedJob, fn: Callable[[Session, Gate], T]) -> T:
-    """Run ``fn`` in its own transaction, after proving we still hold the job's lease.
+    """Run ``fn`` in its own transaction, after proving we still hold the job's lease, with
+    the gate loaded and its row locked.
 
     StorageRefused when Postgres refuses the data itself (see ``db.refused_write``).
     """
+
+    def with_gate(session: Session) -> T:
+        return fn(session, service.get_gate(session, job.gate_id, for_update=True))
+
+    return _write_case(ctx, job, with_gate)
+
+
+def _write_case(ctx: WorkerContext, job: ClaimedJob, fn: Callable[[Session], T]) -> T:
+    """``_write`` for a case's store, which locks the gate's row itself (Core statements,
+    no gate loaded: it is on every case's path)."""
     try:
         with job.transaction(ctx.sessions) as session:
-            gate = service.get_gate(session, job.gate_id, for_update=True)
-            return fn(session, gate)
+            return fn(session)
     except (DBAPIError, UnicodeEncodeError) as exc:
         why = refused_write(exc)
         if why is None:
@@ -707,6 +717,22 @@ def _run_container(
         raise
 
 
+# Marking a case running, on every case's path: plain Core statements built once (see
+# service.lock_gate_for_case_write).
+_GATES, _CASES = (cast(Table, m.__table__) for m in (Gate, Case))
+_MARK_GATE = (
+    update(_GATES)
+    .where(_GATES.c.id == bindparam("gate_id"), _GATES.c.cancel_requested.is_(False))
+    .values(revision=_GATES.c.revision + 1)
+    .returning(_GATES.c.started_at)
+)
+_MARK_CASE = (
+    update(_CASES)
+    .where(_CASES.c.id == bindparam("case_id"))
+    .values(status=CaseStatus.running.value)
+)
+
+
 def _mark_running(ctx: WorkerContext, job: ClaimedJob, case_id: uuid.UUID) -> float | None:
     """Mark the case running: the seconds left until the gate's deadline, or None when the
     gate was cancelled. DeadlinePassed (with nothing written) once that deadline has passed,
@@ -715,23 +741,14 @@ def _mark_running(ctx: WorkerContext, job: ClaimedJob, case_id: uuid.UUID) -> fl
         # Three statements, none loading a row into the session: the lease, the gate's
         # revision (locking the gate's row, as every write of a case does), the case.
         with job.transaction(ctx.sessions) as session:
-            marked = session.execute(
-                update(Gate)
-                .where(Gate.id == job.gate_id, Gate.cancel_requested.is_(False))
-                .values(revision=Gate.revision + 1)
-                .returning(Gate.started_at),
-                execution_options={"synchronize_session": False},
-            ).one_or_none()
+            marked = session.execute(_MARK_GATE, {"gate_id": job.gate_id}).one_or_none()
             if marked is None:  # cancelled: nothing is marked, the deadline read first
                 time_left(ctx.settings, service.get_gate(session, job.gate_id).started_at)
                 return None
             # No case starts once the gate's deadline has passed (the raise rolls the
             # revision back).
             left = time_left(ctx.settings, marked.started_at)
-            session.execute(
-                update(Case).where(Case.id == case_id).values(status=CaseStatus.running),
-                execution_options={"synchronize_session": False},
-            )
+            session.execute(_MARK_CASE, {"case_id": case_id})
             return left
     except DeadlinePassed:
         job.halt.set()  # the gate's other cases do not start either
@@ -750,22 +767,24 @@ def _store(
     """Write the case's outcome (see outcome.py) and its model calls in one fenced
     transaction: True, or DeadlinePassed once stored when the gate's deadline cut the case."""
 
-    def store(session: Session, gate: Gate) -> None:
-        case = session.get_one(Case, case_id)
-        cap = service.run_cap(session, ctx.settings, gate.project_id)
+    def store(session: Session) -> None:
+        project_id = service.lock_gate_for_case_write(session, job.gate_id)
+        cap = service.run_cap(session, ctx.settings, project_id)
+        stored_bytes = 0
         # The gateway's record of the case's model calls, whatever became of the case: the
         # provider answered them (and the budgets counted them) either way.
         if calls:
-            service.save_model_calls(session, gate, case, calls, redactor, cap=cap)
+            stored_bytes += service.save_model_calls(
+                session, job.gate_id, case_id, calls, redactor, cap=cap
+            )
         written = outcome
         if isinstance(written, Judged):
             try:
                 # Redacted first, then cut (in save_case_result): a cut made first could
                 # leave part of a secret behind.
-                service.save_case_result(
+                stored_bytes += service.save_case_result(
                     session,
-                    gate,
-                    case,
+                    case_id,
                     redact_result(written.result, redactor),
                     cap,
                     status=written.status,
@@ -778,26 +797,32 @@ def _store(
             if written.log:
                 log.error("case %s: %s", case_id, written.log)
             service.save_case_outcome(
-                gate, case, status=written.status, duration_ms=duration_ms, reason=written.reason
+                session,
+                case_id,
+                status=written.status,
+                duration_ms=duration_ms,
+                reason=written.reason,
             )
-        ctx.metrics.case_judged(session, case.status, duration_ms)
+        service.count_case_write(session, job.gate_id, stored_bytes)
+        ctx.metrics.case_judged(session, written.status, duration_ms)
 
-    def store_refused(refused: StorageRefused, session: Session, gate: Gate) -> None:
-        case = session.get_one(Case, case_id)
+    def store_refused(refused: StorageRefused, session: Session) -> None:
+        service.lock_gate_for_case_write(session, job.gate_id)
         service.save_case_outcome(
-            gate,
-            case,
+            session,
+            case_id,
             status=CaseStatus.error,
             duration_ms=duration_ms,
             reason=f"the case's result could not be stored: {refused.reason}; not retried, "
             "since the same result would be refused again",
         )
-        ctx.metrics.case_judged(session, case.status, duration_ms)
+        service.count_case_write(session, job.gate_id, 0)
+        ctx.metrics.case_judged(session, CaseStatus.error, duration_ms)
 
     try:
-        _write(ctx, job, store)
+        _write_case(ctx, job, store)
     except StorageRefused as refused:
-        _write(ctx, job, partial(store_refused, refused))
+        _write_case(ctx, job, partial(store_refused, refused))
     if isinstance(outcome, NotJudged) and outcome.ends_gate:
         raise DeadlinePassed(ctx.settings.gate_deadline_seconds)
     return True

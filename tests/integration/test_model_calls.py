@@ -120,11 +120,13 @@ def save(
 ) -> None:
     """As the worker's store does: in one transaction, the gate locked."""
     with session_scope(sessions) as s:
-        gate = service.get_gate(s, uuid.UUID(gate_id), for_update=True)
+        gate = uuid.UUID(gate_id)
+        service.lock_gate_for_case_write(s, gate)
         case = s.scalars(
-            select(Case).where(Case.gate_id == gate.id).where(Case.test_name == case_name)
+            select(Case.id).where(Case.gate_id == gate).where(Case.test_name == case_name)
         ).one()
-        service.save_model_calls(s, gate, case, records, redact, cap=cap)
+        stored_bytes = service.save_model_calls(s, gate, case, records, redact, cap=cap)
+        service.count_case_write(s, gate, stored_bytes)
 
 
 def stored(sessions: sessionmaker[Session], gate_id: str) -> tuple[list[dict[str, Any]], int]:

@@ -17,62 +17,63 @@ from gate_service.bundles.wheels import DownloadHalted, fetch_wheels
 from gate_service.config import Settings
 from gate_service.sandbox import Halted
 from gate_service.sandbox.docker import DockerSandbox
-from tests.unit.test_engine_faults import LIMITS, StubClient, StubContainer
+from tests.unit.test_engine_faults import LIMITS, StubClient, StubWire
 
 
-def sandbox_for(container: StubContainer) -> tuple[DockerSandbox, StubClient]:
-    client = StubClient(container)
-    return DockerSandbox(Settings(), client=client), client  # type: ignore[arg-type]
+def sandbox_for(wire: StubWire) -> DockerSandbox:
+    sandbox = DockerSandbox(Settings(), client=StubClient())  # type: ignore[arg-type]
+    sandbox.wire = wire
+    return sandbox
+
+
+def created(wire: StubWire) -> int:
+    return sum(path == "/containers/create" for _, path, _ in wire.calls)
+
+
+def started(wire: StubWire) -> bool:
+    return any(path.endswith("/start") for _, path, _ in wire.calls)
 
 
 def test_no_container_is_created_once_the_job_is_halted() -> None:
     halt = threading.Event()
     halt.set()
-    sandbox, client = sandbox_for(StubContainer(0))
+    wire = StubWire(0)
     with pytest.raises(Halted):
-        sandbox.run("img", ["true"], limits=LIMITS, labels={}, halt=halt)
-    assert client.containers.created == 0
+        sandbox_for(wire).run("img", ["true"], limits=LIMITS, labels={}, halt=halt)
+    assert created(wire) == 0
 
 
 def test_a_container_created_as_the_job_halts_is_removed_unstarted() -> None:
     # The heartbeat sets halt, then removes the gate's containers: one whose create was in
     # flight during that pass is caught by the look after create.
     halt = threading.Event()
-    container = StubContainer(0)
-    sandbox, client = sandbox_for(container)
-    create = client.containers.create
 
-    def create_while_halting(image: str, **kwargs: Any) -> StubContainer:
-        made = create(image, **kwargs)
-        halt.set()
-        return made
+    class HaltingOnCreate(StubWire):
+        def call(self, method: str, path: str, **kwargs: Any) -> Any:
+            answer = super().call(method, path, **kwargs)
+            if path == "/containers/create":
+                halt.set()
+            return answer
 
-    client.containers.create = create_while_halting  # type: ignore[method-assign]
+    wire = HaltingOnCreate(0)
     with pytest.raises(Halted):
-        sandbox.run("img", ["true"], limits=LIMITS, labels={}, halt=halt)
-    assert not container.started and container.removed
+        sandbox_for(wire).run("img", ["true"], limits=LIMITS, labels={}, halt=halt)
+    assert created(wire) == 1 and not started(wire) and wire.removed
 
 
 def test_a_running_container_is_removed_when_the_job_halts() -> None:
     halt = threading.Event()
-    gone = threading.Event()
-
-    class Running(StubContainer):
-        def remove(self, force: bool = False) -> None:
-            super().remove(force)
-            gone.set()
 
     def wait(timeout: float) -> dict[str, Any]:  # as the engine: wait ends when it is removed
-        assert gone.wait(timeout)
+        assert wire.gone.wait(timeout)
         return {"StatusCode": 137}
 
-    container = Running(wait)
-    sandbox, _ = sandbox_for(container)
+    wire = StubWire(wait)
     threading.Timer(0.3, halt.set).start()
-    started = time.monotonic()
+    began = time.monotonic()
     with pytest.raises(Halted):
-        sandbox.run("img", ["true"], limits=LIMITS, labels={}, halt=halt)
-    assert container.removed and time.monotonic() - started < LIMITS.wall_seconds
+        sandbox_for(wire).run("img", ["true"], limits=LIMITS, labels={}, halt=halt)
+    assert wire.removed and time.monotonic() - began < LIMITS.wall_seconds
 
 
 @pytest.fixture
