@@ -1,9 +1,12 @@
 """Gate changes pushed from Postgres: one LISTEN connection per API process wakes long-polls.
 
-Migration 0004 makes Postgres `NOTIFY gate_changed, '<gate id>'` whenever a gate's revision
-changes (or the gate is deleted), from whichever process committed the change. ``GateChanges``
+Migration 0004 makes Postgres `NOTIFY gate_changed` whenever a gate's revision changes (or
+the gate is deleted), from whichever process committed the change; since migration 0015 its
+payload is `'<gate id> <revision> <status>'` (a deleted gate's: its id alone). ``GateChanges``
 holds the process's one listening connection, in a task on the event loop started by the
-app's lifespan, and wakes the waiters of that gate id. A waiter then re-reads its gate once.
+app's lifespan, and wakes the waiters of that gate id with what the payload says. A waiter
+that was told the new revision and status needs no query to know whether to answer; one woken
+without them (a deletion, a reconnect, an id alone) reads its gate once.
 
 Nothing here queries per waiter: waiting is an ``asyncio.Event``. Notifications can be lost
 while the connection is down, so after every (re)connect all waiters are woken to re-check,
@@ -39,13 +42,27 @@ class Waiter:
         self.gate_id = gate_id
         self.sleeping = False  # in wait(): it has read its gate and issues nothing now
         self._event = asyncio.Event()
+        self._heard: tuple[int, str] | None = None  # the newest (revision, status) told
+        self._untold = False  # woken by something that did not say what changed
 
     def clear(self) -> None:
         """Called before each read, so a change committed during the read wakes it again."""
         self._event.clear()
+        self._heard, self._untold = None, False
 
-    def wake(self) -> None:
+    def wake(self, change: tuple[int, str] | None = None) -> None:
+        """``change``: the gate's revision and status after it, when the notification said."""
+        if change is None:
+            self._untold = True
+        elif self._heard is None or change[0] > self._heard[0]:
+            self._heard = change
         self._event.set()
+
+    @property
+    def heard(self) -> tuple[int, str] | None:
+        """The gate's newest revision and status told since the last ``clear``; None when
+        nothing was told, or a wake-up did not say (then only a read of the gate knows)."""
+        return None if self._untold else self._heard
 
     async def wait(self, timeout: float) -> bool:
         """True when woken, False when ``timeout`` seconds passed first."""
@@ -120,9 +137,9 @@ class GateChanges:
             return False
         return True
 
-    def _wake(self, gate_id: uuid.UUID) -> None:
+    def _wake(self, gate_id: uuid.UUID, change: tuple[int, str] | None = None) -> None:
         for waiter in self._waiters.get(gate_id, ()):
-            waiter.wake()
+            waiter.wake(change)
 
     def _wake_all(self) -> None:
         for waiters in self._waiters.values():
@@ -131,12 +148,13 @@ class GateChanges:
 
     def _on_payload(self, payload: str) -> None:
         self.notifications += 1
+        gate_text, _, told = payload.partition(" ")
         try:
-            gate_id = uuid.UUID(payload)
+            gate_id = uuid.UUID(gate_text)
         except ValueError:
             log.warning("ignoring a %s notification with payload %r", CHANNEL, payload[:100])
             return
-        self._wake(gate_id)
+        self._wake(gate_id, _change(told))
 
     # -- the listening connection --------------------------------------------------------
 
@@ -188,6 +206,15 @@ class GateChanges:
                 # arriving meanwhile waits for the next notifies() (psycopg's backlog, kept
                 # only while no notify handler is registered: do not add one).
                 await conn.execute("SELECT 1")
+
+
+def _change(told: str) -> tuple[int, str] | None:
+    """The (revision, status) of a payload's tail, ``'<revision> <status>'``; None for none
+    (a deleted gate, or a trigger from before migration 0015) or anything else."""
+    revision, _, status = told.partition(" ")
+    if not revision.isdigit() or not status or " " in status:
+        return None
+    return int(revision), status
 
 
 class GateBodies:

@@ -368,12 +368,17 @@ async def get_gate(
                 # re-checks on its own now and then, in case a notification was lost.
                 until = deadline if answer_at is None else answer_at
                 woken = await waiter.wait(min(until - now, changes.recheck_seconds))
+                heard = waiter.heard
                 waiter.clear()
                 if answer_at is not None and not woken:
                     continue  # gathering, and nothing new: the answer is read when it is due
-                # The revision and status first, on the loop: an unchanged gate (a lost
-                # notification's re-check, a reconnect's wake-up) costs no thread.
-                seen = await _peek(request, who, gate_id, etag, cases_limit)
+                if woken and heard is not None:
+                    # The notification said the new revision and status: no query needed.
+                    seen = _seen(gate_id, *heard, etag, cases_limit)
+                else:
+                    # The revision and status first, on the loop: an unchanged gate (a lost
+                    # notification's re-check, a reconnect's wake-up) costs no thread.
+                    seen = await _peek(request, who, gate_id, etag, cases_limit)
                 if seen is _SAME:
                     continue
                 if seen is _RUNNING and settle > 0:
@@ -407,7 +412,11 @@ async def _peek(
         return _OTHER
     if found is None:
         return _OTHER
-    revision, status = found
+    return _seen(gate_id, *found, etag, cases_limit)
+
+
+def _seen(gate_id: uuid.UUID, revision: int, status: str, etag: str, cases_limit: int) -> str:
+    """What a gate at ``revision`` with ``status`` is to a long-poll that holds ``etag``."""
     if _etag(gate_id, revision, cases_limit) == etag:
         return _SAME
     return _OTHER if status in TERMINAL_STATUSES else _RUNNING

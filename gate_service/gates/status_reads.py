@@ -46,9 +46,11 @@ class StatusReads:
         self._slots = asyncio.Semaphore(size)
         self._idle: list[psycopg.AsyncConnection[Any]] = []
         self._closed = False
+        self.queries = 0  # made, for tests
 
     async def fetch_one(self, query: str, params: Mapping[str, Any]) -> Any:
         """The first row of ``query`` (a named tuple) or None; raises what psycopg raises."""
+        self.queries += 1
         async with self._slots:
             for attempt in range(2):
                 pooled = bool(self._idle)

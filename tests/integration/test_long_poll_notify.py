@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gate_service.app_state import state_of
 from gate_service.auth.tokens import token_digest
 from gate_service.db import session_scope
-from gate_service.gates.notify import GateChanges
+from gate_service.gates.notify import GateChanges, _change
 from gate_service.models import ApiToken, Gate, utcnow
 from tests.fixtures.auth import as_token, project_token
 from tests.fixtures.projects import bundle_of, calculator_project
@@ -344,6 +344,16 @@ def end(sessions: sessionmaker[Session], gate_id: str, status: str = "passed") -
         )
 
 
+def three_changes(changes: GateChanges, sessions: sessionmaker[Session], gate_id: str) -> None:
+    """Three cases' worth of changes of a gate that has not ended, heard by a long-poll that
+    is asleep again once they are (gathering them)."""
+    heard = changes.notifications
+    for _ in range(3):
+        bump(sessions, gate_id)
+    wait_until(lambda: changes.notifications >= heard + 3, "the three changes are heard")
+    wait_until(lambda: changes.sleeping == 1, "the long-poll gathers, asleep again")
+
+
 def test_changes_of_a_running_gate_are_gathered_and_its_end_is_answered_at_once(
     client: TestClient,
     changes: GateChanges,
@@ -357,11 +367,7 @@ def test_changes_of_a_running_gate_are_gathered_and_its_end_is_answered_at_once(
     gate_id, etag = gate
     waiting = long_poll(pool, client, gate_id, etag)
     wait_until(lambda: changes.sleeping == 1, "the long-poll waits")
-    heard = changes.notifications
-    for _ in range(3):  # three cases' worth of changes of a gate that has not ended
-        bump(sessions, gate_id)
-    wait_until(lambda: changes.notifications >= heard + 3, "the three changes are heard")
-    wait_until(lambda: changes.sleeping == 1, "the long-poll gathers, asleep again")
+    three_changes(changes, sessions, gate_id)
     time.sleep(1.0)  # answered per change, the answer would be on its way by now
     assert not waiting.done()
     end(sessions, gate_id)
@@ -387,3 +393,74 @@ def test_a_gathered_change_is_answered_once_the_settle_time_is_over(
     answer = waiting.result(timeout=DEADLINE_SECONDS)
     assert answer.status_code == 200 and answer.json()["status"] == "queued"
     assert answer.headers["ETag"] != etag
+
+
+def test_a_told_change_costs_a_long_poll_no_query_and_a_bare_id_one(
+    client: TestClient,
+    changes: GateChanges,
+    gate: tuple[str, str],
+    sessions: sessionmaker[Session],
+    pool: ThreadPoolExecutor,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Since migration 0015 a notification says the gate's new revision and status: a
+    # long-poll of a running gate learns from it whether to answer, where it used to ask
+    # Postgres twice a case. A notification with the id alone (a trigger from before 0015)
+    # is still answered, by asking.
+    monkeypatch.setattr(state_of(client.app).settings, "long_poll_settle_seconds", 3600)
+    reads = state_of(client.app).status_reads
+    gate_id, etag = gate
+    waiting = long_poll(pool, client, gate_id, etag)
+    wait_until(lambda: changes.sleeping == 1, "the long-poll waits")
+    asked = reads.queries
+    three_changes(changes, sessions, gate_id)
+    assert reads.queries == asked
+    with session_scope(sessions) as session:
+        # The end, with the triggers off for this transaction (superuser), then a bare id.
+        session.execute(text("SET LOCAL session_replication_role = replica"))
+        session.execute(
+            update(Gate)
+            .where(Gate.id == uuid.UUID(gate_id))
+            .values(status="passed", revision=Gate.revision + 1)
+        )
+        session.execute(text("SELECT pg_notify('gate_changed', :g)"), {"g": gate_id})
+    answer = waiting.result(timeout=DEADLINE_SECONDS)
+    assert answer.status_code == 200 and answer.json()["status"] == "passed"
+    assert reads.queries == asked + 1
+
+
+def test_a_notification_tells_the_revision_and_status_it_carries(
+    changes: GateChanges, gate: tuple[str, str], sessions: sessionmaker[Session]
+) -> None:
+    gate_id, _ = gate
+    with changes.subscribe(uuid.UUID(gate_id)) as waiter:
+        heard = changes.notifications
+        end(sessions, gate_id, status="failed")
+        wait_until(lambda: changes.notifications > heard, "the end is heard")
+        with session_scope(sessions) as session:
+            revision = session.scalars(
+                select(Gate.revision).where(Gate.id == uuid.UUID(gate_id))
+            ).one()
+        assert waiter.heard == (revision, "failed")
+        waiter.clear()
+        assert waiter.heard is None
+        waiter.wake((revision + 2, "running"))
+        waiter.wake((revision + 1, "passed"))  # an older one told later: the newest is kept
+        assert waiter.heard == (revision + 2, "running")
+        waiter.wake(None)  # one that did not say: only a read knows
+        assert waiter.heard is None
+
+
+@pytest.mark.parametrize(
+    ("tail", "told"),
+    [
+        ("12 running", (12, "running")),
+        ("", None),
+        ("12", None),
+        ("x running", None),
+        ("-1 running", None),
+        ("12 running extra", None),
+    ],
+)
+def test_a_payload_tail_is_read_strictly(tail: str, told: tuple[int, str] | None) -> None:
+    assert _change(tail) == told
