@@ -238,21 +238,70 @@ def test_a_wait_with_nothing_for_its_whole_timeout_is_a_timeout(
     engine.answers["POST", "/containers/c0ffee/wait"] = wait_answer_then(
         lambda x: engine.release.wait(30)
     )
+    engine.answers["GET", "/containers/c0ffee/json"] = lambda x: x.send_json(200, {"Id": "c"})
+    wire = make(engine)
     began = time.monotonic()
     with pytest.raises(EngineTimeout):
-        make(engine).call("POST", "/containers/c0ffee/wait", timeout=1)
+        wire.call("POST", "/containers/c0ffee/wait", timeout=1)
     assert time.monotonic() - began >= 0.9
+    # The timed-out connection is not kept half-read: the next call answers, on a new one.
+    assert wire.call("GET", "/containers/c0ffee/json") == {"Id": "c"}
+    assert engine.connections == 2
+
+
+class Closable:
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("reading", [False, True])
+def test_only_a_timeout_reading_the_answer_is_an_engine_timeout(reading: bool) -> None:
+    # A connect or a send that times out says the engine is unwell, not that a container
+    # ran to its wall deadline: that is EngineCallError, which the sandbox retries for.
+    conn = Closable()
+
+    def timing_out() -> None:
+        with EngineWire._failing(conn, "POST /wait") as phase:  # type: ignore[arg-type]
+            phase.reading = reading
+            raise TimeoutError("timed out")
+
+    with pytest.raises(EngineCallError) as raised:
+        timing_out()
+    assert isinstance(raised.value, EngineTimeout) is reading
+    assert conn.closed
 
 
 @WIRES
-@pytest.mark.parametrize("how", ["reset", "closed-mid-answer", "closed-before-answer"])
+def test_an_answer_that_is_not_json_is_an_engine_call_error(
+    engine: ScriptedEngine, make: Callable[..., Wire]
+) -> None:
+    engine.answers["GET", "/containers/c0ffee/json"] = lambda x: x.send(200, b"<html>proxy</html>")
+    with pytest.raises(EngineCallError, match="not JSON"):
+        make(engine).call("GET", "/containers/c0ffee/json")
+
+
+def test_a_tcp_engine_behind_a_proxy_keeps_docker_py_s_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.internal:3128")
+    monkeypatch.setenv("NO_PROXY", "localhost")
+    api = docker.APIClient(base_url="tcp://engine.internal:2375", version="1.41")
+    assert type(wire_module.of(api)) is SdkWire
+    near = docker.APIClient(base_url="tcp://localhost:2375", version="1.41")
+    assert type(wire_module.of(near)) is EngineWire
+
+
+@WIRES
+@pytest.mark.parametrize("how", ["closed-after-head", "closed-mid-answer", "closed-before-answer"])
 def test_an_engine_lost_mid_wait_is_no_timeout(
     engine: ScriptedEngine, make: Callable[..., Wire], how: str
 ) -> None:
     def lose(x: Exchange) -> None:
-        if how == "reset":
+        if how == "closed-after-head":
             x.send_chunked_head()
-            x.reset()
+            x.reset()  # (on a unix socket a plain end of stream: SO_LINGER is TCP's)
         elif how == "closed-mid-answer":
             x.send_chunked_head()
             x.sock.sendall(b'10\r\n{"Stat')

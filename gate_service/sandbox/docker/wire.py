@@ -28,6 +28,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode, urlsplit
+from urllib.request import getproxies, proxy_bypass
 
 import requests.exceptions
 import urllib3.exceptions
@@ -130,7 +131,10 @@ def of(api: Any) -> Wire:
         return EngineWire(version=version, timeout=timeout, unix_path=socket_path)
     if base.startswith("http://"):
         parts = urlsplit(base)
-        if parts.hostname and not parts.path.strip("/"):
+        # An engine the environment says to reach through a proxy keeps requests' session,
+        # which honours it, as docker-py always did.
+        proxied = bool(getproxies().get("http")) and not proxy_bypass(parts.hostname or "")
+        if parts.hostname and not parts.path.strip("/") and not proxied:
             address = (parts.hostname, parts.port or 80)
             return EngineWire(version=version, timeout=timeout, tcp_address=address)
     return SdkWire(api)
@@ -207,13 +211,20 @@ class EngineWire:
 
     @staticmethod
     @contextmanager
-    def _failing(conn: http.client.HTTPConnection, what: str) -> Iterator[None]:
+    def _failing(conn: http.client.HTTPConnection, what: str) -> Iterator[_Phase]:
         """Any failure of the block closes ``conn`` (never kept half-read) and is raised as
-        EngineTimeout (a read that waited its whole timeout) or EngineCallError."""
+        EngineTimeout (a read of the answer that waited its whole timeout, once the block
+        set ``reading``) or EngineCallError (everything else: a connect or a send that timed
+        out says the engine is unwell, not that a container ran long)."""
+        phase = _Phase()
         try:
-            yield
+            yield phase
         except TimeoutError as exc:
             conn.close()
+            if not phase.reading:
+                raise EngineCallError(
+                    f"{what}: the engine took no request within the timeout"
+                ) from exc
             raise EngineTimeout(f"{what}: read timed out") from exc
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
@@ -240,8 +251,9 @@ class EngineWire:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
         conn = self._take(self.timeout if timeout is None else timeout)
-        with self._failing(conn, f"{method} {self.where}{url}"):
+        with self._failing(conn, f"{method} {self.where}{url}") as phase:
             conn.request(method, url, body=data, headers=headers)
+            phase.reading = True
             response = conn.getresponse()
             content = response.read()
         self._give_back(conn)
@@ -259,7 +271,7 @@ class EngineWire:
         status, reason, content, url = self._exchange(method, path, params, body, timeout)
         if status >= 400:
             raise _status_error(status, reason, f"{self.where}{url}", content)
-        return json.loads(content) if content.strip() else None
+        return _json_of(content, f"{method} {self.where}{url}")
 
     def read(self, path: str, *, params: Params | None = None) -> bytes:
         status, reason, content, url = self._exchange("GET", path, params, None, None)
@@ -272,7 +284,7 @@ class EngineWire:
         # container's stream until closed.
         url = self.prefix + path + ("?" + urlencode(params) if params else "")
         conn = self._new(self.timeout)
-        with self._failing(conn, f"POST {self.where}{url}"):
+        with self._failing(conn, f"POST {self.where}{url}") as phase:
             conn.connect()
             sock = conn.sock
             assert sock is not None
@@ -280,6 +292,7 @@ class EngineWire:
                 f"POST {url} HTTP/1.1\r\nHost: docker\r\nContent-Length: 0\r\n"
                 "Connection: Upgrade\r\nUpgrade: tcp\r\n\r\n".encode()
             )
+            phase.reading = True
             status, reason, rest = _read_head(sock)
         if status not in _HIJACKED:
             conn.close()
@@ -294,10 +307,30 @@ class EngineWire:
             conn.close()
 
 
-def _dropped(sock: socket.socket) -> bool:
-    """Whether a kept connection can be read from: an idle one can only when it has ended."""
+class _Phase:
+    """How far a call got: ``reading`` once its request is sent and its answer awaited."""
+
+    reading = False
+
+
+def _json_of(content: bytes, what: str) -> Any:
+    """The JSON of an answer's body (None when it has none); EngineCallError when it is not
+    JSON (a broken engine, or something else on its socket)."""
+    if not content.strip():
+        return None
     try:
-        return bool(select.select([sock], [], [], 0)[0])
+        return json.loads(content)
+    except ValueError as exc:
+        raise EngineCallError(f"{what}: the engine's answer is not JSON ({exc})") from exc
+
+
+def _dropped(sock: socket.socket) -> bool:
+    """Whether a kept connection can be read from: an idle one can only when it has ended.
+    (poll, not select: select fails on descriptors past 1023.)"""
+    try:
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
     except (OSError, ValueError):
         return True
 
@@ -371,8 +404,8 @@ class SdkWire:
         body: Any = None,
         timeout: float | None = None,
     ) -> Any:
-        content = self._send(method, path, params, body, timeout).content
-        return json.loads(content) if content.strip() else None
+        response = self._send(method, path, params, body, timeout)
+        return _json_of(response.content, f"{method} {response.url}")
 
     def read(self, path: str, *, params: Params | None = None) -> bytes:
         return bytes(self._send("GET", path, params, None, None).content)
