@@ -49,7 +49,15 @@ from .failure import Failure
 from .keys import ModelRoute, Route, provider_secret_names, resolve_route
 from .mcp import fill_headers, fill_secrets, mcp_once
 from .records import CallRecord
-from .transport import RefusedAddress, guarded_client
+from .transport import (
+    BODY_EXCERPT_BYTES,
+    Exchange,
+    RefusedAddress,
+    guarded_client,
+    install_litellm_guard,
+    model_client,
+    observing,
+)
 
 # The longest wait between two tries when the provider names none, and the longest message
 # of a provider's error passed back to the agent.
@@ -143,6 +151,9 @@ class ModelGateway:
         import openai  # LiteLLM's own dependency: the moderation calls' client (see moderate)
 
         litellm.suppress_debug_info = True
+        # Every HTTP client LiteLLM makes for itself refuses redirects and refused addresses
+        # too: the per-call client (_client_for) is not taken by every provider's path.
+        install_litellm_guard(litellm)
         self._litellm: Any = litellm
         self._openai: Any = openai
         self.budgets = budgets or Budgets()
@@ -272,10 +283,8 @@ class ModelGateway:
                 self._mcp_once, self._mcp_answered,
             )  # fmt: skip
         if isinstance(request, ModerationRequest):
-            # A moderation model is OpenAI's unless its name says otherwise.
-            model = request.model if "/" in request.model else f"openai/{request.model}"
             return self._call(
-                channel, request, lambda: self._route(channel, request, model),
+                channel, request, lambda: self._moderation_route(channel, request),
                 self._moderate_once, self._moderation,
             )  # fmt: skip
         return self._call(
@@ -382,13 +391,16 @@ class ModelGateway:
                             _allowed_url(channel, target)
                             url = target
                             continue
-                        body = b""
+                        # A bytearray: a server trickling one byte a chunk must not make
+                        # the read quadratic.
+                        body = bytearray()
                         for chunk in response.iter_bytes():
                             body += chunk
                             if len(body) >= MAX_PAGE_BYTES:
                                 break
-                        return {"url": url, "status": response.status_code,
-                                "body": body[:MAX_PAGE_BYTES], "redirect_url": None}  # fmt: skip
+                        page = bytes(body[:MAX_PAGE_BYTES])
+                        return {"url": url, "status": response.status_code, "body": page,
+                                "redirect_url": None}  # fmt: skip
                 except httpx.TimeoutException:
                     if cut_by_deadline:
                         raise Failure(
@@ -448,7 +460,7 @@ class ModelGateway:
                 with client.stream(
                     call.method, call.url, params=call.query, headers=headers, json=call.body
                 ) as response:
-                    data = b""
+                    data = bytearray()  # linear however the server chunks it
                     for chunk in response.iter_bytes():
                         data += chunk
                         if len(data) > MAX_PAGE_BYTES:
@@ -470,7 +482,7 @@ class ModelGateway:
             raise Failure(
                 "bad_request", f"api:{request.api}.{request.tool}: {type(exc).__name__}: {exc}"
             ) from None
-        text = data[:MAX_PAGE_BYTES].decode("utf-8", errors="replace")
+        text = bytes(data[:MAX_PAGE_BYTES]).decode("utf-8", errors="replace")
         body: Any = text[:MAX_API_BODY_CHARS]
         if "json" in kind and len(text) <= MAX_API_BODY_CHARS:
             try:
@@ -623,46 +635,81 @@ class ModelGateway:
             extra["api_base"] = route.api_base
         if route.api_version:
             extra["api_version"] = route.api_version
-        client = None
-        if route.model.startswith("openai/"):
-            # OpenAI-compatible calls (openai/ and every project route) go through a client
-            # that checks each request's address and follows no redirect (transport.py).
-            client = self._openai_client(route, timeout)
-            extra["client"] = client
-        try:
-            return litellm.completion(
-                model=route.model,
-                messages=request.messages,
-                tools=request.tools or None,
-                temperature=request.temperature,
-                timeout=timeout,
-                api_key=route.api_key,
-                # The gateway owns retries: neither LiteLLM nor the OpenAI client may add any.
-                num_retries=0,
-                max_retries=0,
-                **litellm_options(request.options),
-                # Reasoning options apply "where the model allows it" (SDK): LiteLLM drops the
-                # ones it knows a model refuses instead of failing the call.
-                **({"drop_params": True} if request.options else {}),
-                **extra,
-            )
-        except Exception as exc:
-            raise self._failure(channel, request, exc, cut_by_deadline=cut_by_deadline) from None
-        finally:
-            if client is not None:
-                client.close()
+        provider = self._provider_of(route.model)
+        # Every provider's request goes through a client whose transport checks each
+        # request's address and refuses a redirect (transport.py): the OpenAI SDK's for the
+        # providers LiteLLM calls through it, LiteLLM's own HTTP handler for the rest.
+        client, http = self._client_for(provider, route, timeout)
+        with observing() as exchange:
+            try:
+                return litellm.completion(
+                    model=route.model,
+                    messages=request.messages,
+                    tools=request.tools or None,
+                    temperature=request.temperature,
+                    timeout=timeout,
+                    api_key=route.api_key,
+                    # The gateway owns retries: neither LiteLLM nor the OpenAI client may add
+                    # any.
+                    num_retries=0,
+                    max_retries=0,
+                    **litellm_options(request.options),
+                    # Reasoning options apply "where the model allows it" (SDK): LiteLLM drops
+                    # the ones it knows a model refuses instead of failing the call.
+                    **({"drop_params": True} if request.options else {}),
+                    client=client,
+                    **extra,
+                )
+            except Exception as exc:
+                raise self._failure(
+                    channel, request, route, exc, exchange, cut_by_deadline=cut_by_deadline
+                ) from None
+            finally:
+                http.close()
 
-    def _openai_client(self, route: Route, timeout: float) -> Any:
+    def _client_for(self, provider: str | None, route: Route, timeout: float) -> tuple[Any, Any]:
+        """The client LiteLLM is handed for one try, and the httpx client to close after it."""
+        http = model_client(timeout)
+        if provider in OPENAI_SDK_PROVIDERS:
+            return self._openai_client(route, timeout, http), http
+        if provider in AZURE_SDK_PROVIDERS:
+            azure = self._openai.AzureOpenAI(
+                api_key=route.api_key,
+                azure_endpoint=route.api_base,
+                api_version=route.api_version,
+                timeout=timeout,
+                max_retries=0,
+                http_client=http,
+            )
+            return azure, http
+        from litellm.llms.custom_httpx.http_handler import HTTPHandler
+
+        return HTTPHandler(timeout=timeout, client=http), http
+
+    def _openai_client(self, route: Route, timeout: float, http: Any) -> Any:
         """An OpenAI client for one try: its endpoint named (never the worker's environment's),
-        its timeout, no retries of its own, and a transport that checks each request's address
-        and follows no redirect (transport.py)."""
+        its timeout, no retries of its own, and ``http`` (a transport.model_client)."""
         return self._openai.OpenAI(
             api_key=route.api_key,
             base_url=route.api_base or OPENAI_BASE,
             timeout=timeout,
             max_retries=0,
-            http_client=guarded_client(timeout=timeout),
+            http_client=http,
         )
+
+    def _moderation_route(self, channel: Channel, request: ModerationRequest) -> Route:
+        """A moderation goes to OpenAI's moderation API or an OpenAI-compatible project route,
+        with that provider's key: a key of another provider is never sent to either."""
+        model = request.model if "/" in request.model else f"openai/{request.model}"
+        route = self._route(channel, request, model)
+        if self._provider_of(route.model) not in OPENAI_SDK_PROVIDERS:
+            raise Failure(
+                "no_route",
+                f"moderation model {request.model}: the gateway runs moderations on OpenAI's "
+                "moderation API (an openai/ model, with OPENAI_API_KEY) or on a project "
+                "route's OpenAI-compatible endpoint only",
+            )
+        return route
 
     def _moderate_once(
         self,
@@ -677,56 +724,99 @@ class ModelGateway:
         # LiteLLM's moderation() builds its OpenAI client without the timeout and with the
         # SDK's own retries, and without an api_base falls back to the process environment:
         # the gateway hands it a client that has none of that.
-        client = self._openai_client(route, timeout)
-        try:
-            return self._litellm.moderation(
-                input=request.input, model=bare, api_key=route.api_key, client=client
-            )
-        except Exception as exc:
-            raise self._failure(channel, request, exc, cut_by_deadline=cut_by_deadline) from None
-        finally:
-            client.close()
+        http = model_client(timeout)
+        client = self._openai_client(route, timeout, http)
+        with observing() as exchange:
+            try:
+                return self._litellm.moderation(
+                    input=request.input, model=bare, api_key=route.api_key, client=client
+                )
+            except Exception as exc:
+                raise self._failure(
+                    channel, request, route, exc, exchange, cut_by_deadline=cut_by_deadline
+                ) from None
+            finally:
+                http.close()
 
     def _failure(
         self,
         channel: Channel,
         request: CompletionRequest | ModerationRequest,
+        route: Route,
         exc: Exception,
+        exchange: Exchange,
         *,
         cut_by_deadline: bool,
     ) -> Exception:
         """A provider's exception as the Failure it ends in, or _Retryable when another try
-        may help."""
+        may help. Its message is the readable reason (``_reason``), never the library's."""
         # LiteLLM's exceptions for completions, the OpenAI SDK's for moderations.
         litellm, openai = self._litellm, self._openai
-        message = self._message(channel, request, exc)
         refused = _refused_in(exc)
-        if refused is not None:  # a hop to metadata: no other try can get past it
-            return Failure("no_route", self._message(channel, request, refused))
+        if refused is not None:  # a hop to metadata, a redirect: no other try gets past it
+            message = f"{_provider_name(route, self._provider_of(route.model))}: {refused}"
+            return Failure("no_route", self._redacted(channel, request, message))
+        message = self._reason(channel, request, route, exc, exchange, timeout_hit=False)
         if isinstance(exc, litellm.Timeout | openai.APITimeoutError):
             if cut_by_deadline:
                 return Failure(
                     "deadline", f"the gate's deadline came before model {request.model} answered"
                 )
-            return _Retryable(Failure("provider", message), None)
+            late = self._reason(channel, request, route, exc, exchange, timeout_hit=True)
+            return _Retryable(Failure("provider", late), None)
         if isinstance(exc, litellm.RateLimitError | openai.RateLimitError):
             return _Retryable(Failure("rate_limited", message), _retry_after(exc))
         status = getattr(exc, "status_code", None)
+        if exchange.status is not None:
+            status = exchange.status
         if isinstance(exc, litellm.APIConnectionError | openai.APIConnectionError) or (
             isinstance(status, int) and status >= 500
         ):
             return _Retryable(Failure("provider", message), _retry_after(exc))
         return Failure("provider", message)
 
-    @staticmethod
-    def _message(
-        channel: Channel, request: CompletionRequest | ModerationRequest, exc: BaseException
+    def _reason(
+        self,
+        channel: Channel,
+        request: CompletionRequest | ModerationRequest,
+        route: Route,
+        exc: BaseException,
+        exchange: Exchange,
+        *,
+        timeout_hit: bool,
     ) -> str:
-        """The provider's error for the agent, with no secret value of the project in it:
-        redacted as everything stored for a case is (one matcher, the longest value first,
-        so a value that contains another is never left half in place)."""
-        what = "moderation" if isinstance(request, ModerationRequest) else "model"
-        text = f"{what} call to {request.model} failed: {type(exc).__name__}: {exc}"
+        """What went wrong at the provider, for a person: who (the provider, or the project's
+        route), the path called, the HTTP status and the first characters of its answer; or
+        why no answer came. No library's class name, traceback or file path: the exception's
+        own text is used only when nothing was sent, and then only its first line."""
+        who = _provider_name(route, self._provider_of(route.model))
+        where = f"{exchange.method} {exchange.path}" if exchange.url else ""
+        if timeout_hit:
+            text = f"{who} did not answer {where or 'the call'} within {request.timeout_s:g} s"
+        elif exchange.status is not None:
+            excerpt = " ".join(exchange.body.decode("utf-8", errors="replace").split())
+            text = f"{who} answered HTTP {exchange.status} to {where}"
+            if 200 <= exchange.status < 300:
+                text += ", not in the shape of its API"
+            text += f": {excerpt[:BODY_EXCERPT_BYTES]}" if excerpt else " with an empty body"
+        elif exchange.url:
+            cause = _transport_error(exc)
+            detail = _first_line(str(cause)) if cause is not None else ""
+            text = f"{who} could not be reached at {where}: {detail or 'the connection failed'}"
+        else:
+            text = f"{who}: {_plain(str(exc)) or 'the call failed before anything was sent'}"
+        return self._redacted(channel, request, text)
+
+    @staticmethod
+    def _redacted(
+        channel: Channel, request: CompletionRequest | ModerationRequest, text: str
+    ) -> str:
+        """``text`` with no secret value of the project in it: redacted as everything stored
+        for a case is (one matcher, the longest value first, so a value that contains another
+        is never left half in place). A moderation says so: the runner's prefix names only
+        the model."""
+        if isinstance(request, ModerationRequest):
+            text = f"moderation: {text}"
         return Redactor(channel.secrets).text(text)[:MAX_MESSAGE_CHARS]
 
     def _cost(self, response: Any) -> float:
@@ -740,6 +830,57 @@ class ModelGateway:
 # OpenAI's endpoint, named: the client would otherwise read OPENAI_BASE_URL from the worker's
 # environment, which is no project's.
 OPENAI_BASE = "https://api.openai.com/v1"
+# LiteLLM's providers it calls through the OpenAI SDK (a client of that SDK is what it takes),
+# and through the SDK's Azure client; every other provider takes LiteLLM's HTTP handler.
+OPENAI_SDK_PROVIDERS = frozenset({"openai", "text-completion-openai", "custom_openai"})
+AZURE_SDK_PROVIDERS = frozenset({"azure", "azure_text"})
+
+
+def _provider_name(route: Route, provider: str | None) -> str:
+    """Who answered, for a reason: the project's route, or the provider."""
+    if route.via.startswith("route "):
+        return f"the project's {route.via}"
+    return provider or route.model.partition("/")[0]
+
+
+def _transport_error(exc: BaseException) -> httpx.TransportError | None:
+    """The httpx error under a client library's exception, if one is."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None or isinstance(seen, httpx.TransportError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _first_line(text: str) -> str:
+    return text.strip().split("\n", 1)[0].strip()[:BODY_EXCERPT_BYTES]
+
+
+def _plain(text: str) -> str:
+    """A library's message without its class-name prefixes (``litellm.BadRequestError: ``,
+    ``OpenAIException - ``) or traceback: plain string steps, linear in its length."""
+    line = _first_line(text)
+    for _ in range(8):
+        for separator in (": ", " - "):
+            head, found, rest = line.partition(separator)
+            if found and _class_name(head):
+                line = rest.strip()
+                break
+        else:
+            break
+    return line
+
+
+def _class_name(word: str) -> bool:
+    """``word`` is a (dotted) exception class name such as ``litellm.NotFoundError``."""
+    name = word.strip().rpartition(".")[2]
+    return (
+        bool(name)
+        and name.endswith(("Error", "Exception"))
+        and name.replace("_", "a").isalnum()
+        and all(part.replace("_", "a").isalnum() for part in word.strip().split("."))
+    )
 
 
 def _ms_since(started: float) -> int:

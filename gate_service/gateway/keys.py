@@ -32,18 +32,18 @@ class ProviderKeys:
 PROVIDERS: Mapping[str, ProviderKeys] = {
     "openai": ProviderKeys("OPENAI_API_KEY", base="OPENAI_API_BASE"),
     "anthropic": ProviderKeys("ANTHROPIC_API_KEY", base="ANTHROPIC_API_BASE"),
-    "gemini": ProviderKeys("GEMINI_API_KEY"),
+    "gemini": ProviderKeys("GEMINI_API_KEY", base="GEMINI_API_BASE"),
     "azure": ProviderKeys(
         "AZURE_API_KEY", base="AZURE_API_BASE", version="AZURE_API_VERSION", base_required=True
     ),
-    "mistral": ProviderKeys("MISTRAL_API_KEY"),
-    "groq": ProviderKeys("GROQ_API_KEY"),
-    "cohere": ProviderKeys("COHERE_API_KEY"),
-    "cohere_chat": ProviderKeys("COHERE_API_KEY"),
-    "deepseek": ProviderKeys("DEEPSEEK_API_KEY"),
-    "openrouter": ProviderKeys("OPENROUTER_API_KEY"),
-    "xai": ProviderKeys("XAI_API_KEY"),
-    "together_ai": ProviderKeys("TOGETHERAI_API_KEY"),
+    "mistral": ProviderKeys("MISTRAL_API_KEY", base="MISTRAL_API_BASE"),
+    "groq": ProviderKeys("GROQ_API_KEY", base="GROQ_API_BASE"),
+    "cohere": ProviderKeys("COHERE_API_KEY", base="COHERE_API_BASE"),
+    "cohere_chat": ProviderKeys("COHERE_API_KEY", base="COHERE_API_BASE"),
+    "deepseek": ProviderKeys("DEEPSEEK_API_KEY", base="DEEPSEEK_API_BASE"),
+    "openrouter": ProviderKeys("OPENROUTER_API_KEY", base="OPENROUTER_API_BASE"),
+    "xai": ProviderKeys("XAI_API_KEY", base="XAI_API_BASE"),
+    "together_ai": ProviderKeys("TOGETHERAI_API_KEY", base="TOGETHERAI_API_BASE"),
 }
 
 

@@ -34,11 +34,12 @@ def _or_loopback(real: Callable[..., Any], answer: Callable[..., Any]) -> Callab
     """``real``, or ``answer`` for a localhost name that ``real`` cannot resolve (its error
     stands when ``answer`` has none either)."""
 
-    def resolve(host: Any, *args: Any) -> Any:
+    def resolve(host: Any, *args: Any, **kwargs: Any) -> Any:
+        # Keywords too: getaddrinfo(host, port, proto=...) is how callers often write it.
         try:
-            return real(host, *args)
+            return real(host, *args, **kwargs)
         except socket.gaierror:
-            answered = answer(host, *args) if is_localhost(host) else None
+            answered = answer(host, *args, **kwargs) if is_localhost(host) else None
             if answered is None:
                 raise
             return answered

@@ -182,8 +182,8 @@ def test_a_providers_error_reaches_the_agent_with_no_part_of_a_secret_in_it() ->
     # One value inside another: replacing the shorter first would leave the longer's tail.
     channel = SimpleNamespace(secrets={"SHORT": "abcd1234", "LONG": "abcd1234efgh5678"})
     request = CompletionRequest(model="openai/gpt-4o", messages=[])
-    error = RuntimeError("key abcd1234efgh5678 refused; abcd1234 too")
-    text = ModelGateway._message(channel, request, error)  # type: ignore[arg-type]
+    reason = "openai answered HTTP 401: key abcd1234efgh5678 refused; abcd1234 too"
+    text = ModelGateway._redacted(channel, request, reason)  # type: ignore[arg-type]
     assert "abcd1234" not in text and "efgh5678" not in text
     assert "[REDACTED:LONG]" in text and "[REDACTED:SHORT]" in text
-    assert text.startswith("model call to openai/gpt-4o failed: RuntimeError: ")
+    assert text.startswith("openai answered HTTP 401: key ")
