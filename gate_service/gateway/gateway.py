@@ -412,7 +412,7 @@ class ModelGateway:
                 except RefusedAddress as exc:
                     raise Failure("no_route", f"web_read_page {url}: {exc}") from None
                 except httpx.HTTPError as exc:
-                    message = f"fetching {url} failed: {type(exc).__name__}: {exc}"
+                    message = f"{url} could not be reached: {_first_line(str(exc)) or 'no answer'}"
                     raise _Retryable(Failure("provider", message), None) from None
         raise Failure("provider", f"{request.url}: more than {MAX_REDIRECTS} redirects")
 
@@ -476,11 +476,12 @@ class ModelGateway:
         except RefusedAddress as exc:
             raise Failure("no_route", f"api:{request.api}.{request.tool}: {exc}") from None
         except httpx.HTTPError as exc:
-            raise Failure("provider", f"{call.url}: {type(exc).__name__}: {exc}") from None
+            detail = _first_line(str(exc)) or "no answer"
+            raise Failure("provider", f"{call.url} could not be reached: {detail}") from None
         except (UnicodeError, ValueError) as exc:
             # httpx refuses to build it: a header argument that is not ASCII, say.
             raise Failure(
-                "bad_request", f"api:{request.api}.{request.tool}: {type(exc).__name__}: {exc}"
+                "bad_request", f"api:{request.api}.{request.tool}: {_first_line(str(exc))}"
             ) from None
         text = bytes(data[:MAX_PAGE_BYTES]).decode("utf-8", errors="replace")
         body: Any = text[:MAX_API_BODY_CHARS]
