@@ -21,6 +21,7 @@ import inspect
 import json
 import os
 import socket
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -525,14 +526,32 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self._path = path
 
     def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(self.timeout)
-            sock.connect(self._path)
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
+        # A Unix socket's connect with a timeout fails at once while the listen backlog is
+        # full (EAGAIN): the channel bounds its connections, and the case's own code may be
+        # flooding it. Nothing was sent, so trying again is safe, for a few seconds at most.
+        give_up = time.monotonic() + CONNECT_RETRY_SECONDS
+        pause = 0.005
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(self.timeout)
+                sock.connect(self._path)
+            except BlockingIOError:
+                sock.close()
+                if time.monotonic() + pause > give_up:
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, 0.2)
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            self.sock = sock
+            return
+
+
+# How long the runner keeps trying to connect to a channel whose backlog is full.
+CONNECT_RETRY_SECONDS = 10.0
 
 
 # How long past its attempts' own timeouts the runner waits for the gateway's answer: the
