@@ -22,7 +22,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from .config import Settings
-from .errors import ServiceUnavailable, TooManyRequests
+from .errors import NotFound, ServiceUnavailable, TooManyRequests
 
 # What a refused client is told to wait before trying again.
 QUEUE_RETRY_AFTER_SECONDS = 30
@@ -168,9 +168,11 @@ def lock_project(session: Session, project_id: uuid.UUID) -> None:
     a gate (its foreign key) takes, so it orders submissions and worker claims of the same
     project without blocking anything else.
     """
-    session.execute(
+    locked = session.execute(
         text("SELECT id FROM projects WHERE id = :p FOR NO KEY UPDATE"), {"p": project_id}
-    )
+    ).first()
+    if locked is None:  # deleted (auth/deletion.py) since the caller's token was checked
+        raise NotFound(f"project {project_id} was deleted")
 
 
 def admit_submission(

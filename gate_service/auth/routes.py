@@ -15,7 +15,7 @@ from ..deps import SessionDep
 from ..endpoints import endpoint_problem
 from ..errors import Forbidden, RequestInvalid, error_responses
 from ..models import AuditEvent
-from . import service
+from . import deletion, service
 from .deps import Admin
 from .schemas import (
     ApiSpecList,
@@ -29,6 +29,7 @@ from .schemas import (
     ModelRouteSpec,
     ModelRoutesPut,
     ProjectCreate,
+    ProjectDeleted,
     ProjectRead,
     ProjectUpdate,
     TokenCreate,
@@ -60,6 +61,27 @@ def create_project(body: ProjectCreate, session: SessionDep, who: Admin) -> Proj
     project = service.create_project(session, body.name, body.retention_days)
     service.record_by(session, who, "project.created", project=project.name)
     return ProjectRead.model_validate(project)
+
+
+@router.delete(
+    "/projects/{name}",
+    response_model=ProjectDeleted,
+    responses={
+        **ERRORS,
+        **error_responses({503: "Its rows were in use (deadlocks); nothing was deleted"}),
+    },
+)
+def delete_project(name: str, session: SessionDep, who: Admin) -> ProjectDeleted:
+    """Delete a project and everything of it, in one transaction: its gates (a queued or
+    running one is stopped: its worker writes nothing more and removes its containers),
+    cases, runs, model calls, jobs, tokens (401 from now on), results-page sessions,
+    secrets, settings, model spending, audit events, and the bundles no other project's
+    gate references. Audited as `project.deleted` under `default`, with what went. Admin
+    tokens of `default` only; `default` itself cannot be deleted (409)."""
+    if not who.service_admin:
+        raise Forbidden("only admin tokens of the 'default' project delete projects")
+    deleted = deletion.delete_project(session, who, name)
+    return ProjectDeleted.model_validate(deleted)
 
 
 @router.patch("/projects/{name}", response_model=ProjectRead, responses=ERRORS)

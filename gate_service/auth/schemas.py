@@ -41,6 +41,31 @@ class ProjectRead(Schema):
     created_at: datetime
 
 
+class DeletedCounts(Schema):
+    """What went with a deleted project (the `project.deleted` audit event's detail too)."""
+
+    gates: int
+    gates_stopped: int = Field(description="Of the gates, those queued or running")
+    cases: int
+    runs: int
+    model_calls: int
+    jobs: int
+    tokens: int
+    ui_sessions: int
+    secrets: int
+    spend_windows: int = Field(description="Windows of the project's model spending")
+    audit_events: int
+    bundles: int = Field(description="Bundles no other project's gate references")
+    result_bytes: int = Field(description="Bytes the gates' runs and model calls stored")
+    bundle_bytes: int = Field(description="Bytes of the deleted bundles")
+
+
+class ProjectDeleted(Schema):
+    id: uuid.UUID
+    name: str
+    counts: DeletedCounts
+
+
 class ModelRouteSpec(BaseModel):
     """One route: model names matching ``pattern`` go to ``api_base``."""
 

@@ -6,9 +6,9 @@ import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, select
+from sqlalchemy import CursorResult, func, select, update
 from sqlalchemy.orm import Session
 
 from ..errors import BadRequest, Conflict, NotFound
@@ -93,7 +93,16 @@ def authenticate(session: Session, token: str) -> Principal | Refused:
     if why is not None:
         return Refused(why, stored.project_id, stored.id)
     if last_use_due(stored.last_used_at, now):
-        stored.last_used_at = now
+        # A statement, not a flush: a token deleted meanwhile (with its project, whose
+        # transaction held the row) updates no row and is unknown now, not a failed flush.
+        written = session.execute(
+            update(ApiToken)
+            .where(ApiToken.id == stored.id)
+            .values(last_used_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        if not cast(CursorResult[Any], written).rowcount:
+            return Refused("unknown")
     return Principal(stored.id, stored.project_id, project_name, frozenset(stored.scopes))
 
 

@@ -59,6 +59,22 @@ def project_create(
     _call(ctx, lambda c: c.create_project(name, retention_days=retention_days))
 
 
+@admin.command("project-delete")
+def project_delete(
+    ctx: typer.Context,
+    name: str,
+    yes: Annotated[
+        bool, typer.Option("--yes", help="do not ask; required without a terminal")
+    ] = False,
+) -> None:
+    """Delete a project and everything of it: gates, runs, tokens, secrets, settings."""
+    if not yes:
+        typer.confirm(
+            f"Delete project {name!r} with all its gates, runs, tokens and secrets?", abort=True
+        )
+    _call(ctx, lambda c: c.delete_project(name))
+
+
 @admin.command("token-create")
 def token_create(
     ctx: typer.Context,

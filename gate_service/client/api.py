@@ -116,6 +116,9 @@ class GateClient:
             body["retention_days"] = retention_days
         return self._check(self._http.post("/v1/projects", json=body))
 
+    def delete_project(self, name: str) -> dict[str, Any]:
+        return self._check(self._http.delete(f"/v1/projects/{name}"))
+
     def create_token(
         self,
         project: str,

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar, cast
 
 from sqlalchemy import Table, bindparam, select, update
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate_runner import case_env as handoff
@@ -246,6 +246,8 @@ def judge_gate(
     """
     try:
         _judge_gate(ctx, job, WorkerSlots.of(ctx.settings, slots, containers))
+    except LeaseLost:  # a write that ends the attempt (a rejection, a release) found it lost
+        _lease_lost(ctx, job)
     finally:
         if ctx.gateway is not None:  # the gate's model budget ends with this attempt
             ctx.gateway.end_gate(str(job.gate_id))
@@ -255,7 +257,7 @@ def _judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None
     try:
         _judge(ctx, job, slots)
     except LeaseLost:
-        log.warning("lost the lease on job %s; another worker has it now", job.id)
+        _lease_lost(ctx, job)
     except BundleRejected as exc:
         rejected = exc
 
@@ -285,6 +287,9 @@ def _judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None
 
         _write(ctx, job, refuse)
     except Exception as exc:
+        if _gone(ctx, job):  # e.g. an unfenced read found its gate or bundle deleted
+            _lease_lost(ctx, job)
+            return
         # Users read the summary; the host's paths, SQL and socket stay in this log line.
         reference = incidents.new_reference()
         detail = incidents.public(exc, reference)
@@ -302,6 +307,25 @@ def _judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None
             ctx.metrics.gate_finished(session, gate)
 
         _write(ctx, job, give_up)
+
+
+def _gone(ctx: WorkerContext, job: ClaimedJob) -> bool:
+    """Whether the job's gate was deleted with its project (False when that cannot be told)."""
+    try:
+        with session_scope(ctx.sessions) as session:
+            return job.gone(session)
+    except SQLAlchemyError:
+        return False
+
+
+def _lease_lost(ctx: WorkerContext, job: ClaimedJob) -> None:
+    """The job is no longer ours: said once, as a warning. Nothing is written: its gate's
+    rows are another worker's now, or gone with their project (auth/deletion.py), whose
+    deletion stands in for a cancel (the heartbeat removes the job's containers)."""
+    if _gone(ctx, job):
+        log.warning("job %s: its gate was deleted with its project; stopped", job.id)
+    else:
+        log.warning("lost the lease on job %s; another worker has it now", job.id)
 
 
 @contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -144,3 +145,47 @@ def test_admin_stores_and_lists_a_projects_api_spec(
     code, _, err = run(capsys, "admin", "--url", url, "api-spec-set", "calling", "orders",
                        str(spec), "--header", "no-equals-sign")  # fmt: skip
     assert code == 2 and "must be NAME=VALUE" in err
+
+
+def test_admin_deletes_a_project_and_its_tokens_stop_working(
+    live_server: tuple[str, int],  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    url = "http://{}:{}".format(*live_server)
+    monkeypatch.setenv("GATE_TOKEN", ADMIN_TOKEN)
+    assert run(capsys, "admin", "--url", url, "project-create", "doomed")[0] == 0
+    code, out, _ = run(
+        capsys, "admin", "--url", url, "token-create", "doomed", "--scope", "submit", "--scope",
+        "read",
+    )  # fmt: skip
+    token = json.loads(out)["token"]
+    project = calculator_project(tmp_path / "p", failing=False)
+    code, out, err = run(
+        capsys, "submit", str(project), "--no-wait", "--url", url, "--token", token
+    )
+    assert code == 0, err
+
+    # Without --yes it asks; no answer (no terminal) deletes nothing.
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    code, _, err = run(capsys, "admin", "--url", url, "project-delete", "doomed")
+    assert code == 1 and "Aborted" in err
+    assert run(capsys, "admin", "--url", url, "token-list", "doomed")[0] == 0
+
+    code, out, err = run(capsys, "admin", "--url", url, "project-delete", "doomed", "--yes")
+    assert code == 0, err
+    deleted = json.loads(out)
+    assert deleted["name"] == "doomed"
+    assert deleted["counts"]["gates"] == 1 and deleted["counts"]["gates_stopped"] == 1
+    assert deleted["counts"]["tokens"] == 1
+    code, _, err = run(capsys, "submit", str(project), "--url", url, "--token", token)
+    assert code == 2 and "401 Unauthorized: the token is not known" in err
+    code, out, _ = run(capsys, "admin", "--url", url, "audit")
+    (event,) = [e for e in json.loads(out)["items"] if e["action"] == "project.deleted"]
+    assert event["detail"]["project"] == "doomed"
+
+    code, _, err = run(capsys, "admin", "--url", url, "project-delete", "doomed", "--yes")
+    assert code == 2 and "404 NotFound" in err
+    code, _, err = run(capsys, "admin", "--url", url, "project-delete", "default", "--yes")
+    assert code == 2 and "409 Conflict" in err and "cannot be deleted" in err

@@ -37,6 +37,7 @@ ROUTES = [
     ("POST", f"/v1/gates/{NOBODY}/cancel"),
     ("GET", f"/v1/runs/{NOBODY}"),
     ("POST", "/v1/projects"),
+    ("DELETE", "/v1/projects/default"),
     ("POST", "/v1/projects/default/tokens"),
     ("GET", "/v1/projects/default/tokens"),
     ("DELETE", f"/v1/tokens/{NOBODY}"),
