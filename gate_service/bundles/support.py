@@ -10,6 +10,7 @@ that this table does not cover fails there.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,7 +138,8 @@ AGENT_FIELDS: Mapping[str, Support] = _table(
             (
                 "connected through the case's model gateway, only to hosts on the project's "
                 "egress allowlist; each list and call is an MCP session of its own; a server "
-                "with bridge or oauth is skipped (its own warning says why)"
+                "with bridge or oauth is skipped (its own warning says why; oauth's "
+                "connect_tool is offered)"
             ),
         ),
         "output_schema": (
@@ -200,7 +202,8 @@ AGENT_FIELDS: Mapping[str, Support] = _table(
             "partial",
             (
                 "the tested agent's timeout counts from invocation start, builder build() "
-                "included; at the limit the process is killed and middleware cleanup is skipped"
+                "included; at the limit the run is stopped and fails, its middleware cleanup "
+                "still runs within a 5 s grace, and a process still there after it is killed"
             ),
         ),
         "max_iterations": (
@@ -525,9 +528,45 @@ MCP_SKIPPED: Mapping[str, Support] = {
     "oauth": Support(
         "not_in_gate",
         "per-user OAuth needs a stored token, and a gate stores none, so the server is "
-        "skipped as the SDK skips one without a token",
+        "skipped as the SDK skips one without a token; with connect_tool the agent gets "
+        "connect_<server>, whose answer says a gate has no sign-in (its link never resolves)",
     ),
 }
+
+# The MCP mock ladder (gate_runner/mocks.py, Mocks.mcp_tool) is the gate's own: spec 8.2 makes
+# only custom file tools eligible for tool-result mocks. A case whose mocks module defines
+# one is warned (decided, issue 39), under the key MCP_MOCKS_KEY.
+MCP_MOCKS_KEY = "mocks.mock_mcp"
+MCP_MOCKS = Support(
+    "partial",
+    "a gate extension: mock_mcp_<server>_<tool>, mock_mcp_<server> and mock_mcp replace MCP "
+    "calls in a gate only; the platform mocks custom file tools alone (spec 8.2), so there "
+    "these calls reach the real MCP server",
+)
+
+
+def mcp_mock_names(source: str) -> list[str]:
+    """The top-level functions of a mocks module's text that are on the gate's MCP ladder
+    (``mock_mcp``, ``mock_mcp_*``); none when the text does not parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    return sorted(
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (node.name == "mock_mcp" or node.name.startswith("mock_mcp_"))
+    )
+
+
+def mcp_mock_warning(file: str, agent: str, names: list[str]) -> dict[str, Any]:
+    """The warning for a case of ``agent`` using the mocks module ``file``, which defines
+    the MCP mocks ``names``."""
+    warning = _warning(file, agent, MCP_MOCKS_KEY, MCP_MOCKS)
+    warning["message"] += f" ({', '.join(names)})"
+    return warning
+
 
 # At most this many warnings a gate keeps (one per agent, key and item); the rest are left out.
 MAX_WARNINGS = 200
@@ -618,4 +657,5 @@ def markdown_table() -> str:
                 lines.append(_row("MCP server field", f"mcp_servers[].{key}", support))
         if kind == "predefined tool":
             lines.append(_row("tool reference", "api:<spec>.<operation>", API_TOOLS))
+            lines.append(_row("mocks module", "mock_mcp_<server>_<tool>", MCP_MOCKS))
     return "\n".join(lines) + "\n"

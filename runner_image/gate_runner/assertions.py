@@ -157,8 +157,12 @@ def decode_output(output: Any) -> Any:
 
 
 def _matches(name: str, call: ToolCall) -> bool:
-    """`add`, `calculator.add` and `math.calculator.add` all name math/calculator.py::add."""
-    return name in (call.name, call.ref) or call.ref.endswith("." + name)
+    """`add`, `calculator.add` and `math.calculator.add` all name math/calculator.py::add;
+    `lookup`, `orders.lookup` and `mcp:orders.lookup` the MCP server orders' tool lookup
+    (decided, issue 39)."""
+    if name in (call.name, call.ref) or call.ref.endswith("." + name):
+        return True
+    return call.ref.startswith("mcp:") and name == call.ref.removeprefix("mcp:")
 
 
 def _seen(expr: Expression, bindings: Mapping[str, Any]) -> str:

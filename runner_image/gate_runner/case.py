@@ -2,8 +2,9 @@
 
 The parent never imports user code. Each invocation forks a child that loads the project
 afresh (so module state never carries over between invocations), runs the agent, and reports
-plain data over a pipe (see invocations.py); the parent kills the child's whole process group
-at `timeout_s` and forms every assertion itself.
+plain data over a pipe (see invocations.py); the parent stops the child's run at `timeout_s`
+(killing its whole process group if it has not ended after a grace) and forms every
+assertion itself.
 
 What a child reports, and what the parent adds to it (durations, limits, the builder's
 context), stays plain data checked against reports.py: it is the runner's own channel. The
@@ -16,7 +17,9 @@ import contextlib
 import functools
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Mapping
@@ -36,7 +39,15 @@ from .assertions import (
 )
 from .contract import MAX_CLEANUP_SECONDS, SCHEMA_VERSION, CaseResult, Invocation, Span, cut_mark
 from .expr import ExpressionError
-from .invocations import MAX_REPORT_BYTES, Channel, Isolation, Proc, Supervisor
+from .invocations import (
+    MAX_REPORT_BYTES,
+    STOP_GRACE_SECONDS,
+    STOP_SIGNAL,
+    Channel,
+    Isolation,
+    Proc,
+    Supervisor,
+)
 from .plan import AgentLimits, planned_case
 from .reports import BUILDER, CLEANUP, INVOCATION, checked
 from .verdict import case_failure_reason, case_passes
@@ -404,6 +415,25 @@ def _invocation_body(
 ) -> None:
     """What a forked invocation runs: the agent, then a builder's cleanup; reports over pipe."""
     data: dict[str, Any] | None = None
+    timeout_s, which = effective_timeout(prepared)
+    stop = f"timed out after {timeout_s} s ({which})"
+    runtime: Any = None
+
+    def stopped(signum: int, frame: Any) -> None:
+        # The runner's stop at timeout_s (issue 39): the run in progress ends failed with
+        # `stop` (and its middleware cleanup runs); once it has ended, nothing is interrupted.
+        from .runtime_errors import InvocationTimedOut
+
+        if channel.busy:  # never in the middle of a report's line: once it is whole
+            channel.deferred = functools.partial(stopped, signum, frame)
+            return
+        if runtime is not None:
+            runtime.stopping = stop
+            if runtime.ending:
+                return
+        raise InvocationTimedOut(stop)
+
+    signal.signal(STOP_SIGNAL, stopped)
     try:
         from .approvals import Approvals
         from .builders import fixture_entries, load_builder, run_build, run_cleanup, with_files
@@ -417,6 +447,8 @@ def _invocation_body(
             sys.path.append(BUNDLE_DEPS_DIR)
         trace = Trace()
         runtime = Runtime({}, project=project, model_mode=model_mode, gateway=gateway)
+        if prepared.resolved.get("builder"):
+            trace.watch = _context_reporter(runtime, channel)
         # Before user modules import connic.tools names; if the SDK is imported at all.
         after_sdk_import(lambda: install_predefined(runtime))
         resolved = prepared.resolved
@@ -459,6 +491,7 @@ def _invocation_body(
                         f"strict_approval_decisions: the decision for {left.tool} "
                         f"({left.decision}) was never used"
                     )
+            stopped_at_timeout = runtime.stopping is not None
             data = {
                 "status": outcome.status,
                 "input": jsonable(payload),
@@ -468,9 +501,10 @@ def _invocation_body(
                 "traces": [s.as_json() for s in trace.spans],
                 "violations": list(runtime.violations),
             }
-            if builder is not None:
+            if builder is not None and not stopped_at_timeout:
                 # The agent's part is reported before cleanup runs: a cleanup that hangs then
-                # costs only itself, and is never run a second time.
+                # costs only itself, and is never run a second time. (After a stop at
+                # timeout_s the runner runs it in a fresh process, with its own budget.)
                 channel.send("agent", data)
                 # cleanup sees the parsed output (spec 8.1), as assertions do.
                 run = {
@@ -520,14 +554,53 @@ def _load_project(
         raise RuntimeError("; ".join(errors) or f"agent {prepared.agent_name} not loaded")
 
 
+# What one invocation may spend on reporting its run context as it changes: past it, the
+# last one sent stands (the report channel holds MAX_REPORT_BYTES in all).
+MAX_CONTEXT_REPORT_BYTES = 4 * 1024 * 1024
+
+
+def _context_reporter(runtime: Any, channel: Channel) -> Any:
+    """At each step of the run (each span opened), the outermost run's context, when it
+    changed, to the runner: a builder's cleanup after a timeout or a crash gets it (seed 001:
+    `run["context"]` is the run's run_context). Without `payload`, which the runner has."""
+    from .runtime import jsonable
+
+    lock = threading.Lock()
+    last: list[str] = [""]
+    spent = [0]
+
+    def report() -> None:
+        context = runtime.root_context
+        if context is None or spent[0] > MAX_CONTEXT_REPORT_BYTES:
+            return
+        try:
+            plain = {k: jsonable(v) for k, v in list(context.items()) if k != "payload"}
+            text = json.dumps(plain, sort_keys=True, default=repr)
+        except Exception:  # changed by another thread meanwhile: the next step reports it
+            return
+        with lock:
+            if text == last[0]:
+                return
+            last[0] = text
+            spent[0] += len(text)
+            channel.send("run_context", plain)
+
+    return report
+
+
 def _late_cleanup_body(
-    project: Path, prepared: PreparedCase, built: dict[str, Any], channel: Channel
+    project: Path,
+    prepared: PreparedCase,
+    built: dict[str, Any],
+    context: dict[str, Any],
+    channel: Channel,
 ) -> None:
-    """cleanup() for an invocation that timed out or crashed, with the context build() left."""
+    """cleanup() for an invocation that timed out or crashed, with the context build() left
+    and the run's context as the invocation last reported it."""
     from .builders import load_builder, run_cleanup
 
     module = load_builder(project, prepared.resolved["builder"])
-    run = {"input": built["input"], "output": None, "context": {}}
+    run = {"input": built["input"], "output": None, "context": context}
     channel.send(
         "cleanup", {"failure": run_cleanup(module, prepared.resolved, built["context"], run)}
     )
@@ -556,6 +629,14 @@ def _agent_data(prepared: PreparedCase, proc: Proc, reports: dict[str, Any]) -> 
     malformed = agent_problem or result_problem
     if malformed:
         error = f"the invocation's report is malformed: {malformed}"
+    elif proc.timed_out and result is not None:
+        # Stopped at its timeout, the run ended within the grace (issue 39): what it
+        # reported stands (its spans, its middleware cleanup's violations), as a timeout.
+        result.pop("setup_error", None)  # a stop during load or build() is no broken setup
+        result.update(
+            status="failed", output=None, error=f"timed out after {timeout_s} s ({which})"
+        )
+        return result
     elif proc.timed_out:
         error = f"timed out after {timeout_s} s ({which})"
     elif result is not None:
@@ -633,6 +714,7 @@ def _run_invocations(
                         ),
                         timeout_s=timeout_s,
                         after_agent_seconds=cleanup_budget(prepared) if builder else None,
+                        stop_grace_seconds=STOP_GRACE_SECONDS,
                     )
                 except OSError as exc:  # the pids limit, say: this invocation cannot start
                     results[index] = _not_started(exc)
@@ -691,7 +773,13 @@ def _run_invocations(
                     # The invocation died before its own cleanup began: run it in a fresh process.
                     try:
                         inv.cleanup = supervisor.spawn(
-                            functools.partial(_late_cleanup_body, project, prepared, built),
+                            functools.partial(
+                                _late_cleanup_body,
+                                project,
+                                prepared,
+                                built,
+                                _last_run_context(data, reports, built),
+                            ),
                             timeout_s=cleanup_budget(prepared),
                         )
                     except OSError as exc:
@@ -703,6 +791,21 @@ def _run_invocations(
                 unswept.append(inv.index)
         sweep()
         return [results[i] for i in range(runs)]
+
+
+def _last_run_context(
+    data: Mapping[str, Any], reports: Mapping[str, Any], built: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The run context for a late builder cleanup (issue 39): the ended run's, when the
+    invocation reported its end (stopped at timeout_s), else the last it reported as the
+    run went on (killed, crashed), with the payload put back; {} if the run never began."""
+    ended = data.get("run_context")
+    if isinstance(ended, dict) and ended:
+        return dict(ended)
+    last = reports.get("run_context")
+    if not isinstance(last, dict) or not last:
+        return {}
+    return {**last, "payload": built.get("input")}
 
 
 def _not_started(exc: OSError) -> dict[str, Any]:

@@ -44,6 +44,11 @@ SWEEP_SECONDS = 5.0
 # After a child is gone, what its pipes still hold is read up to this much: a detached
 # process that kept a write end and never stops writing must not hold the loop.
 DRAIN_CHUNKS = 64
+# At its deadline an invocation is first asked to end its run (this signal, which its main
+# thread turns into the run's end, so that middleware cleanup still runs: issue 39); one that
+# has not ended this many seconds later is killed with its whole process group.
+STOP_SIGNAL = signal.SIGUSR1
+STOP_GRACE_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -65,13 +70,27 @@ class Isolation:
 
 
 class Channel:
-    """The child's end of its report channel: one JSON document per line."""
+    """The child's end of its report channel: one JSON document per line.
+
+    A stop (STOP_SIGNAL) that arrives while a line is being written waits for the line to
+    be whole: ``busy`` says a send is in progress, and ``deferred`` is what the stop's
+    handler left to do once it is done (case.py)."""
+
+    busy = False
+    deferred: Callable[[], None] | None = None
 
     def send(self, kind: str, data: Any) -> None:
         line = json.dumps({"kind": kind, "data": data}, default=repr).encode() + b"\n"
         view = memoryview(line)
-        while view:
-            view = view[os.write(REPORT_FD, view) :]
+        self.busy = True
+        try:
+            while view:
+                view = view[os.write(REPORT_FD, view) :]
+        finally:
+            self.busy = False
+        if self.deferred is not None:
+            deferred, self.deferred = self.deferred, None
+            deferred()
 
 
 def drop_privileges(uid: int) -> None:
@@ -103,6 +122,8 @@ class Proc:
     # Granted once, when the deadline passes after the child reported "agent": a builder's
     # cleanup has a budget of its own after the agent is done.
     after_agent_seconds: float | None = None
+    # Given, the child is sent STOP_SIGNAL at its deadline and killed only this much later.
+    stop_grace_seconds: float | None = None
     fds: dict[int, str] = field(default_factory=dict)  # open read ends: fd -> stream
     kept: dict[str, bytearray] = field(default_factory=dict)
     printed: int = 0  # stdout + stderr bytes, kept or not
@@ -153,6 +174,7 @@ class Supervisor:
         *,
         timeout_s: float,
         after_agent_seconds: float | None = None,
+        stop_grace_seconds: float | None = None,
     ) -> Proc:
         pipes = {name: os.pipe() for name in ("stdout", "stderr", "report")}
         started = time.monotonic()
@@ -172,7 +194,7 @@ class Supervisor:
         if pid == 0:  # pragma: no cover - the child leaves through os._exit
             self._child(body, {name: w for name, (_r, w) in pipes.items()})
         gc.unfreeze()
-        proc = Proc(pid, started, started + timeout_s, after_agent_seconds)
+        proc = Proc(pid, started, started + timeout_s, after_agent_seconds, stop_grace_seconds)
         for name, (r, w) in pipes.items():
             os.close(w)
             os.set_blocking(r, False)
@@ -232,6 +254,16 @@ class Supervisor:
                 if proc.after_agent_seconds is not None and proc.has_reported("agent"):
                     proc.deadline = now + proc.after_agent_seconds
                     proc.after_agent_seconds = None
+                    continue
+                if proc.stop_grace_seconds is not None and not proc.has_reported("agent"):
+                    # Asked to end its run first; killed if it is still there after the grace.
+                    proc.timed_out = True
+                    proc.deadline = now + proc.stop_grace_seconds
+                    proc.stop_grace_seconds = None
+                    try:
+                        os.kill(proc.pid, STOP_SIGNAL)
+                    except ProcessLookupError:
+                        pass
                     continue
                 proc.timed_out = True
                 kill_group(proc.pid)

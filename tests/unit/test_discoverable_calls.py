@@ -221,3 +221,95 @@ def test_once_it_runs_assertions_see_its_result() -> None:
     assert check_tool_calls(held, calls, {}) == []
     refused = compile_assertions({"expected_no_tool_calls": ["add"]})
     assert check_tool_calls(refused, calls, {}) == ["expected no call to add, saw 1"]
+
+
+def test_params_are_what_the_discovered_tool_received_after_its_before_hook(
+    tmp_path: Path,
+) -> None:
+    # Issue 39, item 1 (SDK test_schema.py: "with that tool's parameters and result"; spec
+    # 6.2: params are what the tool received, after hooks): as for a listed tool, a before
+    # hook's rewrite is what assertions see, not the model's raw arguments.
+    root = write(tmp_path / "p", SEARCHER)
+    ran = judged(root, "tests/searcher.yaml", "finds_and_uses_it")
+    (span,) = [
+        s for s in ran.invocations[0].traces if s.type == "tool_call" and s.name == "use_tool"
+    ]
+    assert span.metadata["discovered"]["params"] == {"a": 3, "b": 5}
+    files = dict(SEARCHER)
+    files["tests/searcher.yaml"] = """
+        tests:
+          - name: sees_the_hooked_params
+            payload: go
+            expected_tool_calls: [{multiply: params.b == 5 and result == 15}]
+    """
+    root = write(tmp_path / "q", files)
+    hooked = judged(root, "tests/searcher.yaml", "sees_the_hooked_params")
+    assert hooked.passed, hooked.failure_reason
+
+
+def test_hooks_see_the_discovered_tool_only_and_approval_sees_the_models_arguments(
+    tmp_path: Path,
+) -> None:
+    # Decided (issue 39): no hook runs for search_tools, for use_tool's own call or for an
+    # approval input (they have no implementation a hook could wrap); hooks see the
+    # discovered tool under its own name. Approval is checked on the model's arguments,
+    # before the before hook (spec 8.5: "before hooks run"), so `param.b == 4` holds though
+    # the hook makes b 5.
+    files = dict(SEARCHER)
+    files["agents/searcher.yaml"] = """
+        version: "1.0"
+        name: searcher
+        description: Searches, asks for a note, then multiplies under approval.
+        model: openai/gpt-4o
+        system_prompt: Help.
+        discoverable_tools: [calc.multiply]
+        approval:
+          tools:
+            - calc.multiply: param.b == 4
+          inputs:
+            - get_note:
+                prompt: Ask for a note.
+                label: Note
+    """
+    files["hooks/searcher.py"] = """
+        def before(tool_name, params, context):
+            context.setdefault("hooked", []).append("before " + tool_name)
+            if tool_name == "multiply":
+                return {"b": params["b"] + 1}
+
+
+        def after(tool_name, params, result, context):
+            context.setdefault("hooked", []).append("after " + tool_name)
+    """
+    files["tests/models/searcher.py"] = """
+        import json
+
+
+        def respond(messages, tools, context):
+            done = [m for m in messages if m["role"] == "tool"]
+            steps = [
+                ("search_tools", {"query": "multiply"}),
+                ("get_note", {}),
+                ("use_tool", {"tool_name": "multiply", "arguments": {"a": 3, "b": 4}}),
+            ]
+            if len(done) < len(steps):
+                name, args = steps[len(done)]
+                return {"tool_calls": [{"name": name, "arguments": args}]}
+            return {"content": json.dumps({"hooked": context.get("hooked"),
+                                           "product": json.loads(done[-1]["content"])})}
+    """
+    files["tests/searcher.yaml"] = """
+        tests:
+          - name: hooked_and_approved
+            payload: go
+            strict_approval_decisions: true
+            approval_decisions:
+              - {tool: get_note, decision: approve, response: fine}
+              - {tool: calc.multiply, params: params.b == 4, decision: approve}
+            expected_tool_calls: [{multiply: params.b == 5 and result == 15}]
+    """
+    root = write(tmp_path / "p", files)
+    ran = judged(root, "tests/searcher.yaml", "hooked_and_approved")
+    assert ran.passed, ran.failure_reason
+    answer = json.loads(ran.invocations[0].output)
+    assert answer == {"hooked": ["before multiply", "after multiply"], "product": 15}

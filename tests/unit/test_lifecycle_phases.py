@@ -373,3 +373,32 @@ def test_guardrails_run_for_tool_and_sequential_agents(
     assert result.passed, result.failure_reason
     ran = [s.status for s in result.invocations[0].traces if s.type == "guardrail"]
     assert ran == verdicts
+
+
+def test_no_middleware_cleanup_for_a_run_left_awaiting_approval(tmp_path: Path) -> None:
+    # Decided (issue 39): a run left waiting for an approval has not ended (SDK Middleware:
+    # cleanup "runs last, once the run has ended"); the platform would resume it, and a gate
+    # never does, so its cleanup does not run, and strict_middleware_mocks has nothing to
+    # check there.
+    files = dict(CLEANUP)
+    files["agents/lister.yaml"] = CLEANUP["agents/lister.yaml"].replace(
+        "tools: [notes.count]\n", "tools: [notes.count]\n        approval: {tools: [notes.count]}\n"
+    )
+    files["tests/lister.yaml"] = """
+        tests:
+          - name: waits
+            payload: list
+            expected_result: status == "awaiting_approval"
+          - name: waits_strictly
+            payload: list
+            mocks: no_cleanup_mock
+            strict_middleware_mocks: true
+            expected_result: status == "awaiting_approval"
+    """
+    root = write(tmp_path / "p", files)
+    case = judged(root, "tests/lister.yaml", "waits")
+    assert case.passed, case.failure_reason
+    assert "cleanup_saw" not in case.invocations[0].run_context
+    assert ("middleware.cleanup", "ok") not in middleware_spans(case)
+    strict = judged(root, "tests/lister.yaml", "waits_strictly")
+    assert strict.passed, strict.failure_reason

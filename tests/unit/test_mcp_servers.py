@@ -260,6 +260,54 @@ def test_a_bridged_or_oauth_server_is_skipped_with_a_span_and_a_gate_warning(
     assert why in warning["message"]
 
 
+def test_an_oauth_servers_connect_tool_is_offered_and_says_a_gate_has_no_sign_in(
+    tmp_path: Path,
+) -> None:
+    # Issue 39, item 4 (SDK McpOAuthConfig: "With `connect_tool` the agent gets a
+    # `connect_<server>` tool that returns a sign-in link"): the server is still skipped (no
+    # stored token), its connect tool is offered, and its link says a gate has no OAuth flow.
+    oauth = {"app": "orders", "user": "context.user_id", "connect_tool": True}
+    root = project(tmp_path / "p", "https://mcp.invalid/mcp", oauth=oauth, headers=None)
+    write(
+        root,
+        {
+            "tests/models/desk.py": """
+                import json
+
+
+                def respond(messages, tools, context):
+                    offered = sorted(t["function"]["name"] for t in tools)
+                    done = [json.loads(m["content"]) for m in messages if m["role"] == "tool"]
+                    if not done and "connect_orders" in offered:
+                        return {"tool_calls": [{"name": "connect_orders", "arguments": {}}]}
+                    return {"content": json.dumps({"offered": offered, "answers": done})}
+            """,
+            "tests/desk.yaml": """
+                tests:
+                  - name: offers_its_connect_tool
+                    payload: orders?
+                    expected_tool_calls:
+                      - connect_orders: result.connected == false
+                    expected_result: output.offered == ["connect_orders"]
+            """,
+        },
+    )
+    result = judged(root, "tests/desk.yaml", "offers_its_connect_tool")
+    assert result.passed, result.failure_reason
+    (answer,) = json.loads(result.invocations[0].output)["answers"]
+    assert answer["url"] == "https://gate.invalid/oauth/orders/no-sign-in-in-a-gate"
+    assert "no OAuth flow" in answer["message"]
+    (span,) = [s for s in result.invocations[0].traces if s.type == "mcp_server"]
+    assert span.metadata["connected"] is False and span.metadata["connect_tool"] == (
+        "connect_orders"
+    )
+    raw = yaml.safe_load((root / "agents/desk.yaml").read_text())
+    (warning,) = [
+        w for w in agent_warnings("agents/desk.yaml", raw, {}) if w["key"] == "mcp_servers.orders"
+    ]
+    assert "connect_tool" in warning["message"]
+
+
 def test_a_live_gates_mcp_calls_replay_with_no_server(
     gateways: Gateways, fake_provider: FakeProvider, tmp_path: Path
 ) -> None:
@@ -368,3 +416,35 @@ def test_an_optional_server_whose_header_context_is_missing_is_skipped(
     errors = json.loads(result.invocations[0].output)["errors"]
     assert "${context.team}" in errors["orders"], errors
     assert mcp_server.calls == []
+
+
+def test_an_mcp_tool_is_named_by_server_and_tool_with_or_without_mcp_prefix() -> None:
+    # Decided (issue 39): an MCP tool's canonical ref is `mcp:<server>.<tool>`; assertions
+    # also take `<server>.<tool>` (as `calculator.add` names a file tool) and the bare name.
+    from gate_runner.assertions import calls_in_scope, check_tool_calls, compile_assertions
+
+    root = {"span_id": "s1", "parent_span_id": None, "type": "agent", "name": "d", "metadata": {}}
+    call = {
+        "span_id": "s2",
+        "parent_span_id": "s1",
+        "type": "tool_call",
+        "name": "lookup",
+        "metadata": {
+            "tool_name": "lookup",
+            "tool_ref": "mcp:orders.lookup",
+            "params": {"q": "A-42"},
+            "mcp_server": "orders",
+            "result": {"is_error": False, "parts": []},
+        },
+    }
+    calls = calls_in_scope([root, call], None)
+    for name in ("mcp:orders.lookup", "orders.lookup", "lookup"):
+        held = compile_assertions(
+            {
+                "expected_tool_calls": [{name: 'params.q == "A-42"'}],
+                "expected_tool_call_order": [name],
+            }
+        )
+        assert check_tool_calls(held, calls, {}) == [], name
+    other = compile_assertions({"expected_no_tool_calls": ["billing.lookup", "rders.lookup"]})
+    assert check_tool_calls(other, calls, {}) == []

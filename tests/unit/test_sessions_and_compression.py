@@ -207,3 +207,18 @@ def test_the_summary_request_cuts_long_messages() -> None:
     text = transcript([{"role": "tool", "content": "x" * (MAX_MESSAGE_CHARS + 500)}])
     assert json.loads(text)["content"].endswith("…[500 characters cut]")
     assert len(text) < MAX_MESSAGE_CHARS + 100
+
+
+def test_a_prompt_of_exactly_max_prompt_tokens_is_not_compressed(tmp_path: Path) -> None:
+    # Decided (issue 39): SDK ContextCompressionConfig.max_prompt_tokens is a "prompt-token
+    # budget", and a prompt that used exactly its budget kept to it: only a prompt over it
+    # (`>`) compresses before the next call. Here the prompts report 100, 200, 300, 400.
+    root = compression_project(
+        tmp_path / "p", LOOPER, "{max_prompt_tokens: 300, keep_recent_messages: 2}"
+    )
+    result = judged(root, "tests/looper.yaml", "loops")
+    assert result.passed, result.failure_reason
+    (span,) = spans(result, "context_compression")
+    assert span.metadata["reason"] == (
+        "the last prompt took 400 tokens, over max_prompt_tokens (300)"
+    )

@@ -97,3 +97,62 @@ def test_a_bundle_gets_a_warning_per_agent_and_key_it_cannot_honour(tmp_path: Pa
     ]
     first = report.warnings[0]["message"]
     assert first == f"session is partial: {support.AGENT_FIELDS['session'].note}"
+
+
+def test_issue_39_rows_say_what_a_gate_decided() -> None:
+    # Sessions are per invocation, and the warning says so; a run timeout_s stops still
+    # gets its middleware cleanup; an OAuth server's connect_tool is offered.
+    raw = {
+        "name": "a",
+        "session": {"key": "context.user"},
+        "timeout": 30,
+        "mcp_servers": [
+            {"name": "crm", "url": "https://crm.example/mcp", "oauth": {"connect_tool": True}}
+        ],
+    }
+    messages = {w["key"]: w["message"] for w in support.agent_warnings("agents/a.yaml", raw, {})}
+    assert "kept per invocation" in messages["session"]
+    assert "invocations never share one" in messages["session"]
+    assert "middleware cleanup still runs" in messages["timeout"]
+    assert "connect_tool" in messages["mcp_servers.crm"]
+
+
+def test_a_case_using_the_mcp_mock_ladder_is_warned_as_a_gate_extension(tmp_path: Path) -> None:
+    # Decided (issue 39): spec 8.2 mocks custom file tools only; mock_mcp_* is the gate's own.
+    files = {
+        "agents/plain.yaml": AGENTS["agents/plain.yaml"],
+        "tests/mocks/mcp_mocks.py": """
+            def mock_mcp_orders_lookup(tool_name, params, context):
+                return "shipped"
+
+
+            async def mock_mcp(tool_name, params, context):
+                return None
+        """,
+        "tests/mocks/plain_mocks.py": """
+            def mock(tool_name, params, context):
+                return 1
+        """,
+        "tests/plain.yaml": """
+            tests:
+              - name: mocked
+                payload: hi
+                mocks: mcp_mocks
+              - name: mocked_again
+                payload: hi
+                mocks: mcp_mocks
+              - name: plainly_mocked
+                payload: hi
+                mocks: plain_mocks
+        """,
+    }
+    report = validate_project(write(tmp_path / "p", files))
+    assert report.problems == []
+    (warning,) = [w for w in report.warnings if w["key"] == support.MCP_MOCKS_KEY]
+    assert (warning["file"], warning["agent"], warning["support"]) == (
+        "tests/mocks/mcp_mocks.py",
+        "plain",
+        "partial",
+    )
+    assert warning["message"].endswith("(mock_mcp, mock_mcp_orders_lookup)")
+    assert "gate extension" in warning["message"]

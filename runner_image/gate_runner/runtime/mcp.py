@@ -6,7 +6,10 @@ search_tools and use_tool).
 Per server, at the run's start, one ``mcp_server`` span says what happened:
 - ``condition`` false (or not evaluable): not connected.
 - ``bridge`` or ``oauth``: skipped, with the reason; a self-hosted gate has neither a connic
-  bridge nor stored OAuth tokens (the SDK skips a server whose user has no token).
+  bridge nor stored OAuth tokens (the SDK skips a server whose user has no token). With
+  ``oauth.connect_tool`` the agent still gets ``connect_<server>`` (SDK McpOAuthConfig: a
+  tool "that returns a sign-in link"); decided (issue 39): a gate has no OAuth flow, so its
+  answer is ``connect_answer``, whose link says so and never resolves (``.invalid``).
 - mocked (a server-wide mock, or one for each name of its ``tools:`` filter): not connected
   at all, so a case can run with no server; its tools are the ``tools:`` names, any
   arguments accepted. Without a ``tools:`` filter the server is still listed.
@@ -56,10 +59,28 @@ class McpTool:
     context_values: dict[str, str] = field(default_factory=dict)
     is_predefined: bool = False
     condition: None = None
+    # The OAuth app of a server skipped for want of a token, for its connect_<server> tool.
+    connect_app: str = ""
 
     @property
     def ref(self) -> str:
-        return f"mcp:{self.server}.{self.name}"
+        return self.name if self.connect_app else f"mcp:{self.server}.{self.name}"
+
+
+NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+
+
+def connect_answer(tool: McpTool) -> dict[str, Any]:
+    """What `connect_<server>` answers in a gate (decided, issue 39): no sign-in link can
+    work, since a gate has no OAuth flow and stores no token, so the link says so."""
+    return {
+        "connected": False,
+        "server": tool.server,
+        "app": tool.connect_app,
+        "url": f"https://gate.invalid/oauth/{tool.connect_app}/no-sign-in-in-a-gate",
+        "message": f"a gate has no OAuth flow: the {tool.connect_app} sign-in is not "
+        f"available, and MCP server {tool.server!r} stays skipped for this run",
+    }
 
 
 @dataclass
@@ -172,6 +193,15 @@ def connect(
                 skipped="per-user OAuth needs a stored token, and a gate stores none "
                 "(the SDK skips a server without one)",
             )
+            if getattr(server.oauth, "connect_tool", False):
+                connect = McpTool(
+                    name=f"connect_{server.name}", server=server.name, url=server.url,
+                    description=f"Sign in to {server.oauth.app} to use {server.name}: "
+                    "returns a sign-in link.",
+                    parameters=NO_PARAMETERS, connect_app=str(server.oauth.app),
+                )  # fmt: skip
+                span.metadata["connect_tool"] = connect.name
+                found.listed.setdefault(connect.name, connect)
             continue
         template = McpTool(
             name="", server=server.name, url=server.url, description="",
@@ -238,6 +268,11 @@ def call(
 ) -> Any:  # fmt: skip
     """One MCP tool call: its mock (the mcp ladder, mocks.py) or the server through the
     gateway. A failure raises, and goes back to the model as the call's error."""
+    if tool.connect_app:
+        # No server behind it (so no mock either), and not an MCP result: assertions see
+        # the answer as it is.
+        span.metadata["connect_tool_of"] = tool.server
+        return connect_answer(tool)
     span.metadata["mcp_server"] = tool.server
     mock = rt.mocks.mcp_tool(tool.server, tool.name)
     if mock is not None:

@@ -20,7 +20,7 @@ from ..approvals import Approvals, AwaitingApproval
 from ..guardrails import GuardrailBlocked
 from ..mocks import Mocks, StrictFlags, StrictViolation
 from ..predefined import Predefined, page_answer, web_read_page
-from ..runtime_errors import AgentNotFound, AgentRunError
+from ..runtime_errors import AgentNotFound, AgentRunError, InvocationTimedOut
 from . import triggers
 from .middleware import middleware_of
 from .mocking import resolve_phase
@@ -55,8 +55,8 @@ class RunOutcome:
     @property
     def ended_as(self) -> str:
         """The status a run's middleware cleanup is told (SDK Middleware: "completed",
-        "failed" or "cancelled"): a blocked run as it is stored, and a run left waiting
-        for an approval as cancelled, since the gate never resumes it."""
+        "failed" or "cancelled"): a blocked run as it is stored. (A run left waiting for an
+        approval gets no cleanup: see Runtime.run.)"""
         if self.status == "blocked":
             return str(self.run_context.get("stored_status") or "completed")
         if self.status == "awaiting_approval":
@@ -121,6 +121,15 @@ class Runtime:
         self._deadline: contextvars.ContextVar[float] = contextvars.ContextVar(
             "gate_runner_deadline", default=math.inf
         )
+        # Set when the invocation's timeout_s has passed (case.py's stop signal): the error
+        # the run fails with. Every run still in progress ends with it at its next step.
+        self.stopping: str | None = None
+        # Once the outermost run has ended (its cleanup and the builder's are what remains):
+        # the stop signal no longer interrupts anything.
+        self.ending = False
+        # The outermost run's context, which case.py reports as it changes (issue 39: a
+        # builder's cleanup after a timeout or a crash gets it).
+        self.root_context: dict[str, Any] | None = None
 
     def web_page(self, url: str, follow_redirects: bool = True) -> dict[str, Any]:
         """web_read_page for the agent whose run calls it: from its recordings in replay
@@ -174,8 +183,11 @@ class Runtime:
         }
         if parent_run_id:
             context["parent_run_id"] = parent_run_id
+        if not self._runs and self.root_context is None:
+            self.root_context = context
         state = self._runs[id(context)] = RunState(started=time.monotonic())
         publish = True
+        stopped: InvocationTimedOut | None = None
         token = self._frames.set((*self._frames.get(), (trace, parent, context)))
         try:
             output = self.run_agent(agent_name, payload, context, trace, parent)
@@ -196,8 +208,15 @@ class Runtime:
             raise
         except Exception as exc:
             output, status, error = None, "failed", error_text(exc)
+        except InvocationTimedOut as exc:
+            # timeout_s passed (issue 39): this run fails, and its cleanup still runs below;
+            # a run inside another then hands the stop on to the one around it.
+            output, status, error, stopped = None, "failed", str(exc), exc
         finally:
             self._frames.reset(token)
+        nested = bool(self._frames.get())
+        if not nested:
+            self.ending = True
         self.execution_finished(context)
         if parent is None and status == "completed":
             # Outbound connectors would publish this run; a gate records, never delivers.
@@ -210,10 +229,15 @@ class Runtime:
                 output=jsonable(output),
             )
         outcome = RunOutcome(status=status, output=output, error=error, run_context=context)
-        self._cleanup(state, outcome, trace)
+        if status != "awaiting_approval":
+            # Decided (issue 39): a run waiting for an approval has not ended (the platform
+            # resumes it; a gate never does), so its cleanup never comes.
+            self._cleanup(state, outcome, trace)
         del self._runs[id(context)]
         for key in [k for k in self.mcp_tools if k[0] == id(context)]:
             del self.mcp_tools[key]
+        if stopped is not None and nested:
+            raise stopped
         return outcome
 
     def execution_finished(self, context: dict[str, Any]) -> None:
@@ -328,7 +352,10 @@ class Runtime:
             self._frames.reset(token)
 
     def check_deadline(self) -> None:
-        """Refuse to go on with an agent whose own timeout has passed (see _within)."""
+        """Refuse to go on with an agent whose own timeout has passed (see _within), or
+        with any run once the invocation's timeout_s has."""
+        if self.stopping is not None:
+            raise InvocationTimedOut(self.stopping)
         if time.monotonic() > self._deadline.get():
             raise RunTimedOut("this agent's timeout has passed; its run has already failed")
 

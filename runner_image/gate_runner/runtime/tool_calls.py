@@ -161,6 +161,11 @@ def before_hook(
     if isinstance(changed, dict):
         params = {**params, **changed}
     span.metadata["params"] = jsonable(params)
+    if "discovered" in span.metadata:
+        # A call through use_tool: assertions read `discovered`, and its params are what the
+        # tool received, after the hook, as for a listed tool (issue 39; SDK test_schema.py:
+        # "with that tool's parameters and result").
+        span.metadata["discovered"]["params"] = jsonable(params)
     return params
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..runtime_errors import AgentRunError
+from ..runtime_errors import AgentRunError, InvocationTimedOut
 from .sdk import stop_processing
 
 
@@ -43,6 +43,9 @@ class Trace:
     def __init__(self) -> None:
         self.spans: list[Span] = []
         self._lock = threading.Lock()  # parallel children open spans from several threads
+        # Called after each span opens, i.e. at every step of a run (case.py reports the run
+        # context from it, so that a builder's late cleanup has it).
+        self.watch: Callable[[], None] | None = None
 
     def open(self, type_: str, name: str, parent: Span | None, **metadata: Any) -> Span:
         with self._lock:
@@ -55,12 +58,16 @@ class Trace:
                 metadata=dict(metadata),
             )
             self.spans.append(span)
+        if self.watch is not None:
+            self.watch()
         return span
 
 
 def error_text(exc: BaseException) -> str:
     """How an error reads in a span or a run: our own messages plain, others with a type."""
-    return str(exc) if isinstance(exc, AgentRunError) else f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, AgentRunError | InvocationTimedOut):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
 
 
 @contextmanager
@@ -72,7 +79,7 @@ def timed(span: Span) -> Iterator[Span]:
     except stop_processing():
         span.metadata["stopped"] = True
         raise
-    except Exception as exc:
+    except (Exception, InvocationTimedOut) as exc:
         span.status = "error"
         span.metadata["error"] = error_text(exc)
         raise
