@@ -17,16 +17,24 @@ _REPLACEMENTS = (
     (re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://\S*"), "<url>"),
     # An absolute path at the start of a word: /var/lib/gate/..., /tmp/gate-x/bundle.
     (re.compile(r"(?<![\w.~/-])~?/[^\s'\"()\[\],;]*"), "<path>"),
-    # user:password@host:port and host=..., as database and socket errors print them.
-    (re.compile(r"\b[\w.-]+(?::[^\s@/]*)?@[\w.-]+(?::\d+)?"), "<address>"),
+    # user:password@host:port and host=..., as database and socket errors print them. From
+    # the start of a run of name characters only (not from each word boundary in it, which
+    # rescanned "a.a.a..." from every letter): a match from inside a run is one from its start.
+    (re.compile(r"(?<![\w.-])[\w.-]+(?::[^\s@/]*)?@[\w.-]+(?::\d+)?"), "<address>"),
     (re.compile(r"\b(host(?:name)?|port|user|dbname|database)\s*[=:]\s*\"?[\w.:-]+\"?", re.I),
      r"\1=<hidden>"),
     # IPv4 and bracketed or bare IPv6 addresses, with an optional port.
     (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b"), "<address>"),
-    (re.compile(r"\[[0-9a-fA-F:.]*:[0-9a-fA-F:.]*\](?::\d+)?"), "<address>"),
+    # The ':' and '::' each address must hold are looked for ahead, once: two runs of the
+    # same class around them rescanned the rest of the run from every ':' (quadratic).
+    (re.compile(r"\[(?=[0-9a-fA-F:.]*:)[0-9a-fA-F:.]*\](?::\d+)?"), "<address>"),
     (re.compile(r"(?<![\w:])(?:[0-9a-fA-F]{1,4}:){3,7}[0-9a-fA-F]{1,4}(?![\w:])"), "<address>"),
-    (re.compile(r"(?<![\w:])[0-9a-fA-F:]*::[0-9a-fA-F:]*[0-9a-fA-F](?![\w:])"), "<address>"),
+    (re.compile(r"(?<![\w:])(?=[0-9a-fA-F:]*::)[0-9a-fA-F:]*[0-9a-fA-F](?![\w:])"), "<address>"),
 )  # fmt: skip
+# Only the first line's first characters are scrubbed (the summary keeps SUMMARY_LIMIT of
+# them; the whole message goes to the log): the patterns above then cost a bounded time
+# whatever the message holds, a bundle's text in an engine's error included.
+MAX_SCRUBBED_CHARS = 512
 _DATABASE_WORDS = ("psycopg", "sqlalchemy", "postgres")
 SUMMARY_LIMIT = 240
 
@@ -41,6 +49,10 @@ def scrub(text: str, *, limit: int = SUMMARY_LIMIT) -> str:
     for marker in _SQL_MARKERS:
         text = text.split(marker, 1)[0]
     line = next((s.strip() for s in text.splitlines() if s.strip()), "")
+    if len(line) > MAX_SCRUBBED_CHARS:
+        # Without its last, cut word: a cut address or path might not be recognised.
+        words = line[:MAX_SCRUBBED_CHARS].rsplit(None, 1)
+        line = words[0] if len(words) == 2 else ""
     line = "".join(ch if ch.isprintable() else " " for ch in line)
     for pattern, replacement in _REPLACEMENTS:
         line = pattern.sub(replacement, line)

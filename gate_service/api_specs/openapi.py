@@ -19,8 +19,16 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
+from ..endpoints import (
+    BadUrl,
+    Url,
+    endpoint_problem,
+    header_name_problem,
+    header_problem,
+    parse_url,
+    shown,
+)
 from ..errors import RequestInvalid as BadRequest
 
 METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
@@ -107,15 +115,57 @@ def _resolve(node: Any, document: Mapping[str, Any], budget: list[int], depth: i
 
 
 def base_url_of(document: Mapping[str, Any], given: str | None) -> str:
+    """The URL the spec's operations are called at: ``given`` (the request's base_url), else
+    the spec's first server's; read once (endpoints.parse_url), so a URL no check or client
+    can read is a 422 saying which and why, never an exception."""
     servers = document.get("servers")
     first = servers[0] if isinstance(servers, list) and servers else {}
     url = given or (first.get("url") if isinstance(first, Mapping) else None)
-    if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https"):
+    where = "base_url" if given else "spec.servers[0].url"
+    if not isinstance(url, str):
         raise BadRequest(
             "the spec's first server (servers[0].url) or base_url must be an absolute http(s) "
-            f"URL, got {url!r}"
+            f"URL, got {url!r}",
+            problems=[{"location": f"body.{where}", "message": "not an http(s) URL"}],
+        )
+    problem = endpoint_problem(url)
+    if problem is not None:
+        raise BadRequest(
+            f"the spec's base URL ({where}) cannot be called: {problem}",
+            problems=[{"location": f"body.{where}", "message": problem}],
         )
     return url.rstrip("/")
+
+
+def _path_problem(base: Url, path: str) -> str | None:
+    """Why the operation path ``path`` cannot follow ``base`` in a call, or None: it starts
+    with '/', holds no '?' or '#', and appended to the base URL (as the gateway appends it,
+    build_call) is a URL of the same host and port."""
+    if not path.startswith("/"):
+        return "a path starts with '/'"
+    if "?" in path or "#" in path:
+        return "a path holds no '?' or '#' (a query parameter goes in `parameters`)"
+    try:
+        joined = parse_url(base.text + path)
+    except BadUrl as exc:
+        return f"appended to the base URL it is no URL the gateway can call: {exc}"
+    if (joined.host, joined.port) != (base.host, base.port):
+        return "appended to the base URL it names another host"
+    return None
+
+
+def _headers_of(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """The headers sent with every call, each one a tenant may set (endpoints.header_problem:
+    not Host, hop-by-hop or another authority; no line break in a value)."""
+    checked = dict(headers or {})
+    for name, value in checked.items():
+        problem = header_problem(name, value)
+        if problem is not None:
+            raise BadRequest(
+                f"headers: {problem}",
+                problems=[{"location": f"body.headers.{name[:64]}", "message": problem}],
+            )
+    return checked
 
 
 def convert(
@@ -128,6 +178,8 @@ def convert(
     if not isinstance(paths, Mapping) or not paths:
         raise BadRequest("the spec has no `paths`")
     url = base_url_of(document, base_url)
+    base = parse_url(url)  # cannot fail: base_url_of read it
+    sent_headers = _headers_of(headers)
     tools: dict[str, dict[str, Any]] = {}
     budget = [MAX_RESOLVED_NODES]
     for path, item in paths.items():
@@ -147,10 +199,16 @@ def convert(
                     f"two operations of the spec are both named {name!r} (the second is "
                     f"{method.upper()} {path}); give one an operationId of its own"
                 )
+            wrong = _path_problem(base, str(path))
+            if wrong is not None:
+                raise BadRequest(
+                    f"the spec's path {shown(str(path))} ({method.upper()}): {wrong}",
+                    problems=[{"location": "body.spec.paths", "message": wrong}],
+                )
             tools[name] = _tool(document, method, str(path), operation, shared, budget)
             if len(tools) > MAX_TOOLS:
                 raise BadRequest(f"the spec has over {MAX_TOOLS} operations")
-    spec = ApiSpec(base_url=url, headers=dict(headers or {}), tools=tools)
+    spec = ApiSpec(base_url=url, headers=sent_headers, tools=tools)
     size = len(json.dumps(spec.stored()))
     if size > MAX_STORED_CHARS:
         raise BadRequest(
@@ -176,6 +234,14 @@ def _tool(
         name, place = param.get("name"), param.get("in")
         if not isinstance(name, str) or place not in ("path", "query", "header"):
             continue
+        why = header_name_problem(name) if place == "header" else None
+        if why is not None:
+            # The case would choose this header's value: refused with the spec, not at a call.
+            raise BadRequest(
+                f"{method.upper()} {shown(path)}: the header parameter {shown(name)} is "
+                f"refused: {why}",
+                problems=[{"location": "body.spec.paths", "message": why}],
+            )
         schema = _map(param.get("schema"))
         described = param.get("description")
         properties[name] = {**schema, **({"description": described} if described else {})}

@@ -25,7 +25,8 @@ from gate_runner import NON_SUITE_DIRS
 from gate_runner.assertions import compile_assertions
 from gate_runner.expr import ExpressionError, compile_expression
 
-from .support import MAX_WARNINGS, agent_warnings
+from ..endpoints import header_name_problem, shown, url_problem
+from .support import MAX_WARNINGS, agent_warnings, mcp_mock_names, mcp_mock_warning
 
 MAX_SUITE_BYTES = 1024 * 1024
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -123,6 +124,8 @@ def _load_agents(
         report.add("agents/", str(message))
     for agent in agents:
         source = agent.config.source_path
+        for message in _mcp_problems(agent.config):
+            report.add(source or "agents/", message)
         if not source:
             continue
         try:
@@ -136,6 +139,27 @@ def _load_agents(
             }
             report.warnings.extend(agent_warnings(source, raw, predefined, set(api_tools or {})))
     del report.warnings[MAX_WARNINGS:]
+
+
+def _mcp_problems(config: Any) -> list[str]:
+    """What the gateway would refuse in an agent's MCP servers, said when the bundle is
+    validated rather than at the run's first call: a URL it would not call (not http(s), no
+    URL both its parsers read alike, credentials, a link-local or metadata address in any
+    spelling; a name is resolved at each call), and a header no tenant may set (Host,
+    hop-by-hop, another authority). A bridged or OAuth server is never called in a gate."""
+    found = []
+    for server in getattr(config, "mcp_servers", None) or []:
+        if getattr(server, "bridge", None) or getattr(server, "oauth", None):
+            continue
+        where = f"agent {config.name}, mcp_servers.{server.name}"
+        problem = url_problem(str(server.url))
+        if problem is not None:
+            found.append(f"{where}: url: {problem}")
+        for name in server.headers or {}:
+            why = header_name_problem(str(name))
+            if why is not None:
+                found.append(f"{where}: header {shown(str(name))} is refused: {why}")
+    return found
 
 
 def _errors(exc: ValidationError, prefix: str = "") -> list[str]:
@@ -283,6 +307,28 @@ def _check_references(root: Path, rel: str, case: dict[str, Any], report: Projec
         )
 
 
+def _warn_mcp_mocks(
+    root: Path, agent: str, resolved: Mapping[str, Any], report: ProjectReport
+) -> None:
+    """A case whose mocks module uses the gate's own MCP mock ladder (support.MCP_MOCKS):
+    one warning per agent and module."""
+    mocks = resolved.get("mocks")
+    if not isinstance(mocks, str) or not mocks:
+        return
+    file = f"tests/mocks/{mocks.removesuffix('.py')}.py"
+    if any(w["file"] == file and w["agent"] == agent for w in report.warnings):
+        return
+    path = root / file
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_SUITE_BYTES:
+            return
+        names = mcp_mock_names(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return
+    if names and len(report.warnings) < MAX_WARNINGS:
+        report.warnings.append(mcp_mock_warning(file, agent, names))
+
+
 def validate_project(
     root: Path, name_filter: str | None = None, api_tools: Mapping[str, Any] | None = None
 ) -> ProjectReport:
@@ -317,6 +363,7 @@ def validate_project(
         # does not hide the others' problems.
         for resolved in cases:
             name = resolved["name"]
+            _warn_mcp_mocks(root, agent, resolved, report)
             _check_references(root, rel, resolved, report)
             _check_expressions(rel, resolved, report)
             if agent not in report.agents:

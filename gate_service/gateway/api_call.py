@@ -4,7 +4,8 @@ host, the path's shape, the method or the headers.
 
 Each argument goes where the spec put its parameter (``in``): into the path (quoted as one
 segment), the query, a header, or the JSON body; an argument the spec does not name is
-refused, as is a missing path parameter.
+refused, as is a missing path parameter, and a header argument whose name or value no
+tenant may send (endpoints.header_problem: ``Host``, hop-by-hop, a line break).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import httpx
 
 from gate_runner.gateway_wire import ApiRequest
 
+from ..endpoints import header_problem
 from .failure import Failure
 
 
@@ -75,12 +77,25 @@ def build_call(specs: Mapping[str, Any], request: ApiRequest) -> ApiCall:
                 raise Failure(
                     "bad_request", f"{ref}: the path argument {name} may not be {segment!r}"
                 )
-            path = path.replace("{" + name + "}", quote(segment, safe=""))
+            try:
+                quoted = quote(segment, safe="")
+            except UnicodeEncodeError:  # a lone surrogate, which JSON can carry
+                raise Failure(
+                    "bad_request", f"{ref}: the path argument {name} is not UTF-8 text"
+                ) from None
+            path = path.replace("{" + name + "}", quoted)
         elif place == "query":
             # A list is one query parameter a value (OpenAPI's default form, exploded).
             query[name] = [_text(v) for v in value] if isinstance(value, list) else _text(value)
         elif place == "header":
-            arguments[name] = _text(value)
+            # The name is the spec's (refused when stored, checked again for one stored
+            # before), the value the case's: neither may reach another host or smuggle a
+            # second header in.
+            text = _text(value)
+            problem = header_problem(name, text)
+            if problem is not None:
+                raise Failure("bad_request", f"{ref}: the argument {name}: {problem}")
+            arguments[name] = text
         elif place == "body_whole":
             whole = value
         else:
@@ -91,8 +106,12 @@ def build_call(specs: Mapping[str, Any], request: ApiRequest) -> ApiCall:
     base = str(spec["base_url"]).rstrip("/")
     url = base + path
     # What httpx sends must be the base's path and then the template's, segment for segment.
-    sent = httpx.URL(url).raw_path.split(b"?", 1)[0].decode("ascii")
-    expected = httpx.URL(base).raw_path.split(b"?", 1)[0].decode("ascii").rstrip("/") + path
+    try:
+        sent = httpx.URL(url).raw_path.split(b"?", 1)[0].decode("ascii")
+        expected = httpx.URL(base).raw_path.split(b"?", 1)[0].decode("ascii").rstrip("/") + path
+    except (httpx.InvalidURL, ValueError) as exc:
+        # A spec stored before its paths were checked (api_specs.convert refuses them now).
+        raise Failure("bad_request", f"{ref}: the spec's URL cannot be called: {exc}") from None
     if sent != expected:
         raise Failure("bad_request", f"{ref}: the arguments change the shape of its path")
     return ApiCall(

@@ -11,13 +11,14 @@ replayable on its own).
 Headers are the agent's as written. ``${VAR}`` is filled from the project's secrets, except
 the provider and route keys the gateway keeps for model calls, and ``${context.path}`` from
 what the runner resolved from the run's context; in one pass, so a value put in by either is
-never expanded again (a context value ``${OPENAI_API_KEY}`` stays that text).
+never expanded again (a context value ``${OPENAI_API_KEY}`` stays that text). A header no
+tenant may set (``Host``, hop-by-hop, another authority: endpoints.REFUSED_HEADERS) fails the
+request naming it, and nothing is sent.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Collection, Mapping
 from datetime import timedelta
 from typing import Any
@@ -27,11 +28,10 @@ import httpx
 
 from gate_runner.gateway_wire import McpRequest
 
-from ..endpoints import refused_address
+from ..endpoints import header_name_problem, header_value_problem, refused_address, shown
 from .failure import Failure
-from .transport import RefusedAddress
+from .transport import RefusedAddress, foreign_host
 
-PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
 # A server offers at most this many tools, over at most this many pages of tools/list.
 MAX_TOOLS = 500
 MAX_PAGES = 20
@@ -75,7 +75,7 @@ class GuardedAsyncTransport(httpx.AsyncHTTPTransport):
         self.overflowed = overflowed
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        problem = refused_address(str(request.url))
+        problem = refused_address(str(request.url)) or foreign_host(request)
         if problem is not None:
             raise RefusedAddress(problem, request=request)
         response = await super().handle_async_request(request)
@@ -93,13 +93,20 @@ def fill_secrets(
     """``headers`` with every placeholder filled in one pass: ``${context.path}`` from
     ``context_values``, ``${NAME}`` from ``secrets`` (never one of ``withheld``, the keys
     the gateway keeps for model calls); ``Failure("no_route")`` naming the first one that
-    cannot be. ``who`` names the caller in the message."""
+    cannot be. ``who`` names the caller in the message.
+
+    A header no tenant may set (``Host``, hop-by-hop and framing headers, ones naming
+    another client or host: endpoints.REFUSED_HEADERS), a name that is no token, or a value
+    that holds a line break or another control character once filled, is
+    ``Failure("bad_request")`` naming the header, before anything is sent."""
     values = context_values or {}
     filled = {}
     for name, template in headers.items():
+        refused = header_name_problem(name)
+        if refused is not None:
+            raise Failure("bad_request", f"{who}: header {shown(name)} is refused: {refused}")
 
-        def value(match: re.Match[str], header: str = name) -> str:
-            ref = match.group(1)
+        def value(ref: str, header: str = name) -> str:
             if ref.startswith("context."):
                 if ref not in values:
                     raise Failure(
@@ -121,8 +128,32 @@ def fill_secrets(
                 )
             return secrets[ref]
 
-        filled[name] = PLACEHOLDER.sub(value, template)
+        filled[name] = _fill(template, value)
+        wrong = header_value_problem(filled[name])
+        if wrong is not None:
+            # Never the value: it may hold a secret.
+            raise Failure("bad_request", f"{who}: the value of header {name} {wrong}")
     return filled
+
+
+def _fill(template: str, value: Callable[[str], str]) -> str:
+    r"""``template`` with each ``${REF}`` replaced by ``value(REF)``, left to right, in one
+    pass (what is put in is never read again): what the pattern ``\$\{([^}]*)\}`` replaced,
+    without its quadratic rescan of a ``${`` that no ``}`` closes (``"${" * N``)."""
+    out = []
+    at = 0
+    while True:
+        start = template.find("${", at)
+        if start < 0:
+            break
+        end = template.find("}", start + 2)
+        if end < 0:
+            break  # no "}" after it: no later "${" is closed either
+        out.append(template[at:start])
+        out.append(value(template[start + 2 : end]))
+        at = end + 1
+    out.append(template[at:])
+    return "".join(out)
 
 
 def fill_headers(
@@ -163,8 +194,9 @@ def mcp_once(request: McpRequest, headers: dict[str, str], timeout: float) -> di
             raise Failure("deadline", f"{what} did not answer within {timeout:.0f} s") from None
         if isinstance(leaf, KeyboardInterrupt | SystemExit):
             raise
-        detail = str(leaf) or type(leaf).__name__
-        raise Failure("provider", f"{what}: {type(leaf).__name__}: {detail}"[:2000]) from None
+        # Its first line only, and no class name: the reason is stored and shown to people.
+        detail = str(leaf).strip().split("\n", 1)[0] or "the session failed"
+        raise Failure("provider", f"{what}: {detail}"[:2000]) from None
 
 
 async def _session(request: McpRequest, headers: dict[str, str], timeout: float) -> dict[str, Any]:

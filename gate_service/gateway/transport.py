@@ -41,9 +41,21 @@ class RefusedRedirect(RefusedAddress):
     asked), and no other try can get past it."""
 
 
+def foreign_host(request: httpx.Request) -> str | None:
+    """Why ``request`` may not go: its Host header is not its URL's own (the one httpx
+    writes), whatever set it. The allowlist and the address checks judge the URL's host, so
+    a request whose Host names another (an internal admin site behind a shared proxy) is
+    refused here as well as where its headers are filled (endpoints.REFUSED_HEADERS)."""
+    hosts = request.headers.get_list("host")
+    own = request.url.netloc.decode("ascii", "replace")
+    if [h.lower() for h in hosts] != [own.lower()]:
+        return f"its Host header is not its URL's ({own}): the gateway does not send it"
+    return None
+
+
 class GuardedTransport(httpx.HTTPTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        problem = refused_address(str(request.url))
+        problem = refused_address(str(request.url)) or foreign_host(request)
         if problem is not None:
             raise RefusedAddress(problem, request=request)
         return super().handle_request(request)
