@@ -143,7 +143,7 @@ def visible_project(session: Session, who: Principal, name: str) -> Project:
 
 
 def create_project(session: Session, name: str, retention_days: int = 30) -> Project:
-    if not PROJECT_NAME.match(name):
+    if not PROJECT_NAME.fullmatch(name):
         raise BadRequest(
             f"project name {name!r} must be 1 to 64 characters of a-z, 0-9, '.', '_' and '-', "
             "starting with a letter or digit"

@@ -23,7 +23,8 @@ ERRORS = error_responses(
         403: "The token lacks the admin scope",
         404: "Not found (or another project's)",
         409: "The project's secrets would be too many or too large together",
-        422: 'The body is not {"value": text} (UTF-8, no NUL, at most 64 KiB)',
+        422: 'The body is not {"value": text} (UTF-8, no NUL, at most 64 KiB), or a '
+        "*_API_BASE secret's value is not an endpoint the gateway calls",
         429: "Too many failed authentications",
     }
 )

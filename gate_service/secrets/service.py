@@ -11,7 +11,8 @@ from sqlalchemy.orm import Session
 from gate_runner.case_env import ENV_NAME, RESERVED_PREFIX, refusal
 
 from ..admission import lock_project
-from ..errors import BadRequest, Conflict, NotFound
+from ..endpoints import endpoint_problem
+from ..errors import BadRequest, Conflict, NotFound, RequestInvalid
 from ..models import Project, ProjectSecret, utcnow
 from .crypto import SecretBox
 
@@ -37,11 +38,29 @@ def check_name(name: str, *, storing: bool = True) -> None:
     raise BadRequest(f"secret name {name!r} is refused: {why}")
 
 
+def check_endpoint(name: str, value: str) -> None:
+    """A ``*_API_BASE`` secret names the endpoint the gateway sends a provider's calls to:
+    refused when set (422) unless it is an http(s) URL the gateway would call (no link-local,
+    unspecified, multicast or metadata address in any spelling), as a route's is. It is
+    checked again at each call, from what its host resolves to. The message never holds the
+    value: it is a secret."""
+    if not name.endswith("_API_BASE"):
+        return
+    if endpoint_problem(value) is not None:
+        raise RequestInvalid(
+            f"the secret {name} names a model provider's endpoint, and its value is not one "
+            "the gateway calls: an http:// or https:// URL with a host and no credentials, "
+            "query or fragment, not at a link-local, unspecified, multicast or cloud-metadata "
+            "address in any spelling (169.254.169.254, 2852039166, 0xa9fea9fe, ...)"
+        )
+
+
 def put_secret(
     session: Session, box: SecretBox, project: Project, name: str, value: str
 ) -> tuple[ProjectSecret, bool]:
     """Store or replace ``name``; (the row, whether it was new)."""
     check_name(name)
+    check_endpoint(name, value)
     # The caps below count the project's other rows: two PUTs at once count in turn.
     lock_project(session, project.id)
     ciphertext = box.encrypt(project.id, name, value)

@@ -145,7 +145,10 @@ def _same_origin(request: Request) -> None:
     origin = request.headers.get("origin")
     if origin is None or origin == "null":
         referer = request.headers.get("referer")
-        parts = urlsplit(referer) if referer else None
+        try:
+            parts = urlsplit(referer) if referer else None
+        except ValueError:  # "http://[::1": not a URL, so no origin of ours either
+            parts = None
         origin = f"{parts.scheme}://{parts.netloc}" if parts and parts.netloc else None
     if origin is None:
         raise Forbidden("this form must come from the service's own page (no Origin or Referer)")

@@ -226,6 +226,7 @@ def test_project_admins_manage_only_their_own_project(client: TestClient) -> Non
         {"name": "x" * 65},
         {"name": "-dash"},
         {"name": "ok", "extra": 1},
+        {"name": "trailing-newline\n"},  # "$" matches before a final newline: fullmatch
     ],
 )
 def test_bad_project_names_are_refused(client: TestClient, body: dict[str, Any]) -> None:

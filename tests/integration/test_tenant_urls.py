@@ -136,3 +136,22 @@ def test_a_spec_a_tenant_may_store_is_stored(client: TestClient) -> None:
     assert r.status_code == 200, r.text
     assert r.json()["base_url"] == "http://orders.example.com/api"
     assert r.json()["headers"] == ["Authorization"]
+
+
+def test_a_base_secret_the_gateway_would_not_call_is_a_422_without_its_value(
+    client: TestClient,
+) -> None:
+    # A *_API_BASE secret chooses a provider's endpoint as a route does: refused when set in
+    # any spelling of a refused address, and the answer never holds the value.
+    for url in BAD_URLS:
+        r = client.put("/v1/projects/default/secrets/OPENAI_API_BASE", json={"value": url})
+        body = refused(r, "OPENAI_API_BASE")
+        assert url not in r.text and url.split("//", 1)[-1] not in body["detail"], r.text
+    assert client.get("/v1/projects/default/secrets").json()["items"] == []
+    r = client.put(
+        "/v1/projects/default/secrets/GEMINI_API_BASE", json={"value": "http://127.0.0.1:9/v1"}
+    )
+    assert r.status_code == 201, r.text
+    # Any other secret's value is the project's business.
+    r = client.put("/v1/projects/default/secrets/NOTES", json={"value": "http://[::1"})
+    assert r.status_code == 201, r.text

@@ -174,6 +174,11 @@ def test_forms_that_change_state_need_the_session_form_token_and_our_origin(
     bare = TestClient(client.app, follow_redirects=False, cookies=page.cookies)
     no_origin = bare.post("/ui/sign-out", data={"csrf": token.group(1)})
     assert no_origin.status_code == 403 and "no Origin or Referer" in no_origin.text
+    # A Referer that is no URL at all is no origin either: 403, never a 500.
+    broken = bare.post(
+        "/ui/sign-in", data={"token": ADMIN_TOKEN}, headers={"Referer": "http://[::1"}
+    )
+    assert broken.status_code == 403 and "no Origin or Referer" in broken.text
     via_referer = bare.post(
         "/ui/sign-in",
         data={"token": ADMIN_TOKEN},
