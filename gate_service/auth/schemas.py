@@ -86,6 +86,11 @@ class ModelRouteSpec(BaseModel):
         max_length=128,
         description="The project secret holding the endpoint's key; none: it takes no key",
     )
+    responses_api: bool = Field(
+        default=False,
+        description="Call the endpoint's Responses API ({api_base}/responses); by default a "
+        "route is called at {api_base}/chat/completions whatever the model's name",
+    )
 
     @field_validator("api_base")
     @classmethod

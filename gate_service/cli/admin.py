@@ -128,9 +128,23 @@ def routes_set(
             "'corp/*=http://llm-proxy:4000/v1#CORP_KEY'. None: remove all."
         ),
     ] = None,
+    responses_api: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--responses-api",
+            help="PATTERN of a route (given with --route) whose endpoint is called at its "
+            "Responses API (/responses) instead of chat completions; repeatable.",
+        ),
+    ] = None,
 ) -> None:
     """Replace a project's model routes."""
     parsed = [parse_route(r) for r in route or []]
+    chosen = set(responses_api or [])
+    unknown = sorted(chosen - {p["pattern"] for p in parsed})
+    if unknown:
+        raise typer.BadParameter(f"--responses-api names no --route pattern: {', '.join(unknown)}")
+    for entry in parsed:
+        entry["responses_api"] = entry["pattern"] in chosen
     _call(ctx, lambda c: c.set_model_routes(project, parsed))
 
 

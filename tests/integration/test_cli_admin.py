@@ -78,13 +78,15 @@ def test_admin_sets_and_lists_a_projects_model_routes(
     code, out, err = run(
         capsys, "admin", "--url", url, "routes-set", "routed",
         "--route", "corp/*=http://llm-proxy:4000/v1#CORP_KEY",
-        "--route", "local/*=http://127.0.0.1:8000/v1",
+        "--route", "local/*=http://127.0.0.1:8000/v1", "--responses-api", "local/*",
     )  # fmt: skip
     assert code == 0, err
     expected = [
-        {"pattern": "corp/*", "api_base": "http://llm-proxy:4000/v1", "key_secret": "CORP_KEY"},
-        {"pattern": "local/*", "api_base": "http://127.0.0.1:8000/v1", "key_secret": None},
-    ]
+        {"pattern": "corp/*", "api_base": "http://llm-proxy:4000/v1", "key_secret": "CORP_KEY",
+         "responses_api": False},
+        {"pattern": "local/*", "api_base": "http://127.0.0.1:8000/v1", "key_secret": None,
+         "responses_api": True},
+    ]  # fmt: skip
     assert json.loads(out)["routes"] == expected
     code, out, _ = run(capsys, "admin", "--url", url, "routes", "routed")
     assert code == 0 and json.loads(out)["routes"] == expected
@@ -94,6 +96,11 @@ def test_admin_sets_and_lists_a_projects_model_routes(
     assert code == 2 and "link-local" in err
     code, _, err = run(capsys, "admin", "--url", url, "routes-set", "routed", "--route", "nope")
     assert code == 2 and "PATTERN=URL" in err
+    code, _, err = run(
+        capsys, "admin", "--url", url, "routes-set", "routed",
+        "--route", "a/*=http://127.0.0.1:8000/v1", "--responses-api", "b/*",
+    )  # fmt: skip
+    assert code == 2 and "names no --route pattern: b/*" in err
     code, out, _ = run(capsys, "admin", "--url", url, "routes-set", "routed")
     assert code == 0 and json.loads(out)["routes"] == []
 

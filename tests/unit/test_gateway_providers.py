@@ -255,3 +255,35 @@ def test_a_gemini_key_never_reaches_the_openai_endpoint(
     assert gemini_end.saw(gemini_key) and not gemini_end.saw(openai_key)
     assert openai_end.saw(openai_key) and not openai_end.saw(gemini_key)
     assert len(gemini_end.requests) == 1 and len(openai_end.requests) == 2
+
+
+def _chat_or_responses(handler: BaseHTTPRequestHandler) -> None:
+    send(200, CHAT)(handler)
+
+
+@pytest.mark.parametrize("model", ["gpt-5-pro", "o1-pro", "gpt-5.6-sol"])
+def test_a_route_speaks_chat_completions_whatever_the_model_s_name(
+    gateways: Gateways, listeners: Callable[[Answer], Listener], model: str
+) -> None:
+    # LiteLLM sends these names (gpt-5-pro, o1-pro always; gpt-5.6 with tools and a reasoning
+    # effort) to {api_base}/responses; a route's endpoint may serve chat completions only.
+    endpoint = listeners(_chat_or_responses)
+    channel = gateways.open({}, routes=[ModelRoute("*", endpoint.url + "/v1")])
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    status, answer = ask(
+        channel, model=f"openai/{model}", tools=tools, options={"reasoning_effort": "high"}
+    )
+    assert status == 200, answer
+    assert [r["path"] for r in endpoint.requests] == ["/v1/chat/completions"]
+
+
+def test_a_route_may_opt_into_the_responses_api(
+    gateways: Gateways, listeners: Callable[[Answer], Listener]
+) -> None:
+    endpoint = listeners(send(404, b'{"error": "no such route"}'))
+    route = ModelRoute("*", endpoint.url + "/v1", responses_api=True)
+    channel = gateways.open({}, routes=[route])
+    status, answer = ask(channel, model="corp/llm")
+    assert status == 502, answer
+    assert [r["path"] for r in endpoint.requests] == ["/v1/responses"], answer
+    assert "HTTP 404 to POST /v1/responses" in answer["error"]["message"]
