@@ -365,10 +365,12 @@ def web_read_page(url: str, follow_redirects: bool = True) -> dict[str, Any]:
 
 
 def page_text(html: str) -> str:
-    """A page as web_read_page answers it: tags dropped, white space folded, at most 100,000
-    characters (the runner's direct fetch and the gateway's both read pages with this)."""
-    text = re.sub(r"<[^>]+>", " ", html)
-    return re.sub(r"\s+", " ", text).strip()[:100_000]
+    """A page as web_read_page answers it when the runner fetches it itself: its text, in
+    time linear in the page (gate_runner/html_text.py; the gateway parses the pages it
+    fetches with libxml2 and answers the same text, gate_service/gateway/pages.py)."""
+    from .html_text import page_text as text
+
+    return text(html)
 
 
 ALIASES = {

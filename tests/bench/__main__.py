@@ -58,6 +58,12 @@ BENCHES: list[tuple[str, str]] = [
         "case alone: target <= 3x; and an invocation's model-client CPU before and after "
         "LiteLLM left the runner",
     ),
+    (
+        "bench_noisy_pages",
+        "a project's one-case gate while another project's cases make the gateway read 2 MiB "
+        "hostile pages through web_read_page, against the same gate on the idle service: "
+        "target <= 2x",
+    ),
 ]
 
 
