@@ -88,6 +88,8 @@ class ProjectReport:
     cases: list[CaseRef] = field(default_factory=list)
     problems: list[dict[str, Any]] = field(default_factory=list)
     agents: set[str] = field(default_factory=set)
+    # Each agent's config as the SDK's loader read it (connic AgentConfig), by name.
+    configs: dict[str, Any] = field(default_factory=dict)
     # What the gate cannot honour as the platform does (support.py): file, agent, key.
     warnings: list[dict[str, Any]] = field(default_factory=list)
 
@@ -120,6 +122,7 @@ def _load_agents(
         report.add("agents/", "the bundle has no agents/ folder")
         return
     report.agents = {a.config.name for a in agents}
+    report.configs = {a.config.name: a.config for a in agents}
     for message in getattr(loader, "_load_errors", []):
         report.add("agents/", str(message))
     for agent in agents:

@@ -143,10 +143,12 @@ AGENT_FIELDS: Mapping[str, Support] = _table(
             ),
         ),
         "output_schema": (
-            "partial",
+            "supported",
             (
-                "not sent to the model; the final answer must be JSON and is checked for type, "
-                "required, properties, items and enum only"
+                "sent with every model request as OpenAI's response_format (LiteLLM maps it "
+                "for each provider; not with tools on a Claude model where LiteLLM would force "
+                "its JSON tool; scripted models read it in options); the final answer must be "
+                "JSON valid for the whole schema (Draft 2020-12, or its $schema's draft)"
             ),
         ),
         "output_schema_dict": (

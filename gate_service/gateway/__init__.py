@@ -23,9 +23,11 @@ from .keys import (
     ModelRoute,
     ProviderKeys,
     Route,
+    Unrouted,
     provider_secret_names,
     resolve_route,
     route_of,
+    unrouted,
 )
 from .records import (
     RECORDINGS_DIR,
@@ -53,10 +55,12 @@ __all__ = [
     "ProviderKeys",
     "Route",
     "Totals",
+    "Unrouted",
     "export_recordings",
     "provider_secret_names",
     "recording_files",
     "resolve_route",
     "route_of",
     "totals",
+    "unrouted",
 ]

@@ -52,6 +52,7 @@ from gate_runner.gateway_wire import (
     ERROR_STATUS,
     FETCH_PATH,
     MAX_REQUEST_BYTES,
+    MAX_RESPONSE_FORMAT_BYTES,
     MCP_OPS,
     MCP_PATH,
     MODERATE_PATH,
@@ -174,9 +175,11 @@ def parse_request(body: bytes) -> CompletionRequest:
         isinstance(budget, bool) or not isinstance(budget, int) or budget < 1
     ):
         raise _wrong("options.reasoning_budget", "a whole number of tokens, at least 1")
+    response_format = _response_format(data)
     agent, attempts, timeout_s = _how(data)
     return CompletionRequest(
         options=options,
+        response_format=response_format,
         model=model,
         messages=messages,
         tools=tools,
@@ -186,6 +189,29 @@ def parse_request(body: bytes) -> CompletionRequest:
         attempts=attempts,
         timeout_s=timeout_s,
     )
+
+
+def _response_format(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The agent's output_schema as OpenAI's response_format, or None: an object with a
+    ``type``, and for ``json_schema`` a ``json_schema`` object whose ``schema`` is an object,
+    in MAX_RESPONSE_FORMAT_BYTES of JSON at most."""
+    value = data.get("response_format")
+    if value is None:
+        return None
+    what = f"an object of at most {MAX_RESPONSE_FORMAT_BYTES} bytes of JSON"
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise _wrong("response_format", f"{what} with a string type")
+    if len(json.dumps(value).encode()) > MAX_RESPONSE_FORMAT_BYTES:
+        raise _wrong("response_format", what)
+    if value["type"] == "json_schema":
+        spec = value.get("json_schema")
+        if (
+            not isinstance(spec, dict)
+            or not isinstance(spec.get("name"), str)
+            or not isinstance(spec.get("schema"), dict)
+        ):
+            raise _wrong("response_format.json_schema", "an object with a name and a schema")
+    return value
 
 
 def parse_moderation(body: bytes) -> ModerationRequest:

@@ -36,8 +36,13 @@ from gate_runner.gateway_wire import (
     ModerationReply,
     ModerationRequest,
 )
-from gate_runner.models import litellm_moderation, litellm_options, litellm_reply, request_key
-from gate_runner.predefined import page_text
+from gate_runner.models import (
+    litellm_moderation,
+    litellm_options,
+    litellm_reply,
+    litellm_response_format,
+    request_key,
+)
 from gate_service.config import Settings
 from gate_service.secrets.redact import Redactor
 
@@ -48,6 +53,7 @@ from .channel import Channel, channel_folder
 from .failure import Failure
 from .keys import ModelRoute, Route, provider_secret_names, resolve_route
 from .mcp import fill_headers, fill_secrets, mcp_once
+from .pages import page_text
 from .records import CallRecord
 from .transport import (
     BODY_EXCERPT_BYTES,
@@ -568,6 +574,11 @@ class ModelGateway:
         )
         return reply, 0, 0, 0.0
 
+    def provider_of(self, model: str) -> str | None:
+        """LiteLLM's provider of a model name (``gpt-4o`` → ``openai``); None: none known.
+        The worker checks a gate's live models with it before any case runs (keys.unrouted)."""
+        return self._provider_of(model)
+
     def _provider_of(self, model: str) -> str | None:
         try:
             return str(self._litellm.get_llm_provider(model)[1])
@@ -636,6 +647,17 @@ class ModelGateway:
             extra["api_base"] = route.api_base
         if route.api_version:
             extra["api_version"] = route.api_version
+        model = route.model
+        if route.api == "chat":
+            # A route is an OpenAI-compatible endpoint, and many serve chat completions only
+            # (a company's LiteLLM proxy, vLLM): LiteLLM would send some model names, or tools
+            # with a reasoning effort, to {api_base}/responses instead. The flag is LiteLLM's
+            # own (private) switch for that, pinned with its version and held to it by
+            # tests/unit/test_gateway_providers.py.
+            extra["_skip_responses_api_bridge"] = True
+        elif route.api == "responses":
+            # LiteLLM's explicit prefix for its Responses API.
+            model = "openai/responses/" + model.removeprefix("openai/")
         provider = self._provider_of(route.model)
         # Every provider's request goes through a client whose transport checks each
         # request's address and refuses a redirect (transport.py): the OpenAI SDK's for the
@@ -644,7 +666,7 @@ class ModelGateway:
         with observing() as exchange:
             try:
                 return litellm.completion(
-                    model=route.model,
+                    model=model,
                     messages=request.messages,
                     tools=request.tools or None,
                     temperature=request.temperature,
@@ -658,6 +680,10 @@ class ModelGateway:
                     # Reasoning options apply "where the model allows it" (SDK): LiteLLM drops
                     # the ones it knows a model refuses instead of failing the call.
                     **({"drop_params": True} if request.options else {}),
+                    # The agent's output_schema; LiteLLM maps it for each provider.
+                    **litellm_response_format(
+                        litellm, route.model, request.tools, request.response_format
+                    ),
                     client=client,
                     **extra,
                 )

@@ -65,14 +65,19 @@ class ModelRoute:
     pattern: str
     api_base: str
     key_secret: str | None = None
+    # Its endpoint's Responses API rather than chat completions, which every
+    # OpenAI-compatible endpoint serves (routes are documented as such).
+    responses_api: bool = False
 
 
 def route_of(stored: Mapping[str, Any]) -> ModelRoute:
-    """A route as the projects table stores it (``{"pattern", "api_base", "key_secret"}``)."""
+    """A route as the projects table stores it (``{"pattern", "api_base", "key_secret",
+    "responses_api"}``; routes stored before the last had no such key)."""
     return ModelRoute(
         pattern=str(stored["pattern"]),
         api_base=str(stored["api_base"]),
         key_secret=stored.get("key_secret"),
+        responses_api=bool(stored.get("responses_api", False)),
     )
 
 
@@ -85,6 +90,9 @@ class Route:
     api_base: str | None = None
     api_version: str | None = None
     via: str = ""  # where it came from, for messages: "OPENAI_API_KEY" or "route 'corp/*'"
+    # A project route's API: "chat" (chat completions, whatever LiteLLM would choose for the
+    # model's name) or "responses"; None for a provider's own endpoint (LiteLLM's choice).
+    api: str | None = None
 
 
 # An OpenAI-compatible endpoint that takes no key still needs one for the client library.
@@ -120,6 +128,7 @@ def resolve_route(
                 api_key=key,
                 api_base=route.api_base,
                 via=f"route {route.pattern!r}",
+                api="responses" if route.responses_api else "chat",
             )
     prefix, slash, _ = model.partition("/")
     provider = prefix if slash else provider_of(model)
@@ -148,3 +157,51 @@ def resolve_route(
     return Route(
         model=model, api_key=provider_key, api_base=base, api_version=version, via=names.key
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Unrouted:
+    """Why no call to ``model`` could be made with a project's secrets and routes
+    (``resolve_route``'s message), and the project secret that would give it a route (None:
+    no secret would, only a project route or another model name)."""
+
+    model: str
+    reason: str
+    secret: str | None
+
+
+def unrouted(
+    model: str,
+    secrets: Mapping[str, str],
+    routes: Sequence[ModelRoute] = (),
+    *,
+    provider_of: Callable[[str], str | None] = lambda _model: None,
+) -> Unrouted | None:
+    """None when ``resolve_route`` finds ``model`` a route; else why not and which secret is
+    missing. Checked before a gate's cases run (the worker's validating phase), with the same
+    lookup every call then makes, which stays the backstop."""
+    try:
+        resolve_route(model, secrets, routes, provider_of=provider_of)
+    except Failure as exc:
+        return Unrouted(
+            model, exc.error.message, _missing_secret(model, secrets, routes, provider_of)
+        )
+    return None
+
+
+def _missing_secret(
+    model: str,
+    secrets: Mapping[str, str],
+    routes: Sequence[ModelRoute],
+    provider_of: Callable[[str], str | None],
+) -> str | None:
+    for route in routes:
+        if fnmatchcase(model, route.pattern):
+            return route.key_secret
+    prefix, slash, _ = model.partition("/")
+    names = PROVIDERS.get((prefix if slash else provider_of(model)) or "")
+    if names is None:
+        return None
+    if not secrets.get(names.key):
+        return names.key
+    return names.base if names.base_required else None

@@ -33,9 +33,10 @@ from gate_runner.contract import MAX_CLEANUP_SECONDS
 from .. import incidents
 from ..api_specs import loader_tools
 from ..bundles.archive import read_archive
+from ..bundles.live_models import LiveModel, live_models
 from ..bundles.requirements import FILE as REQUIREMENTS_FILE
 from ..bundles.requirements import read_requirements
-from ..bundles.suites import validate_project
+from ..bundles.suites import ProjectReport, validate_project
 from ..bundles.wheels import DownloadHalted, WheelDownloadError, fetch_wheels
 from ..config import Settings
 from ..db import refused_write, session_scope
@@ -48,6 +49,7 @@ from ..gateway import (
     ModelRoute,
     provider_secret_names,
     route_of,
+    unrouted,
 )
 from ..jobs import ClaimedJob, LeaseLost
 from ..logs import bind_log_context
@@ -343,21 +345,23 @@ def _fetched_bundle(ctx: WorkerContext, sha256: str, path: Path) -> Iterator[IO[
 
 
 def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
-    def begin(session: Session, gate: Gate) -> tuple[bool, str, str | None, dict[str, Any]]:
+    def begin(
+        session: Session, gate: Gate
+    ) -> tuple[bool, str, str | None, dict[str, Any], str | None]:
         if gate.cancel_requested:
             service.cancel_gate(gate)
             job.finish(session)
             ctx.metrics.gate_ended_unstarted(session, gate)
-            return False, "", None, {}
+            return False, "", None, {}, None
         first_start = gate.started_at is None  # a retry has left the queue already
         service.start_gate(gate)
         if first_start:
             ctx.metrics.gate_started(session, gate)
         time_left(ctx.settings, gate.started_at)  # a retry may start past the deadline
         api_specs = session.get_one(Project, gate.project_id).api_specs or {}
-        return True, gate.bundle_sha256, gate.filter, loader_tools(api_specs)
+        return True, gate.bundle_sha256, gate.filter, loader_tools(api_specs), gate.model_mode
 
-    go_on, sha256, name_filter, api_tools = _write(ctx, job, begin)
+    go_on, sha256, name_filter, api_tools, model_mode = _write(ctx, job, begin)
     if not go_on:
         return
     # A scratch directory this process holds locked, so a crash leaves nothing for good.
@@ -397,6 +401,9 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
             )
             count = {"message": message, "cases": len(report.cases), "limit": cap}
             raise BundleRejected(message, [count])
+        # Before anything is built: every model a selected case would call live has a key or
+        # a route (the gateway's per-call lookup stays the backstop).
+        _check_live_models(ctx, job, bundle_dir, report, model_mode)
 
         def enter_building(session: Session, gate: Gate) -> None:
             service.save_cases(session, gate, report.cases)
@@ -419,6 +426,82 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
         ctx.metrics.gate_finished(session, gate)
 
     _write(ctx, job, conclude)
+
+
+# At most this many unanswerable models are spelled out in a gate's failure_reason (its
+# problems list every one).
+MAX_MODELS_IN_REASON = 5
+
+
+def _check_live_models(
+    ctx: WorkerContext,
+    job: ClaimedJob,
+    bundle_dir: Path,
+    report: ProjectReport,
+    model_mode: str | None,
+) -> None:
+    """BundleRejected naming each agent, model and fix when a model that a selected case
+    would call live has neither a provider key among the project's secrets nor a project
+    route. Without a gateway nothing is checked: live cases fail saying the gateway is off."""
+    gateway = ctx.gateway
+    if gateway is None:
+        return
+    case_agents = {case.agent_name for case in report.cases}
+    needed = live_models(bundle_dir, report.configs, case_agents, model_mode)
+    if not needed:
+        return  # no live agent: the project's secrets are not even read
+    with session_scope(ctx.sessions) as session:
+        project_id = session.get_one(Gate, job.gate_id).project_id
+        secrets = project_secrets(session, ctx.box(), project_id)
+        project = session.get_one(Project, project_id)
+        routes = tuple(route_of(stored) for stored in project.model_routes)
+        name = project.name
+    problems: list[dict[str, Any]] = []
+    for live in needed:
+        missing = unrouted(live.model, secrets, routes, provider_of=gateway.provider_of)
+        if missing is not None:
+            message = f"{missing.reason}; {_fixes(name, live, missing.secret, model_mode)}"
+            problems.append(
+                {
+                    "file": live.source or "agents/",
+                    "case": None,
+                    "agent": live.agent,
+                    "field": live.field,
+                    "model": live.model,
+                    "secret": missing.secret,
+                    "message": f"agent {live.agent!r} ({live.field} {live.model}): {message}",
+                }
+            )
+    if not problems:
+        return
+    shown = "; ".join(p["message"] for p in problems[:MAX_MODELS_IN_REASON])
+    more = len(problems) - MAX_MODELS_IN_REASON
+    raise BundleRejected(
+        f"{len(problems)} model(s) the cases would call live cannot be answered, so no case "
+        f"ran: {shown}" + (f"; and {more} more (see problems)" if more > 0 else ""),
+        problems,
+    )
+
+
+def _fixes(project: str, live: LiveModel, secret: str | None, model_mode: str | None) -> str:
+    """What would answer the model: its secret, a project route, or no live call at all."""
+    fixes = []
+    if secret is not None:
+        fixes.append(
+            f"set the project secret {secret} (PUT /v1/projects/{project}/secrets/{secret})"
+        )
+    fixes.append(
+        f"route the model to an endpoint (gate admin routes-set {project} "
+        f"--route '{live.model}=URL#KEY_SECRET', which replaces its routes)"
+    )
+    offline = (
+        f"give agent {live.agent!r} a scripted model tests/models/{live.agent}.py or "
+        f"recordings tests/recordings/{live.agent}/"
+    )
+    if model_mode == "live":
+        offline = f"submit without model_mode=live and {offline}"
+    fixes.append(offline)
+    return "to fix: " + ", or ".join(fixes)
 
 
 def _build_image(

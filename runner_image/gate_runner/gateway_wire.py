@@ -70,6 +70,10 @@ ERROR_STATUS: Final[dict[str, int]] = {
 # The model options an agent may set (SDK AgentConfig), as the wire carries them.
 REASONING_EFFORTS: Final = ("off", "minimal", "low", "medium", "high", "xhigh")
 OPTION_KEYS: Final = ("reasoning_effort", "reasoning_budget")
+# An LLM agent's output_schema as OpenAI's response_format ({"type": "json_schema",
+# "json_schema": {"name", "schema", "strict"}}), which LiteLLM maps for each provider; at most
+# this many bytes of JSON.
+MAX_RESPONSE_FORMAT_BYTES: Final = 256 * 1024
 
 
 def replay_request(
@@ -78,10 +82,11 @@ def replay_request(
     tools: list[dict[str, Any]],
     temperature: float,
     options: dict[str, Any] | None = None,
+    response_format: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What a completion's replay key is computed over (gate_runner.models.request_key).
-    Options are in it only when the agent set one, so recordings made before options
-    existed keep their keys."""
+    Options are in it only when the agent set one, and the response format only when the
+    agent has an output_schema, so recordings made before either existed keep their keys."""
     request: dict[str, Any] = {
         "model": model,
         "messages": messages,
@@ -90,6 +95,8 @@ def replay_request(
     }
     if options:
         request["options"] = dict(options)
+    if response_format:
+        request["response_format"] = dict(response_format)
     return request
 
 
@@ -110,9 +117,15 @@ class CompletionRequest:
     # reasoning_effort (one of REASONING_EFFORTS), reasoning_budget (tokens): as the agent
     # set them; empty when it set none ("auto" is no option).
     options: dict[str, Any] = field(default_factory=dict)
+    # The agent's output_schema as OpenAI's response_format (MAX_RESPONSE_FORMAT_BYTES at
+    # most); None when it has none.
+    response_format: dict[str, Any] | None = None
 
     def replay_request(self) -> dict[str, Any]:
-        return replay_request(self.model, self.messages, self.tools, self.temperature, self.options)
+        return replay_request(
+            self.model, self.messages, self.tools, self.temperature, self.options,
+            self.response_format,
+        )  # fmt: skip
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), default=str).encode()

@@ -60,7 +60,8 @@ class ModelCallError(AgentRunError):
 class Model(Protocol):
     """``options``: the agent's reasoning options (gateway_wire.OPTION_KEYS), only those it
     set. ``attempts``: this call's tries, instead of the model's own (a fallback's primary
-    is tried once)."""
+    is tried once). ``response_format``: the agent's output_schema as OpenAI's
+    response_format (runtime.output_schema.response_format), None when it has none."""
 
     mode: str
 
@@ -74,6 +75,7 @@ class Model(Protocol):
         context: dict[str, Any],
         options: Mapping[str, Any] | None = None,
         attempts: int | None = None,
+        response_format: Mapping[str, Any] | None = None,
     ) -> ModelReply: ...
 
 
@@ -152,6 +154,7 @@ class ScriptedModel:
         context: dict[str, Any],
         options: Mapping[str, Any] | None = None,
         attempts: int | None = None,
+        response_format: Mapping[str, Any] | None = None,
     ) -> ModelReply:
         # The script sees copies: it cannot rewrite the conversation the trace records.
         args = (
@@ -163,6 +166,9 @@ class ScriptedModel:
             # What the model is asked with: which model (the fallback's name once the primary
             # failed), its temperature and the agent's reasoning options.
             asked = {"model": model, "temperature": temperature, **dict(options or {})}
+            if response_format:
+                # The agent's output_schema, as live mode sends it (a copy, as the rest).
+                asked["response_format"] = json.loads(json.dumps(response_format))
             raw = self._respond(*args, options=asked)
         else:
             raw = self._respond(*args)
@@ -193,10 +199,15 @@ class ReplayModel:
         context: dict[str, Any],
         options: Mapping[str, Any] | None = None,
         attempts: int | None = None,
+        response_format: Mapping[str, Any] | None = None,
     ) -> ModelReply:
-        key = request_key(
-            wire.replay_request(model, messages, tools, temperature, dict(options or {}))
-        )
+        asked = dict(options or {})
+        shape = dict(response_format) if response_format else None
+        key = request_key(wire.replay_request(model, messages, tools, temperature, asked, shape))
+        if key not in self.recordings and shape:
+            # Recorded before the response format went into the key: the request without it.
+            older = request_key(wire.replay_request(model, messages, tools, temperature, asked))
+            key = older if older in self.recordings else key
         if key not in self.recordings and options:
             # Recorded before options went into the key: the same request without them.
             bare = request_key(wire.replay_request(model, messages, tools, temperature))
@@ -327,6 +338,41 @@ def litellm_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return extra
 
 
+def litellm_response_format(
+    litellm: Any,
+    model: str,
+    tools: list[dict[str, Any]],
+    response_format: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The agent's output_schema as LiteLLM's completion() takes it (the runner's LiveModel
+    and the service's gateway both call with this): ``{"response_format": ...}`` on every
+    request, tools offered or not, but one: where LiteLLM would map it to its JSON tool and
+    force that tool (Claude models before native structured output, e.g. Sonnet 4 or Opus
+    4.1), a request that offers the agent's own tools goes without it, since the forced tool
+    would leave the model no way to call them. The final answer is still checked against
+    the schema (runtime.output_schema)."""
+    if not response_format:
+        return {}
+    shape = dict(response_format)
+    if tools:
+        try:
+            from litellm.utils import get_optional_params
+
+            resolved, provider, _, _ = litellm.get_llm_provider(model)
+            mapped = get_optional_params(
+                model=resolved,
+                custom_llm_provider=provider,
+                response_format=shape,
+                tools=tools,
+            )
+            forced = mapped.get("tool_choice")
+            if isinstance(forced, dict) and forced.get("name") == "json_tool_call":
+                return {}
+        except Exception:  # LiteLLM's own call says what is wrong, if anything is
+            pass
+    return {"response_format": shape}
+
+
 def litellm_moderation(response: Any) -> dict[str, Any]:
     """LiteLLM's moderation answer (OpenAI's shape) as ``{"flagged", "categories",
     "category_scores"}`` of its first result; ValueError when it has none. The runner's
@@ -398,6 +444,7 @@ class LiveModel:
         temperature: float,
         options: Mapping[str, Any] | None = None,
         attempts: int | None = None,
+        response_format: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         try:
             response = self._litellm.completion(
@@ -412,6 +459,8 @@ class LiveModel:
                 **litellm_options(options or {}),
                 # As the gateway: an option LiteLLM's map says a model refuses is dropped.
                 **({"drop_params": True} if options else {}),
+                # The output_schema, as the gateway sends it (LiteLLM maps it per provider).
+                **litellm_response_format(self._litellm, model, tools, response_format),
             )
         except Exception as exc:
             raise AgentRunError(
@@ -445,6 +494,7 @@ class LiveModel:
         context: dict[str, Any],
         options: Mapping[str, Any] | None = None,
         attempts: int | None = None,
+        response_format: Mapping[str, Any] | None = None,
     ) -> ModelReply:
         raw = self.raw_completion(
             model=model,
@@ -453,6 +503,7 @@ class LiveModel:
             temperature=temperature,
             options=options,
             attempts=attempts,
+            response_format=response_format,
         )
         return parse_reply(raw, source=f"live model {model}")
 
@@ -490,6 +541,7 @@ class RecordingModel(LiveModel):
         temperature: float,
         options: Mapping[str, Any] | None = None,
         attempts: int | None = None,
+        response_format: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The live answer, also written under the replay key of the whole request."""
         raw = super().raw_completion(
@@ -499,8 +551,12 @@ class RecordingModel(LiveModel):
             temperature=temperature,
             options=options,
             attempts=attempts,
+            response_format=response_format,
         )
-        request = wire.replay_request(model, messages, tools, temperature, dict(options or {}))
+        shape = dict(response_format) if response_format else None
+        request = wire.replay_request(
+            model, messages, tools, temperature, dict(options or {}), shape
+        )
         write_recording(self.directory, request_key(request), request, raw)
         return raw
 
@@ -593,6 +649,7 @@ class GatewayModel:
         context: dict[str, Any],
         options: Mapping[str, Any] | None = None,
         attempts: int | None = None,
+        response_format: Mapping[str, Any] | None = None,
     ) -> ModelReply:
         request = wire.CompletionRequest(
             model=model,
@@ -603,6 +660,7 @@ class GatewayModel:
             attempts=max(1, attempts or self.attempts),
             timeout_s=self.timeout_s,
             options=dict(options or {}),
+            response_format=dict(response_format) if response_format else None,
         )
         data = self._exchange(wire.COMPLETE_PATH, request.to_json(), model)
         reply = _completion_reply(model, data)

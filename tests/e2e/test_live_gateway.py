@@ -200,3 +200,79 @@ def test_a_429_then_success_a_budget_reached_and_two_projects_with_their_own_key
         provider.release()
         for client in clients.values():
             client.close()
+
+
+REPORT_SCHEMA = {
+    "type": "object",
+    "required": ["title", "items"],
+    "properties": {
+        "title": {"type": "string"},
+        "items": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/item"}},
+    },
+    "$defs": {"item": {"type": "object", "properties": {"level": {"enum": ["low", "high"]}}}},
+}
+
+
+def test_a_structured_output_agent_sends_its_schema_live_and_replays(
+    serve: dict[str, Any], provider: FakeProvider, tmp_path: Path
+) -> None:
+    """Issue 38, item 1: the output_schema goes to the provider as response_format, and the
+    case's runner (its image carries jsonschema) checks the answer against the whole schema:
+    an empty list fails on minItems, live and in replay alike."""
+    with httpx.Client(base_url=serve["url"], headers=bearer(ADMIN_TOKEN), timeout=60) as admin:
+        token = project_token(admin, "shaped", ["submit", "read"])
+        for name, value in {"OPENAI_API_KEY": "sk-shaped", "OPENAI_API_BASE": provider.url}.items():
+            r = admin.put(f"/v1/projects/shaped/secrets/{name}", json={"value": value})
+            assert r.status_code == 201, r.text
+
+    def answer(body: dict[str, Any]) -> dict[str, Any]:
+        empty = "empty" in json.dumps(body["messages"][-1])
+        return {"title": "R", "items": [] if empty else [{"level": "high"}]}
+
+    provider.structured_answer = answer
+    project = write(
+        tmp_path / "p",
+        {
+            "agents/reporter.yaml": """
+                version: "1.0"
+                name: reporter
+                description: Answers a report.
+                model: openai/gpt-4o
+                system_prompt: Report.
+                output_schema: report
+            """,
+            "schemas/report.json": json.dumps(REPORT_SCHEMA),
+            "tests/reporter.yaml": """
+                tests:
+                  - name: answers_a_report
+                    payload: full
+                    expected_result: output.items[0].level == "high"
+                  - name: an_empty_report_fails
+                    payload: empty
+                    expected_result: status == "failed" and "minItems" in error
+            """,
+        },
+    )
+    shaped = GateClient(serve["url"], token=token)
+    try:
+        done = shaped.wait(shaped.submit(bundle_of(project))["id"], timeout_s=600)
+        exported = shaped.recordings(done["id"])["recordings"]
+        for recording in exported:
+            target = project / recording["path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps(recording["content"]))
+        again = shaped.submit(bundle_of(project), model_mode="replay")
+        replayed = shaped.wait(again["id"], timeout_s=600)
+    finally:
+        shaped.close()
+    assert done["status"] == "passed", failure_reasons(done)
+    assert len(provider.calls) == 2
+    for _, body in provider.calls:
+        shape = body["response_format"]
+        assert shape["type"] == "json_schema"
+        assert shape["json_schema"]["name"] == "report"
+        assert shape["json_schema"]["schema"] == REPORT_SCHEMA
+    assert len(exported) == 2
+    assert all(r["content"]["request"]["response_format"] for r in exported)
+    assert replayed["status"] == "passed", failure_reasons(replayed)
+    assert len(provider.calls) == 2 and replayed["model_calls"]["calls"] == 0

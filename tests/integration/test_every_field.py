@@ -221,8 +221,12 @@ def test_a_live_gate_of_every_honoured_field_ends_each_case_on_an_assertion(
         "misses_its_schema": "failed",
         "chains": "passed",
     }, outcomes
-    # The one failure is the schema the plain-text answer cannot meet, said as such.
-    assert "schema" in (outcomes["misses_its_schema"][1] or "")
+    # The one failure is the schema, said as such: the provider was sent it as
+    # response_format, and its answer (a JSON document of the schema's properties, none)
+    # lacks the required one.
+    assert "'answer' is a required property (required)" in (outcomes["misses_its_schema"][1] or "")
+    shaped = [body["response_format"] for _, body in provider.calls if "response_format" in body]
+    assert shaped and {s["json_schema"]["name"] for s in shaped} == {"answer"}
     # What the gate does not run as the platform would is a warning, not a silent pass.
     assert {(w["agent"], w["key"]) for w in gate["warnings"]} >= {
         ("talker", "session"),

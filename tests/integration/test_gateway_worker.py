@@ -261,7 +261,7 @@ def test_a_project_route_sends_its_models_to_its_endpoint_and_its_key_stays_out(
     assert r.status_code == 200, r.text
     assert client.get("/v1/projects/alpha/model-routes").json() == {
         "project": "alpha",
-        "routes": routes,
+        "routes": [{**routes[0], "responses_api": False}],  # chat completions by default
     }
     project = tmp_path / "p"
     live_bot(project, "hi")
@@ -278,7 +278,9 @@ def test_a_project_route_sends_its_models_to_its_endpoint_and_its_key_stays_out(
     (env,) = sandbox.envs
     assert "CORP_KEY" not in env and env["OTHER_SETTING"] == OTHER_SECRET
     audit = client.get("/v1/audit", params={"action": "project.model_routes_set"}).json()
-    assert [e["detail"]["routes"] for e in audit["items"]] == [routes]
+    assert [e["detail"]["routes"] for e in audit["items"]] == [
+        [{**routes[0], "responses_api": False}]
+    ]
 
 
 @pytest.mark.parametrize(

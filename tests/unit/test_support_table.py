@@ -156,3 +156,12 @@ def test_a_case_using_the_mcp_mock_ladder_is_warned_as_a_gate_extension(tmp_path
     )
     assert warning["message"].endswith("(mock_mcp, mock_mcp_orders_lookup)")
     assert "gate extension" in warning["message"]
+
+
+def test_output_schema_is_supported_and_warns_no_gate() -> None:
+    # Issue 38, item 1: sent to the model as response_format, the answer checked against
+    # the whole schema.
+    assert support.AGENT_FIELDS["output_schema"].status == "supported"
+    raw = {"name": "a", "output_schema": "answer"}
+    keys = [w["key"] for w in support.agent_warnings("agents/a.yaml", raw, {})]
+    assert "output_schema" not in keys

@@ -17,7 +17,7 @@ from .mcp import connect as connect_mcp
 from .middleware import call_middleware, middleware_of
 from .mocking import resolve_phase
 from .model_choice import model_for
-from .output_schema import final_output
+from .output_schema import final_output, response_format
 from .payloads import content_to_message, jsonable, user_content
 from .sessions import compress, compression_of, is_context_window_error, session_key
 from .tool_calls import run_tool_call
@@ -249,6 +249,9 @@ def _ask(
                 context=context,
                 options=options,
                 attempts=attempts,
+                # Every request of the loop may end the run, tools offered or not: each
+                # carries the output_schema (README "Live models", structured output).
+                response_format=response_format(config),
             )
     except ModelCallError as exc:
         span.metadata.update(exc.span_metadata)  # why it failed: e.g. which budget, how much
