@@ -26,3 +26,9 @@ class Failure(Exception):
     @property
     def status(self) -> int:
         return ERROR_STATUS[self.error.kind]
+
+
+def first_line(text: str, limit: int = 300) -> str:
+    """A library's message cut to its first line (never a traceback after it), at most
+    ``limit`` characters: what a stored reason may quote of it."""
+    return text.strip().split("\n", 1)[0].strip()[:limit]

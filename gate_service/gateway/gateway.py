@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -50,7 +50,7 @@ from ..endpoints import host_allowed, refused_address
 from .api_call import build_call
 from .budget import Budget, BudgetLedger, Budgets, Limits, SpendStore
 from .channel import Channel, channel_folder
-from .failure import Failure
+from .failure import Failure, first_line
 from .keys import ModelRoute, Route, provider_secret_names, resolve_route
 from .mcp import fill_headers, fill_secrets, mcp_once
 from .pages import page_text
@@ -80,17 +80,19 @@ class _Retryable(Exception):
         self.retry_after_s = retry_after_s
 
 
+E = TypeVar("E", bound=BaseException)
 Reply = CompletionReply | ModerationReply | FetchReply | McpReply | ApiReply
 Request = CompletionRequest | ModerationRequest | FetchRequest | McpRequest | ApiRequest
 MAX_REDIRECTS = 5
 MAX_PAGE_BYTES = 2 * 1024 * 1024
 
 
-def _refused_in(exc: BaseException) -> RefusedAddress | None:
-    """The RefusedAddress a client library wrapped (its cause or context), if any."""
+def _wrapped(exc: BaseException, kind: type[E]) -> E | None:
+    """The ``kind`` error a client library wrapped (``exc`` itself, its cause or context, at
+    most ten deep), if any: a RefusedAddress, or the httpx error under a provider's."""
     seen: BaseException | None = exc
     for _ in range(10):
-        if seen is None or isinstance(seen, RefusedAddress):
+        if seen is None or isinstance(seen, kind):
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
@@ -418,7 +420,7 @@ class ModelGateway:
                 except RefusedAddress as exc:
                     raise Failure("no_route", f"web_read_page {url}: {exc}") from None
                 except httpx.HTTPError as exc:
-                    message = f"{url} could not be reached: {_first_line(str(exc)) or 'no answer'}"
+                    message = f"{url} could not be reached: {first_line(str(exc)) or 'no answer'}"
                     raise _Retryable(Failure("provider", message), None) from None
         raise Failure("provider", f"{request.url}: more than {MAX_REDIRECTS} redirects")
 
@@ -482,12 +484,12 @@ class ModelGateway:
         except RefusedAddress as exc:
             raise Failure("no_route", f"api:{request.api}.{request.tool}: {exc}") from None
         except httpx.HTTPError as exc:
-            detail = _first_line(str(exc)) or "no answer"
+            detail = first_line(str(exc)) or "no answer"
             raise Failure("provider", f"{call.url} could not be reached: {detail}") from None
         except (UnicodeError, ValueError) as exc:
             # httpx refuses to build it: a header argument that is not ASCII, say.
             raise Failure(
-                "bad_request", f"api:{request.api}.{request.tool}: {_first_line(str(exc))}"
+                "bad_request", f"api:{request.api}.{request.tool}: {first_line(str(exc))}"
             ) from None
         text = bytes(data[:MAX_PAGE_BYTES]).decode("utf-8", errors="replace")
         body: Any = text[:MAX_API_BODY_CHARS]
@@ -779,18 +781,18 @@ class ModelGateway:
         may help. Its message is the readable reason (``_reason``), never the library's."""
         # LiteLLM's exceptions for completions, the OpenAI SDK's for moderations.
         litellm, openai = self._litellm, self._openai
-        refused = _refused_in(exc)
+        who = _provider_name(route, self._provider_of(route.model))
+        refused = _wrapped(exc, RefusedAddress)
         if refused is not None:  # a hop to metadata, a redirect: no other try gets past it
-            message = f"{_provider_name(route, self._provider_of(route.model))}: {refused}"
-            return Failure("no_route", self._redacted(channel, request, message))
-        message = self._reason(channel, request, route, exc, exchange, timeout_hit=False)
-        if isinstance(exc, litellm.Timeout | openai.APITimeoutError):
-            if cut_by_deadline:
-                return Failure(
-                    "deadline", f"the gate's deadline came before model {request.model} answered"
-                )
-            late = self._reason(channel, request, route, exc, exchange, timeout_hit=True)
-            return _Retryable(Failure("provider", late), None)
+            return Failure("no_route", self._redacted(channel, request, f"{who}: {refused}"))
+        timed_out = isinstance(exc, litellm.Timeout | openai.APITimeoutError)
+        if timed_out and cut_by_deadline:
+            return Failure(
+                "deadline", f"the gate's deadline came before model {request.model} answered"
+            )
+        message = self._reason(channel, request, who, exc, exchange, timed_out=timed_out)
+        if timed_out:
+            return _Retryable(Failure("provider", message), None)
         if isinstance(exc, litellm.RateLimitError | openai.RateLimitError):
             return _Retryable(Failure("rate_limited", message), _retry_after(exc))
         status = getattr(exc, "status_code", None)
@@ -806,19 +808,18 @@ class ModelGateway:
         self,
         channel: Channel,
         request: CompletionRequest | ModerationRequest,
-        route: Route,
+        who: str,
         exc: BaseException,
         exchange: Exchange,
         *,
-        timeout_hit: bool,
+        timed_out: bool,
     ) -> str:
         """What went wrong at the provider, for a person: who (the provider, or the project's
         route), the path called, the HTTP status and the first characters of its answer; or
         why no answer came. No library's class name, traceback or file path: the exception's
         own text is used only when nothing was sent, and then only its first line."""
-        who = _provider_name(route, self._provider_of(route.model))
         where = f"{exchange.method} {exchange.path}" if exchange.url else ""
-        if timeout_hit:
+        if timed_out:
             text = f"{who} did not answer {where or 'the call'} within {request.timeout_s:g} s"
         elif exchange.status is not None:
             excerpt = " ".join(exchange.body.decode("utf-8", errors="replace").split())
@@ -827,8 +828,8 @@ class ModelGateway:
                 text += ", not in the shape of its API"
             text += f": {excerpt[:BODY_EXCERPT_BYTES]}" if excerpt else " with an empty body"
         elif exchange.url:
-            cause = _transport_error(exc)
-            detail = _first_line(str(cause)) if cause is not None else ""
+            cause = _wrapped(exc, httpx.TransportError)
+            detail = first_line(str(cause)) if cause is not None else ""
             text = f"{who} could not be reached at {where}: {detail or 'the connection failed'}"
         else:
             text = f"{who}: {_plain(str(exc)) or 'the call failed before anything was sent'}"
@@ -865,29 +866,15 @@ AZURE_SDK_PROVIDERS = frozenset({"azure", "azure_text"})
 
 def _provider_name(route: Route, provider: str | None) -> str:
     """Who answered, for a reason: the project's route, or the provider."""
-    if route.via.startswith("route "):
+    if route.api is not None:  # only a project route has an API of its own
         return f"the project's {route.via}"
     return provider or route.model.partition("/")[0]
-
-
-def _transport_error(exc: BaseException) -> httpx.TransportError | None:
-    """The httpx error under a client library's exception, if one is."""
-    seen: BaseException | None = exc
-    for _ in range(10):
-        if seen is None or isinstance(seen, httpx.TransportError):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _first_line(text: str) -> str:
-    return text.strip().split("\n", 1)[0].strip()[:BODY_EXCERPT_BYTES]
 
 
 def _plain(text: str) -> str:
     """A library's message without its class-name prefixes (``litellm.BadRequestError: ``,
     ``OpenAIException - ``) or traceback: plain string steps, linear in its length."""
-    line = _first_line(text)
+    line = first_line(text)
     for _ in range(8):
         for separator in (": ", " - "):
             head, found, rest = line.partition(separator)

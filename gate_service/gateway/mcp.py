@@ -29,7 +29,7 @@ import httpx
 from gate_runner.gateway_wire import McpRequest
 
 from ..endpoints import header_name_problem, header_value_problem, refused_address, shown
-from .failure import Failure
+from .failure import Failure, first_line
 from .transport import RefusedAddress, foreign_host
 
 # A server offers at most this many tools, over at most this many pages of tools/list.
@@ -195,7 +195,7 @@ def mcp_once(request: McpRequest, headers: dict[str, str], timeout: float) -> di
         if isinstance(leaf, KeyboardInterrupt | SystemExit):
             raise
         # Its first line only, and no class name: the reason is stored and shown to people.
-        detail = str(leaf).strip().split("\n", 1)[0] or "the session failed"
+        detail = first_line(str(leaf), limit=2000) or "the session failed"
         raise Failure("provider", f"{what}: {detail}"[:2000]) from None
 
 
