@@ -16,8 +16,12 @@ class Failure(Exception):
         limit: str | None = None,
         allowed: float | None = None,
         used: float | None = None,
+        secret: str | None = None,
     ) -> None:
         super().__init__(message)
+        # The project secret whose absence this is (resolve_route's), for the worker's check
+        # of a gate's models before its cases run; not on the wire.
+        self.secret = secret
         self.error = GatewayError(
             kind=kind, message=message, limit=limit, allowed=allowed, used=used
         )

@@ -121,6 +121,7 @@ def resolve_route(
                         f"model {model} is routed to {route.api_base} by the project's route "
                         f"{route.pattern!r}, whose key secret {route.key_secret} the project "
                         "does not have",
+                        secret=route.key_secret,
                     )
                 key = found
             return Route(
@@ -146,12 +147,14 @@ def resolve_route(
         raise Failure(
             "no_route",
             f"model {model} needs the project secret {names.key}, which the project does not have",
+            secret=names.key,
         )
     base = secrets.get(names.base) or None if names.base else None
     if names.base_required and not base:
         raise Failure(
             "no_route",
             f"model {model} needs the project secret {names.base}, which the project does not have",
+            secret=names.base,
         )
     version = secrets.get(names.version) or None if names.version else None
     return Route(
@@ -183,25 +186,5 @@ def unrouted(
     try:
         resolve_route(model, secrets, routes, provider_of=provider_of)
     except Failure as exc:
-        return Unrouted(
-            model, exc.error.message, _missing_secret(model, secrets, routes, provider_of)
-        )
+        return Unrouted(model, exc.error.message, exc.secret)
     return None
-
-
-def _missing_secret(
-    model: str,
-    secrets: Mapping[str, str],
-    routes: Sequence[ModelRoute],
-    provider_of: Callable[[str], str | None],
-) -> str | None:
-    for route in routes:
-        if fnmatchcase(model, route.pattern):
-            return route.key_secret
-    prefix, slash, _ = model.partition("/")
-    names = PROVIDERS.get((prefix if slash else provider_of(model)) or "")
-    if names is None:
-        return None
-    if not secrets.get(names.key):
-        return names.key
-    return names.base if names.base_required else None
