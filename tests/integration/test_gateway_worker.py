@@ -11,10 +11,7 @@ the real runner in this process and hands it the channel as the engine's bind mo
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,25 +53,6 @@ def live_bot(root: Path, greeting: str) -> bytes:
         """,
     }
     return bundle_of(write(root, files))
-
-
-@pytest.fixture(scope="module")
-def gateway() -> Iterator[ModelGateway]:
-    # A short root of its own: a Unix socket's path must stay under 108 bytes.
-    root = Path(tempfile.mkdtemp(prefix="gw-"))
-    try:
-        yield ModelGateway(socket_root=root, retry_backoff_s=0.0)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture
-def provider() -> Iterator[FakeProvider]:
-    fake = FakeProvider()
-    try:
-        yield fake
-    finally:
-        fake.close()
 
 
 def tenant(client: TestClient, name: str, provider: FakeProvider) -> TestClient:

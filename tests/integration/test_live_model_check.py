@@ -10,10 +10,7 @@ the real runner in this process, against the OpenAI-compatible fake provider on 
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,25 +56,6 @@ def bot(root: Path, model: str, *, fallback: str | None = None, scripted: bool =
     if scripted:
         files["tests/models/bot.py"] = SCRIPTED
     return bundle_of(write(root, files))
-
-
-@pytest.fixture(scope="module")
-def gateway() -> Iterator[ModelGateway]:
-    # A short root of its own: a Unix socket's path must stay under 108 bytes.
-    root = Path(tempfile.mkdtemp(prefix="gw-"))
-    try:
-        yield ModelGateway(socket_root=root, retry_backoff_s=0.0)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture
-def provider() -> Iterator[FakeProvider]:
-    fake = FakeProvider()
-    try:
-        yield fake
-    finally:
-        fake.close()
 
 
 @pytest.fixture

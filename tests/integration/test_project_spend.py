@@ -40,15 +40,6 @@ class Clock:
 
 
 @pytest.fixture
-def provider() -> Iterator[FakeProvider]:
-    fake = FakeProvider()
-    try:
-        yield fake
-    finally:
-        fake.close()
-
-
-@pytest.fixture
 def root() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="gw-"))  # a Unix socket's path stays short
     try:
