@@ -106,6 +106,10 @@ class Project(Base):
     egress_hosts: Mapped[list[str]] = mapped_column(JSONB, default=list, server_default="[]")
     # prefix -> {base_url, headers, tools}: the project's api: tools (gate_service/api_specs).
     api_specs: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict, server_default="{}")
+    # The model that judges the agents' prompt_injection, topic_restriction,
+    # system_prompt_leakage, data_exfiltration and relevance guardrails; None: they are
+    # skipped and the gate warns.
+    guardrail_model: Mapped[str | None] = mapped_column(String(200))
 
 
 class ApiToken(Base):
@@ -216,6 +220,10 @@ class Gate(Base):
     filter: Mapped[str | None] = mapped_column(Text)
     # Forces one model mode (scripted, replay, live) for every LLM agent of the gate.
     model_mode: Mapped[str | None] = mapped_column(String(16))
+    # Each LLM agent's mode as worked out in validating ({"agent": "live"}), and why when no
+    # mode was forced; empty until then.
+    model_modes: Mapped[dict[str, str]] = mapped_column(JSONB, default=dict, server_default="{}")
+    model_mode_reason: Mapped[str | None] = mapped_column(Text)
     labels: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     error: Mapped[str | None] = mapped_column(Text)
