@@ -71,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         help="force this model mode on every LLM agent (the gate's model_mode)",
     )
     run.add_argument(
+        "--guardrail-model",
+        help="the project's judge model for prompt_injection, topic_restriction, "
+        "system_prompt_leakage, data_exfiltration and relevance guardrails (none: skipped)",
+    )
+    run.add_argument(
         "--handoff",
         action="store_true",
         help="read the case's environment and the result nonce from stdin (see case_env.py)",

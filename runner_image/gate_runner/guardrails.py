@@ -30,10 +30,12 @@ PII_PATTERNS: dict[str, re.Pattern[str]] = {
 }
 PII_INPUT_DEFAULT = tuple(PII_PATTERNS)
 PII_OUTPUT_DEFAULT = ("ssn", "credit_card", "api_key")  # pii_leakage's defaults
-UNSUPPORTED = {
+# Judged by a model the project names (its guardrail model, the runner's --guardrail-model):
+# without one they are recorded skipped and never block.
+JUDGED_TYPES = frozenset({
     "prompt_injection", "topic_restriction", "system_prompt_leakage", "data_exfiltration",
     "relevance",
-}  # fmt: skip
+})  # fmt: skip
 MODERATION_THRESHOLD = 0.7  # spec 4.3's default
 # (text, moderation model) -> {"flagged", "categories", "category_scores"}; None: the agent's
 # model mode has no moderation (scripted), so the rule is recorded skipped.
@@ -86,7 +88,7 @@ def check_rule(
     kind, mode, config = rule.type, rule.mode, dict(rule.config or {})
     configured = config.get("rejection_message")
     rejection = configured or f"Request blocked by the {kind} guardrail."
-    if kind in UNSUPPORTED:
+    if kind in JUDGED_TYPES:
         return Verdict("skipped", content, f"{kind} needs a provider the gate does not call")
     if kind == "moderation":
         return _moderation(config, mode, content, rejection, moderate)
