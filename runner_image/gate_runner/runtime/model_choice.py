@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..runtime_errors import AgentRunError
+from .retries import model_request_attempts
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -21,12 +22,12 @@ def model_for(rt: Runtime, name: str) -> Model:
 
         if rt.project is None:
             raise AgentRunError("LLM agents need the project directory to find their model")
-        retry = getattr(rt.agents[name].config, "retry_options", None)
         rt.models[name] = choose_model(
             rt.project,
             name,
             rt.model_mode,
-            attempts=int(getattr(retry, "attempts", 3)),
+            # retry_options.attempts, else 3 (decided, issue 39: the rule is in retries.py).
+            attempts=model_request_attempts(rt.agents[name].config),
             gateway=rt.gateway,
         )
     return rt.models[name]

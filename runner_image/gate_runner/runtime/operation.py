@@ -12,6 +12,7 @@ from .guardrails import guard_input, guard_output
 from .middleware import call_middleware, middleware_of
 from .mocking import resolve_phase
 from .payloads import as_payload, jsonable, user_content
+from .retries import operation_attempts
 from .sdk import stop_processing
 from .trace import Span, Trace
 
@@ -97,9 +98,12 @@ def redacted_payload(payload: Any, text: str) -> Any:
 
 def with_retries(agent: Any, span: Span, attempt: Callable[[int], Any]) -> Any:
     """retry_options for tool and sequential agents: operation attempts, the first
-    included (spec 2.2)."""
+    included (spec 2.2), with ``initial_delay`` doubling up to ``max_delay`` between them.
+
+    Without retry_options an operation gets one attempt, no retry and no wait (decided,
+    issue 39: the one rule, in retries.py, where a model request gets 3)."""
     retry = getattr(agent.config, "retry_options", None)
-    attempts = int(getattr(retry, "attempts", 1) or 1)
+    attempts = operation_attempts(agent.config)
     initial = float(getattr(retry, "initial_delay", 0) or 0)
     ceiling = float(getattr(retry, "max_delay", 0) or 0)
     for number in range(1, attempts + 1):
