@@ -118,6 +118,14 @@ def submit(
         Path | None,
         typer.Option("--junit", metavar="FILE", dir_okay=False, help="write a JUnit XML report"),
     ] = None,
+    show_requests: Annotated[
+        bool,
+        typer.Option(
+            "--show-requests",
+            help="in a failed run's trace, each model request in full (system prompt, "
+            "messages, tools, response format), not only its summary line",
+        ),
+    ] = False,
     name_filter: Annotated[
         str | None, typer.Option("--filter", help="only cases whose name contains this")
     ] = None,
@@ -190,13 +198,13 @@ def submit(
     status = gate["status"]
     if status == "error":
         if not as_json:
-            render_results(console, gate)
+            render_results(console, gate, show_requests=show_requests)
         reason = gate.get("failure_reason") or gate.get("error") or "unknown error"
         raise _fail(f"Gate errored: {reason}", gate.get("problems") if as_json else None)
     if as_json:
         typer.echo(json.dumps(json_result(gate), indent=2))
     else:
-        render_results(console, gate)
+        render_results(console, gate, show_requests=show_requests)
     raise typer.Exit(EXIT_PASSED if status == "passed" else EXIT_FAILED)
 
 

@@ -12,10 +12,12 @@ import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from gate_runner.contract import Span
 
+from ..client.model_requests import MessageText, count, message_text, request_summary
 from ..gates.schemas import CaseRead, GateRead
 
 # Deeper spans are listed flat under the span at this depth: a page stays renderable (and
@@ -114,11 +116,71 @@ def gate_duration(gate: GateRead) -> int | None:
     return int((gate.finished_at - gate.started_at).total_seconds() * 1000)
 
 
+@dataclass(frozen=True)
+class ToolView:
+    name: str
+    description: str | None
+    schema: Any  # its parameters' JSON schema; None when the request kept names only
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """A model span's request (issue 38) as the run page shows it, under the span."""
+
+    summary: str
+    system_prompt: str | None
+    messages: list[MessageText]
+    messages_dropped: int
+    tools: list[ToolView]
+    tool_schemas_dropped: bool
+    response_format: Any
+    omitted: str | None
+
+
+def request_view(span: Span) -> RequestView | None:
+    """The request a model span recorded, or None when it holds none in the runner's shape
+    (its metadata then shows as every other span's)."""
+    request = span.metadata.get("request")
+    if span.type != "model_call" or not isinstance(request, dict):
+        return None
+    system = request.get("system_prompt")
+    messages = request.get("messages")
+    offered = request.get("tools")
+    tools = []
+    for tool in offered if isinstance(offered, list) else []:
+        if not isinstance(tool, dict):
+            tools.append(ToolView(shown(tool), None, None))
+            continue
+        description = tool.get("description")
+        tools.append(
+            ToolView(
+                name=shown(tool.get("name")),
+                description=shown(description) if description else None,
+                schema=tool.get("parameters"),
+            )
+        )
+    omitted = request.get("omitted")
+    return RequestView(
+        summary=request_summary(request),
+        system_prompt=None if system is None else shown(system),
+        messages=[message_text(m) for m in messages] if isinstance(messages, list) else [],
+        messages_dropped=count(request.get("messages_dropped")),
+        tools=tools,
+        tool_schemas_dropped=bool(count(request.get("tool_schemas_dropped"))),
+        response_format=request.get("response_format"),
+        omitted=None if omitted is None else shown(omitted),
+    )
+
+
 @dataclass
 class TraceNode:
     span: Span
     children: list[TraceNode] = field(default_factory=list)
     flattened: bool = False  # its descendants past MAX_TRACE_DEPTH are listed flat here
+
+    @cached_property
+    def request(self) -> RequestView | None:
+        return request_view(self.span)
 
     @property
     def mocked(self) -> bool:

@@ -481,3 +481,82 @@ def test_a_passed_gates_warnings_are_printed_and_in_the_json(
     use_api(FakeGate([gate("running", []), warned]))
     code, out, _ = run_cli(capsys, str(project), "--json")
     assert code == 0 and json.loads(out)["warnings"] == warned["warnings"]
+
+
+# A model span's recorded request (issue 38, item 8), as the runner records it.
+REQUEST: dict[str, Any] = {
+    "system_prompt": "You add.\nNothing else.",
+    "messages": [
+        {"role": "user", "content": "add 2 and 2"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "add", "arguments": '{"a": 2, "b": 2}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "name": "add", "content": "4\x1b[2J"},
+    ],
+    "messages_dropped": 1,
+    "tools": [{"name": "add", "description": "Adds.", "parameters": {"type": "object"}}],
+    "response_format": {"type": "json_schema", "json_schema": {"name": "sum", "schema": {}}},
+}  # fmt: skip
+MODEL_SPAN: dict[str, Any] = {
+    "span_id": "m1", "parent_span_id": "root", "span_order": 4, "type": "model_call",
+    "name": "openai/gpt-4o", "status": "ok", "duration_ms": 3,
+    "metadata": {"mode": "scripted", "request": REQUEST},
+}  # fmt: skip
+
+
+def test_a_model_spans_request_is_one_line_and_in_full_with_show_requests() -> None:
+    spans = [SPANS[1], MODEL_SPAN]
+    assert plain(trace_lines(spans, indent=2)) == [
+        "  ✗ calc (20ms)",
+        "    ✓ openai/gpt-4o (3ms)",
+        "      request: 4 messages (1 not kept), 1 tool, response_format json_schema",
+    ]
+    full = plain(trace_lines(spans, indent=2, show_requests=True))
+    assert full[2:] == [
+        "      request: 4 messages (1 not kept), 1 tool, response_format json_schema",
+        "        [system] You add.",
+        "            Nothing else.",
+        "        … 1 older message(s) not kept",
+        "        [user] add 2 and 2",
+        '        [assistant] → add({"a": 2, "b": 2})',
+        "        [tool add] 4\\x1b[2J",
+        '        tool add {"type": "object"}',
+        '        response_format {"type": "json_schema", "json_schema": {"name": "sum", '
+        '"schema": {}}}',
+    ]
+    # A request kept as counts alone says so; what is not a request shows no line.
+    counted = {"messages_dropped": 3, "tools_dropped": 2, "response_format": None,
+               "omitted": "the invocation keeps its latest model requests"}  # fmt: skip
+    for request, line in [
+        (counted, "request: 3 messages, 2 tools (content not kept)"),
+        ({"messages": "x", "tools_dropped": True}, "request: 0 messages, 0 tools"),
+    ]:
+        spans = [{**MODEL_SPAN, "metadata": {"request": request}}]
+        assert plain(trace_lines(spans, indent=0))[1:] == ["  " + line]
+    assert len(trace_lines([{**MODEL_SPAN, "metadata": {"request": "text"}}], indent=0)) == 1
+
+
+class ModelSpanGate(FakeGate):
+    """The scripted API, its failed runs' traces holding a model span with its request."""
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        answer = super().__call__(request)
+        if request.url.path.startswith("/v1/runs/"):
+            run = run_body(request.url.path.rsplit("/", 1)[1])
+            return httpx.Response(200, json={**run, "traces": [*SPANS, MODEL_SPAN]})
+        return answer
+
+
+def test_submit_shows_requests_in_full_only_with_the_flag(
+    use_api: Callable[[FakeGate], None], project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_api(ModelSpanGate([gate("running", []), FAILED]))
+    code, out, _ = run_cli(capsys, str(project))
+    assert code == 1
+    assert out.count("request: 4 messages (1 not kept), 1 tool, response_format json_schema") == 3
+    assert "[user] add 2 and 2" not in out
+    use_api(ModelSpanGate([gate("running", []), FAILED]))
+    code, out, _ = run_cli(capsys, str(project), "--show-requests")
+    assert code == 1
+    assert out.count("[user] add 2 and 2") == 3 and "[system] You add." in out
+    assert "\x1b" not in out

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from gate_runner.contract import Span
-from gate_service.ui.views import MAX_TRACE_DEPTH, TraceNode, duration, is_short, trace_tree
+from gate_service.client.model_requests import MessageText
+from gate_service.ui.views import (
+    MAX_TRACE_DEPTH,
+    RequestView,
+    ToolView,
+    TraceNode,
+    duration,
+    is_short,
+    trace_tree,
+)
 
 
 def span(span_id: str, parent: str | None, order: int, **metadata: object) -> Span:
@@ -86,3 +95,60 @@ def test_durations_and_inline_values_read_plainly() -> None:
         "2 min 5 s",
     ]
     assert is_short("lookup") and is_short(3) and not is_short("a\nb") and not is_short({"a": 1})
+
+
+def model_span(**metadata: object) -> Span:
+    return Span(
+        span_id="m",
+        parent_span_id=None,
+        span_order=1,
+        type="model_call",
+        name="openai/gpt-4o",
+        status="ok",
+        duration_ms=5,
+        metadata=dict(metadata),
+    )
+
+
+def test_a_model_calls_request_reads_as_prompt_messages_tools_and_format() -> None:
+    request = {
+        "system_prompt": "Be brief.",
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "see"},
+                                         {"type": "file", "file": {"filename": "a.png"}}]},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"function": {"name": "look", "arguments": '{"q": 1}'}}, "odd"]},
+            {"role": "tool", "name": "look", "content": "found"},
+            ["not", "a", "message"],
+        ],
+        "messages_dropped": 2,
+        "tools": [{"name": "look", "description": "Looks.", "parameters": {"type": "object"}},
+                  {"name": "bare"}, "odd"],
+        "response_format": None,
+    }  # fmt: skip
+    assert TraceNode(model_span(request=request)).request == RequestView(
+        summary="request: 6 messages (2 not kept), 3 tools",
+        system_prompt="Be brief.",
+        messages=[
+            MessageText("user", "see\n[file a.png]"),
+            MessageText("assistant", '→ look({"q": 1})\n→ odd'),
+            MessageText("tool look", "found"),
+            MessageText("?", '["not", "a", "message"]'),
+        ],
+        messages_dropped=2,
+        tools=[
+            ToolView("look", "Looks.", {"type": "object"}),
+            ToolView("bare", None, None),
+            ToolView("odd", None, None),
+        ],
+        tool_schemas_dropped=False,
+        response_format=None,
+        omitted=None,
+    )
+    # Not the runner's shape, or not a model span: its metadata shows as any other.
+    assert TraceNode(model_span(request="text")).request is None
+    assert TraceNode(span("t", None, 1, request={"messages": []})).request is None
+    counted = TraceNode(model_span(request={"messages_dropped": -1, "omitted": 7}))
+    assert counted.request is not None
+    assert counted.request.summary == "request: 0 messages, 0 tools (content not kept)"
+    assert counted.request.omitted == "7"

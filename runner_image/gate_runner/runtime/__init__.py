@@ -14,8 +14,10 @@ One module per concern, so that a change to one of them has one place to go:
 - ``middleware``, ``guardrails``, ``triggers``, ``output_schema``: one call phase each
 - ``mocking``: mock-or-real for a phase, and strict-flag violations
 - ``model_choice``: an agent's model for the invocation; ``sessions``: session history and
-  context compression of LLM agents
-- ``trace``, ``payloads``, ``usercode``: spans, payload shapes, calling user code
+  context compression of LLM agents; ``retries``: how many attempts a model request and an
+  operation get (the rule without ``retry_options``)
+- ``trace``, ``payloads``, ``usercode``: spans, payload shapes, calling user code;
+  ``model_request``: what a model span records of its request, and its caps
 """
 
 from importlib import import_module

@@ -10,13 +10,14 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..models import Model, ModelCallError, ModelReply
-from ..runtime_errors import AgentRunError
+from ..models import Model, ModelReply
+from ..runtime_errors import AgentRunError, ModelCallError
 from .guardrails import guard_input, guard_output
 from .mcp import connect as connect_mcp
 from .middleware import call_middleware, middleware_of
 from .mocking import resolve_phase
 from .model_choice import model_for
+from .model_request import record_request, sensitive_inputs
 from .output_schema import final_output, response_format
 from .payloads import content_to_message, jsonable, user_content
 from .sessions import compress, compression_of, is_context_window_error, session_key
@@ -239,6 +240,11 @@ def _ask(
         **({"fallback": True} if name != (config.model or "") else {}),
         **options,
     )
+    # Every request of the loop may end the run, tools offered or not: each carries the
+    # output_schema (README "Live models", structured output).
+    answer_format = response_format(config)
+    # Recorded before the call: a failed request shows what was asked too.
+    record_request(trace, span, messages, schemas, answer_format, sensitive_inputs(config))
     try:
         with timed(span):
             reply = model.complete(
@@ -249,9 +255,7 @@ def _ask(
                 context=context,
                 options=options,
                 attempts=attempts,
-                # Every request of the loop may end the run, tools offered or not: each
-                # carries the output_schema (README "Live models", structured output).
-                response_format=response_format(config),
+                response_format=answer_format,
             )
     except ModelCallError as exc:
         span.metadata.update(exc.span_metadata)  # why it failed: e.g. which budget, how much
