@@ -29,6 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .junit import warning_line
+from .model_requests import format_kind, message_text, request_summary
 
 TRUNCATE_AT = 800
 SPAN_ERROR_AT = 160
@@ -176,8 +177,52 @@ def _span_meta(span: dict[str, Any]) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
-def trace_lines(traces: list[dict[str, Any]], indent: int) -> list[Text]:
-    """The span tree: children under their parent, siblings by (span_order, start_time)."""
+def _labelled(pad: str, label: str, text: str) -> list[Text]:
+    """``label text``, a multi-line text's further lines under its first (each line's
+    controls made visible, as everywhere)."""
+    first, *rest = text.splitlines() or [""]
+    lines = [Text(visible(f"{pad}{label} {first}"))]
+    lines.extend(Text(f"{pad}    {visible(line)}") for line in rest)
+    return lines
+
+
+def request_lines(request: dict[str, Any], indent: int, *, full: bool) -> list[Text]:
+    """A model span's request: its summary line; with ``full`` (``--show-requests``) then
+    the system prompt, each message (role and text), the tools and the response format."""
+    pad = " " * indent
+    lines = [Text(pad + visible(request_summary(request)), style="dim")]
+    if not full:
+        return lines
+    pad += "  "
+    if request.get("omitted") is not None:
+        lines += _labelled(pad, "not kept:", as_text(request["omitted"]))
+    if request.get("system_prompt") is not None:
+        lines += _labelled(pad, "[system]", as_text(request["system_prompt"]))
+    dropped = request.get("messages_dropped")
+    if isinstance(dropped, int) and dropped > 0 and request.get("omitted") is None:
+        lines.append(Text(f"{pad}… {dropped} older message(s) not kept"))
+    messages = request.get("messages")
+    for message in messages if isinstance(messages, list) else []:
+        shown = message_text(message)
+        lines += _labelled(pad, f"[{shown.role}]", shown.text)
+    tools = request.get("tools")
+    for tool in tools if isinstance(tools, list) else []:
+        if isinstance(tool, dict):
+            schema = tool.get("parameters")
+            text = as_text(tool.get("name")) + (f" {as_text(schema)}" if schema is not None else "")
+        else:
+            text = as_text(tool)
+        lines += _labelled(pad, "tool", text)
+    if format_kind(request) is not None:
+        lines += _labelled(pad, "response_format", as_text(request["response_format"]))
+    return lines
+
+
+def trace_lines(
+    traces: list[dict[str, Any]], indent: int, *, show_requests: bool = False
+) -> list[Text]:
+    """The span tree: children under their parent, siblings by (span_order, start_time).
+    A model span's request follows it as one line, in full with ``show_requests``."""
     ids = {span.get("span_id") for span in traces if span.get("span_id")}
     roots: list[dict[str, Any]] = []
     children: dict[str, list[dict[str, Any]]] = {}
@@ -207,6 +252,9 @@ def trace_lines(traces: list[dict[str, Any]], indent: int) -> list[Text]:
             if not ok and error:
                 line.append(" — " + visible(truncate(as_text(error), SPAN_ERROR_AT)), style="red")
             lines.append(line)
+            if isinstance(meta.get("request"), dict):
+                pad = indent + 2 * depth + 2
+                lines.extend(request_lines(meta["request"], pad, full=show_requests))
             span_id = span.get("span_id")
             if span_id and span_id not in seen:
                 seen.add(span_id)
@@ -216,7 +264,7 @@ def trace_lines(traces: list[dict[str, Any]], indent: int) -> list[Text]:
     return lines
 
 
-def failed_run_lines(detail: dict[str, Any] | None) -> list[Text]:
+def failed_run_lines(detail: dict[str, Any] | None, *, show_requests: bool = False) -> list[Text]:
     """A failed case's drill-down: input, output, context, error and trace of shown runs."""
     if not detail or not detail.get("shown"):
         return []
@@ -238,15 +286,16 @@ def failed_run_lines(detail: dict[str, Any] | None) -> list[Text]:
             lines.append(Text(f"        Error:   {visible(truncate(run['error']))}", style="red"))
         if run.get("traces"):
             lines.append(Text("        Trace:"))
-            lines.extend(trace_lines(run["traces"], indent=10))
+            lines.extend(trace_lines(run["traces"], indent=10, show_requests=show_requests))
     remaining = int(detail.get("total_failed") or 0) - len(detail["shown"])
     if remaining > 0:
         lines.append(Text(f"      … and {remaining} more failed run(s) not shown"))
     return lines
 
 
-def render_results(console: Console, gate: dict[str, Any]) -> None:
-    """Results table, failure details, the gate's own reason and problems, summary line."""
+def render_results(console: Console, gate: dict[str, Any], *, show_requests: bool = False) -> None:
+    """Results table, failure details, the gate's own reason and problems, summary line.
+    ``show_requests``: each model span's request in full, not only its summary line."""
     cases: list[dict[str, Any]] = gate.get("cases") or []
     if cases:
         console.print()
@@ -259,7 +308,7 @@ def render_results(console: Console, gate: dict[str, Any]) -> None:
             line = Text("    ✗ ", style="red")
             line.append(visible(f"{case_label(case)}: {case['failure_reason']}"), style="red")
             console.print(line, soft_wrap=True)
-            for text in failed_run_lines(case.get("failed_runs")):
+            for text in failed_run_lines(case.get("failed_runs"), show_requests=show_requests):
                 console.print(text, soft_wrap=True)
     reason = gate.get("failure_reason") or gate.get("error")
     if reason and gate.get("status") != "passed":
@@ -285,6 +334,8 @@ def render_results(console: Console, gate: dict[str, Any]) -> None:
             console.print(Text(visible(f"    - {warning_line(warning)}")), soft_wrap=True)
     passed = sum(1 for c in cases if c.get("passed") is True)
     console.print()
+    for mode_text in model_mode_lines(gate):
+        console.print(Text(f"  {visible(mode_text)}"), soft_wrap=True)
     calls = model_calls_line(gate.get("model_calls"))
     if calls:
         console.print(Text(f"  {calls}"), soft_wrap=True)
@@ -295,8 +346,41 @@ def render_results(console: Console, gate: dict[str, Any]) -> None:
         console.print(Text(f"  {visible(gate['html_url'])}"), soft_wrap=True)
 
 
+# Agents named in the model mode line; the rest are counted (GET /v1/gates/{id} has all).
+SHOWN_AGENT_MODES = 10
+# What a gate's model_mode that is no agent's mode means (the results page says the same).
+MODE_NOTES = {"pending": "worked out in validating", "none": "no LLM agent ran"}
+
+
+def model_mode_lines(gate: dict[str, Any]) -> list[str]:
+    """The mode the gate's LLM agents ran in, each agent's, and why when it was chosen by
+    default: a line, and the reason's line under it. None from a gate service too old to
+    answer a mode."""
+    mode = gate.get("model_mode")
+    if not isinstance(mode, str) or not mode:
+        return []
+    line = f"model mode: {mode}"
+    if gate.get("requested_model_mode"):
+        line += " (forced by the submission's model_mode)"
+    elif mode in MODE_NOTES:
+        line += f" ({MODE_NOTES[mode]})"
+    modes = gate.get("model_modes")
+    if isinstance(modes, dict) and modes:
+        named = sorted(modes.items())
+        shown = ", ".join(f"{agent} {each}" for agent, each in named[:SHOWN_AGENT_MODES])
+        if len(named) > SHOWN_AGENT_MODES:
+            shown += f" and {len(named) - SHOWN_AGENT_MODES} more"
+        line += f": {shown}"
+    lines = [line]
+    reason = gate.get("model_mode_reason")
+    if isinstance(reason, str) and reason:
+        lines.append(f"  {reason}")
+    return lines
+
+
 def model_calls_line(totals: Any) -> str | None:
-    """The gate's model-call totals in one line, or None when it made no call."""
+    """The gate's model-call totals in one line, or None when it made no call: how many a
+    provider answered and how many failed, and the answered ones' tokens and cost."""
     if not isinstance(totals, dict) or not totals.get("calls"):
         return None
     try:
@@ -305,20 +389,31 @@ def model_calls_line(totals: Any) -> str | None:
             int(totals.get("tokens_in") or 0),
             int(totals.get("tokens_out") or 0),
         )
+        answered = int(totals["answered"]) if "answered" in totals else None
     except (TypeError, ValueError):
         return None
-    return f"model calls: {calls:,}, tokens {tokens_in:,} in / {tokens_out:,} out, cost ${cost:.4f}"
+    spent = f"tokens {tokens_in:,} in / {tokens_out:,} out, cost ${cost:.4f}"
+    if answered is None:  # a gate service that does not tell answered calls apart
+        return f"model calls: {calls:,}, {spent}"
+    failed = f" ({calls - answered:,} failed)" if calls > answered else ""
+    if not answered:
+        return f"no model call answered{failed}"
+    plural = "s" if answered != 1 else ""
+    return f"{answered:,} model call{plural} answered{failed}, {spent}"
 
 
 def json_result(gate: dict[str, Any]) -> dict[str, Any]:
     """The format CLI's --json shape: status, test_run_id (the gate id), cases (with
-    failed_runs), plus the gate's failure_reason, results page and warnings."""
+    failed_runs), plus the gate's failure_reason, results page, model modes and warnings."""
     return {
         "status": gate.get("status"),
         "test_run_id": gate.get("id"),
         "failure_reason": gate.get("failure_reason"),
         "html_url": gate.get("html_url"),
         "labels": gate.get("labels") or {},
+        "model_mode": gate.get("model_mode"),
+        "model_modes": gate.get("model_modes") or {},
+        "model_mode_reason": gate.get("model_mode_reason"),
         "warnings": gate.get("warnings") or [],
         "cases": gate.get("cases") or [],
     }

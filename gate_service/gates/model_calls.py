@@ -19,7 +19,14 @@ from typing import Any
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from ..gateway.records import RECORDINGS_DIR, Answered, CallRecord, recording_files, safe_agent
+from ..gateway.records import (
+    ANSWERED,
+    RECORDINGS_DIR,
+    Answered,
+    CallRecord,
+    recording_files,
+    safe_agent,
+)
 from ..models import Case, Gate, ModelCall
 from ..stored_runs import RunCap, cut_text, json_bytes, storable, storable_text
 from .schemas import ModelCallTotals, RecordingContent, RecordingFile, RecordingsRead
@@ -154,13 +161,16 @@ def model_call_totals(
 ) -> tuple[ModelCallTotals, dict[uuid.UUID, ModelCallTotals]]:
     """The gate's totals and each case's (a case without calls is absent), from one grouped
     query over the gate's calls; with ``case_ids``, over those cases' calls only (a page of
-    cases), the first total then being theirs."""
+    cases), the first total then being theirs. Tokens and cost are the answered calls' only
+    (status ``ok``): a call that failed, before the provider or at it, counts as failed."""
+    answered = ModelCall.status == ANSWERED
     query = select(
         ModelCall.case_id,
         func.count(),
-        func.coalesce(func.sum(ModelCall.tokens_in), 0),
-        func.coalesce(func.sum(ModelCall.tokens_out), 0),
-        func.coalesce(func.sum(ModelCall.cost_usd), 0.0),
+        func.count().filter(answered),
+        func.coalesce(func.sum(ModelCall.tokens_in).filter(answered), 0),
+        func.coalesce(func.sum(ModelCall.tokens_out).filter(answered), 0),
+        func.coalesce(func.sum(ModelCall.cost_usd).filter(answered), 0.0),
     ).where(ModelCall.gate_id == gate_id)
     if case_ids is not None:
         query = query.where(ModelCall.case_id.in_(case_ids))
@@ -168,14 +178,18 @@ def model_call_totals(
     by_case = {
         case_id: ModelCallTotals(
             calls=int(calls),
+            answered=int(ok),
+            failed=int(calls) - int(ok),
             tokens_in=int(tokens_in),
             tokens_out=int(tokens_out),
             cost_usd=float(cost),
         )
-        for case_id, calls, tokens_in, tokens_out, cost in rows
+        for case_id, calls, ok, tokens_in, tokens_out, cost in rows
     }
     gate = ModelCallTotals(
         calls=sum(t.calls for t in by_case.values()),
+        answered=sum(t.answered for t in by_case.values()),
+        failed=sum(t.failed for t in by_case.values()),
         tokens_in=sum(t.tokens_in for t in by_case.values()),
         tokens_out=sum(t.tokens_out for t in by_case.values()),
         cost_usd=sum(t.cost_usd for t in by_case.values()),
@@ -190,7 +204,7 @@ def read_recordings(session: Session, gate: Gate) -> RecordingsRead:
         select(ModelCall.agent, ModelCall.request_hash, ModelCall.request, ModelCall.response)
         .join(Case, Case.id == ModelCall.case_id)
         .where(ModelCall.gate_id == gate.id)
-        .where(ModelCall.status == "ok")
+        .where(ModelCall.status == ANSWERED)
         .order_by(Case.position, ModelCall.position)
     ).all()
     left_out = 0

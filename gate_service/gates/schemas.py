@@ -28,13 +28,21 @@ class BundleRead(Schema):
 
 
 class ModelCallTotals(Schema):
-    """A case's or gate's model calls through the gateway: every recorded call (failed ones
-    too), and the tokens and cost the provider counted."""
+    """A case's or gate's model calls through the gateway: every recorded call, those a
+    provider answered and those that failed, and the tokens and cost of the answered ones."""
 
-    calls: int = 0
-    tokens_in: int = 0
-    tokens_out: int = 0
-    cost_usd: float = 0.0
+    calls: int = Field(default=0, description="Every recorded call: answered + failed")
+    answered: int = Field(
+        default=0, description="Calls a provider (a page's host, an MCP server, an API) answered"
+    )
+    failed: int = Field(
+        default=0,
+        description="Calls that got no answer: refused, no route, a budget, a provider's "
+        "error or 429 after the retries, the deadline",
+    )
+    tokens_in: int = Field(default=0, description="Of the answered calls, as the provider counted")
+    tokens_out: int = Field(default=0, description="Of the answered calls, as the provider counted")
+    cost_usd: float = Field(default=0.0, description="Of the answered calls (LiteLLM's cost map)")
 
 
 class CaseRead(Schema):
@@ -62,7 +70,26 @@ class GateRead(Schema):
     started_at: datetime | None
     finished_at: datetime | None
     filter: str | None
-    model_mode: str | None
+    model_mode: str = Field(
+        description="The mode the gate's LLM agents ran in: live, replay or scripted "
+        "when they all ran in one, mixed when they differ, the submitted model_mode when one "
+        "was; none when no LLM agent ran (no selected case reaches one, or the gate ended "
+        "before validating worked the modes out); pending until validating has"
+    )
+    requested_model_mode: str | None = Field(
+        default=None, description="The model_mode the submission forced, or null"
+    )
+    model_modes: dict[str, str] = Field(
+        default_factory=dict,
+        description="Each LLM agent the selected cases can run, with its model mode; empty "
+        "until validating has worked them out",
+    )
+    model_mode_reason: str | None = Field(
+        default=None,
+        description="Why the agents run in those modes when no model_mode was submitted "
+        "(the default rule, naming the agents per mode); null when one was, or until "
+        "validating has worked them out",
+    )
     labels: dict[str, Any]
     bundle: BundleRead
     total_cases: int
@@ -77,7 +104,8 @@ class GateRead(Schema):
     warnings: list[dict[str, Any]] = Field(
         description="What the gate does not honour as the platform would: one item per agent "
         "and key ({file, agent, key, support: partial|not_in_gate, message}); see the README's "
-        "support table"
+        "support table. Key guardrails.judged (an agent's judged guardrails the gate skips) "
+        "also has guardrails, cases (the first 10 it could change) and more_cases"
     )
     model_calls: ModelCallTotals
     cases: list[CaseRead] = Field(

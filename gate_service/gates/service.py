@@ -353,7 +353,10 @@ def read_gate_view(
         started_at=gate.started_at,
         finished_at=gate.finished_at,
         filter=gate.filter,
-        model_mode=gate.model_mode,
+        model_mode=effective_model_mode(gate),
+        requested_model_mode=gate.model_mode,
+        model_modes=gate.model_modes or {},
+        model_mode_reason=gate.model_mode_reason,
         labels=gate.labels,
         bundle=BundleRead.model_validate(bundle),
         total_cases=total,
@@ -518,6 +521,38 @@ def cancel_gate(gate: Gate) -> None:
 def record_warnings(gate: Gate, warnings: Sequence[dict[str, Any]]) -> None:
     """What the gate's agents use that it does not honour as the platform would."""
     gate.warnings = storable(list(warnings))
+
+
+def record_model_modes(gate: Gate, modes: Mapping[str, str], reason: str | None) -> None:
+    """Each LLM agent's model mode as validating worked it out (bundles/live_models.py
+    ``agent_modes``), and why when none was forced (``mode_reason``)."""
+    gate.model_modes = storable(dict(modes))
+    gate.model_mode_reason = storable_text(reason) if reason is not None else None
+
+
+# The gate's model_mode before validating worked its agents' modes out (none forced).
+PENDING_MODE = "pending"
+# No LLM agent ran in any mode: the selected cases reach none, or the gate ended before its
+# agents' modes were worked out.
+NO_MODE = "none"
+# LLM agents that ran in different modes.
+MIXED_MODE = "mixed"
+
+
+def effective_model_mode(gate: Gate) -> str:
+    """The mode the gate's LLM agents ran in, never null: the forced one; else the one mode
+    of every agent in ``model_modes``, or ``mixed``; else ``none`` once validating is over
+    (a reason is stored) or the gate has ended, ``pending`` before."""
+    if gate.model_mode:
+        return gate.model_mode
+    modes = set((gate.model_modes or {}).values())
+    if len(modes) == 1:
+        return modes.pop()
+    if modes:
+        return MIXED_MODE
+    if gate.model_mode_reason is not None or GateStatus(gate.status).terminal:
+        return NO_MODE
+    return PENDING_MODE
 
 
 def save_cases(session: Session, gate: Gate, refs: Sequence[CaseRef]) -> list[Case]:

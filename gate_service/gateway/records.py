@@ -31,6 +31,11 @@ def safe_agent(name: str) -> bool:
     return AGENT_NAME.fullmatch(name) is not None and ".." not in name
 
 
+# A call's status when its provider (or a page's host, an MCP server, an API) answered it;
+# any other status is a GatewayError's kind: the call failed, before the provider or at it.
+ANSWERED = "ok"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CallRecord:
     """One call a channel answered (a refused or malformed request is not a call)."""
@@ -38,7 +43,7 @@ class CallRecord:
     request_hash: str  # the replay key of ``request``
     request: dict[str, Any]  # the request's replay_request()
     agent: str
-    status: str  # "ok" or the GatewayError's kind
+    status: str  # ANSWERED ("ok") or the GatewayError's kind
     # When ok: what its raw() recorded.
     reply: CompletionReply | ModerationReply | FetchReply | McpReply | ApiReply | None
     error: GatewayError | None
@@ -52,9 +57,14 @@ class CallRecord:
 @dataclass(frozen=True, slots=True)
 class Totals:
     calls: int
+    answered: int
     tokens_in: int
     tokens_out: int
     cost_usd: float
+
+    @property
+    def failed(self) -> int:
+        return self.calls - self.answered
 
     @property
     def tokens(self) -> int:
@@ -63,15 +73,20 @@ class Totals:
 
 def totals(records: Iterable[CallRecord]) -> Totals:
     """Calls are all recorded calls, failed ones too; tokens and cost what the provider
-    counted."""
-    calls = tokens_in = tokens_out = 0
+    counted for the answered ones (gates/model_calls.py sums stored calls the same way)."""
+    calls = answered = tokens_in = tokens_out = 0
     cost = 0.0
     for record in records:
         calls += 1
+        if record.status != ANSWERED:
+            continue
+        answered += 1
         tokens_in += record.tokens_in
         tokens_out += record.tokens_out
         cost += record.cost_usd
-    return Totals(calls=calls, tokens_in=tokens_in, tokens_out=tokens_out, cost_usd=cost)
+    return Totals(
+        calls=calls, answered=answered, tokens_in=tokens_in, tokens_out=tokens_out, cost_usd=cost
+    )
 
 
 # Where a project keeps its recordings (gate_runner.models: tests/recordings/<agent>/).

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -237,6 +238,8 @@ def test_the_gate_json_carries_totals_per_gate_and_per_case(
     before = client.get(f"/v1/gates/{gate_id}")
     assert before.json()["model_calls"] == {
         "calls": 0,
+        "answered": 0,
+        "failed": 0,
         "tokens_in": 0,
         "tokens_out": 0,
         "cost_usd": 0.0,
@@ -254,6 +257,8 @@ def test_the_gate_json_carries_totals_per_gate_and_per_case(
     gate = after.json()
     assert gate["model_calls"] == {
         "calls": 3,
+        "answered": 2,
+        "failed": 1,
         "tokens_in": 150,
         "tokens_out": 30,
         "cost_usd": pytest.approx(0.011),
@@ -261,12 +266,43 @@ def test_the_gate_json_carries_totals_per_gate_and_per_case(
     by_case = {c["test_name"]: c["model_calls"] for c in gate["cases"]}
     assert by_case["first"] == {
         "calls": 2,
+        "answered": 2,
+        "failed": 0,
         "tokens_in": 150,
         "tokens_out": 30,
         "cost_usd": pytest.approx(0.011),
     }
-    assert by_case["second"] == {"calls": 1, "tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0}
+    # The budget's refusal never reached a provider: a failed call, no answered one.
+    assert by_case["second"] == {
+        "calls": 1,
+        "answered": 0,
+        "failed": 1,
+        "tokens_in": 0,
+        "tokens_out": 0,
+        "cost_usd": 0.0,
+    }
     assert by_case["third"]["calls"] == 0
+
+
+def test_tokens_and_cost_are_counted_only_for_answered_calls(
+    client: TestClient, sessions: sessionmaker[Session], gate_id: str
+) -> None:
+    # A failed call that carried counts (as a provider's error might) is still no answer.
+    failed = replace(
+        call("calc", "d", None, error=GatewayError(kind="provider", message="HTTP 500")),
+        tokens_in=7,
+        tokens_out=3,
+        cost_usd=0.5,
+    )
+    save(sessions, gate_id, "first", [call("calc", "a", tokens=(100, 20), cost=0.01), failed])
+    assert client.get(f"/v1/gates/{gate_id}").json()["model_calls"] == {
+        "calls": 2,
+        "answered": 1,
+        "failed": 1,
+        "tokens_in": 100,
+        "tokens_out": 20,
+        "cost_usd": pytest.approx(0.01),
+    }
 
 
 def test_recordings_are_the_answered_calls_deduplicated_and_only_for_their_project(

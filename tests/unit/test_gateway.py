@@ -471,6 +471,7 @@ def test_recorded_calls_export_as_recordings_replay_finds_by_key(
     assert dict(reply.usage) == {"prompt_tokens": 3, "completion_tokens": 4}
     totals = channel.totals()
     assert (totals.calls, totals.tokens_in, totals.tokens_out, totals.tokens) == (3, 6, 8, 14)
+    assert (totals.answered, totals.failed) == (2, 1)  # the provider's 500 was no answer
     assert totals.cost_usd == pytest.approx(2 * channel.records[0].cost_usd)
 
 
