@@ -25,6 +25,8 @@ from .schemas import (
     AuditRead,
     Egress,
     EgressPut,
+    GuardrailModel,
+    GuardrailModelPut,
     ModelRoutes,
     ModelRouteSpec,
     ModelRoutesPut,
@@ -151,6 +153,55 @@ def put_egress(name: str, body: EgressPut, session: SessionDep, who: Admin) -> E
         detail={"project": project.name, "hosts": list(body.hosts)},
     )
     return Egress(project=project.name, hosts=list(body.hosts))
+
+
+@router.get("/projects/{name}/guardrail-model", response_model=GuardrailModel, responses=ERRORS)
+def get_guardrail_model(name: str, session: SessionDep, who: Admin) -> GuardrailModel:
+    """The model that judges the project's judged guardrails; null: none."""
+    project = service.visible_project(session, who, name)
+    return GuardrailModel(project=project.name, model=project.guardrail_model)
+
+
+@router.put("/projects/{name}/guardrail-model", response_model=GuardrailModel, responses=ERRORS)
+def put_guardrail_model(
+    name: str, body: GuardrailModelPut, session: SessionDep, who: Admin
+) -> GuardrailModel:
+    """Name the project's judge model. Gates that start from now on judge their agents'
+    prompt_injection, topic_restriction, system_prompt_leakage, data_exfiltration and
+    relevance guardrails with it, through the model gateway (live and record mode; replay
+    reads the recorded verdicts). In live and record mode it must resolve to a provider key
+    among the project's secrets or to a model route, checked before any case runs."""
+    project = service.visible_project(session, who, name)
+    before = project.guardrail_model
+    project.guardrail_model = body.model
+    session.flush()
+    service.record(
+        session,
+        "project.guardrail_model_set",
+        project_id=project.id,
+        token_id=who.token_id,
+        detail={"project": project.name, "guardrail_model": [before, body.model]},
+    )
+    return GuardrailModel(project=project.name, model=body.model)
+
+
+@router.delete("/projects/{name}/guardrail-model", response_model=GuardrailModel, responses=ERRORS)
+def delete_guardrail_model(name: str, session: SessionDep, who: Admin) -> GuardrailModel:
+    """Remove the project's judge model: its judged guardrails are skipped again (never
+    block), and each gate whose cases they could change warns so."""
+    project = service.visible_project(session, who, name)
+    before = project.guardrail_model
+    if before is not None:
+        project.guardrail_model = None
+        session.flush()
+        service.record(
+            session,
+            "project.guardrail_model_deleted",
+            project_id=project.id,
+            token_id=who.token_id,
+            detail={"project": project.name, "guardrail_model": [before, None]},
+        )
+    return GuardrailModel(project=project.name, model=None)
 
 
 def _spec_read(project: str, prefix: str, stored: dict[str, Any]) -> ApiSpecRead:

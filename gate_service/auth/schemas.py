@@ -39,6 +39,11 @@ class ProjectRead(Schema):
     name: str
     retention_days: int
     created_at: datetime
+    guardrail_model: str | None = Field(
+        default=None,
+        description="The model that judges the project's judged guardrails "
+        "(PUT /v1/projects/{name}/guardrail-model); null: none, so they are skipped",
+    )
 
 
 class DeletedCounts(Schema):
@@ -153,6 +158,71 @@ class EgressPut(BaseModel):
 class Egress(BaseModel):
     project: str
     hosts: list[str]
+
+
+# A model name as the gateway takes one (``openai/gpt-4o-mini``, ``ollama/llama3:8b``,
+# ``bedrock/anthropic.claude-3-haiku-20240307-v1:0``): at most the column's 200 characters,
+# ASCII letters and digits and these, starting with a letter or digit. It reaches the
+# runner's command line and the fixes a gate's failure reason spells out, so nothing else.
+MAX_MODEL_NAME = 200
+MODEL_NAME_PUNCTUATION = "._-/:@+"
+_MODEL_NAME_CHARS = frozenset(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789" + MODEL_NAME_PUNCTUATION
+)
+
+
+def _character(ch: str) -> str:
+    code = f"U+{ord(ch):04X}"
+    if ch == " ":
+        return f"a space ({code})"
+    return f"{ch!r} ({code})" if ch.isprintable() else f"the unprintable character {code}"
+
+
+def model_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a model name the gate takes, or None; one pass, no pattern."""
+    rule = (
+        f"a model name is 1 to {MAX_MODEL_NAME} characters: ASCII letters, digits and "
+        f"{' '.join(MODEL_NAME_PUNCTUATION)}, starting with a letter or digit"
+    )
+    if not name:
+        return f"the model name is empty; {rule}"
+    if len(name) > MAX_MODEL_NAME:
+        return f"the model name has {len(name)} characters, more than {MAX_MODEL_NAME}; {rule}"
+    if name[0] in MODEL_NAME_PUNCTUATION:
+        return f"the model name starts with {name[0]!r}; {rule}"
+    for at, ch in enumerate(name):
+        if ch not in _MODEL_NAME_CHARS:
+            return f"the model name holds {_character(ch)} at position {at + 1}; {rule}"
+    return None
+
+
+class GuardrailModelPut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(
+        min_length=1,
+        max_length=MAX_MODEL_NAME,
+        description="The judge model, as an agent's model is named ('openai/gpt-4o-mini'): "
+        "through the model gateway, with a provider key among the project's secrets or a "
+        "model route",
+    )
+
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, value: str) -> str:
+        problem = model_name_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+
+class GuardrailModel(BaseModel):
+    project: str
+    model: str | None = Field(
+        description="The model that judges the prompt_injection, topic_restriction, "
+        "system_prompt_leakage, data_exfiltration and relevance guardrails of the project's "
+        "agents; null: none, so those guardrails are skipped and the gate warns"
+    )
 
 
 class ApiSpecPut(BaseModel):

@@ -36,7 +36,19 @@ NO_FILES = (
     "no file store in a gate: every call fails, and the model is offered the tool without "
     "parameters"
 )
-NOT_CHECKED = "not checked: recorded as a skipped guardrail and never blocks"
+
+
+def _judged(what: str) -> str:
+    """A judged guardrail type's note: ``what`` the judge model checks the text for."""
+    return (
+        f"judged {what} by the rule's config.model or else the project's guardrail model "
+        "(PUT /v1/projects/{name}/guardrail-model), with the gate's own prompt "
+        "(docs/judged-guardrails.md) and a strict JSON verdict: through the model gateway in "
+        "live and record mode, from recordings in replay; skipped (never blocks, and the gate "
+        "warns) without a judge model or when the agent's model is scripted; the platform's "
+        "own check may judge the same text differently"
+    )
+
 
 # Every field of connic.core.AgentConfig, in the SDK's order.
 AGENT_FIELDS: Mapping[str, Support] = _table(
@@ -196,8 +208,10 @@ AGENT_FIELDS: Mapping[str, Support] = _table(
         "retry_options": (
             "partial",
             (
-                "tool and sequential agents retry with backoff; LLM agents use attempts only for "
-                "live gateway tries; attempt_timeout is ignored"
+                "attempts count a tool or sequential agent's operation (with backoff) and each "
+                "model request of an LLM agent (the gateway's live tries; a scripted respond() "
+                "that raises is asked again at once); without retry_options a model request gets "
+                "3 attempts and an operation 1; attempt_timeout is ignored"
             ),
         ),
         "timeout": (
@@ -485,24 +499,24 @@ GUARDRAIL_TYPES: Mapping[str, Support] = _table(
             ),
         ),
         "prompt_injection": (
-            "not_in_gate",
-            NOT_CHECKED,
+            "partial",
+            _judged("for attempts to override the agent's instructions"),
         ),
         "topic_restriction": (
-            "not_in_gate",
-            NOT_CHECKED,
+            "partial",
+            _judged("against the topics of the rule's config"),
         ),
         "system_prompt_leakage": (
-            "not_in_gate",
-            NOT_CHECKED,
+            "partial",
+            _judged("for text that reveals the agent's system prompt"),
         ),
         "data_exfiltration": (
-            "not_in_gate",
-            NOT_CHECKED,
+            "partial",
+            _judged("for attempts to move data out of the agent"),
         ),
         "relevance": (
-            "not_in_gate",
-            NOT_CHECKED,
+            "partial",
+            _judged("for the text's relevance to the agent's task"),
         ),
     }
 )

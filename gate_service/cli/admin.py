@@ -168,6 +168,35 @@ def egress_set(
     _call(ctx, lambda c: c.set_egress(project, list(host or [])))
 
 
+@admin.command("guardrail-model")
+def guardrail_model(ctx: typer.Context, project: str) -> None:
+    """The model that judges a project's judged guardrails (null: none, so they are skipped)."""
+    _call(ctx, lambda c: c.guardrail_model(project))
+
+
+@admin.command("guardrail-model-set")
+def guardrail_model_set(
+    ctx: typer.Context,
+    project: str,
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="the judge model, named as an agent's model: 'openai/gpt-4o-mini' (its "
+            "provider key a project secret, or a model route)"
+        ),
+    ],
+) -> None:
+    """Name the model that judges a project's prompt_injection, topic_restriction,
+    system_prompt_leakage, data_exfiltration and relevance guardrails."""
+    _call(ctx, lambda c: c.set_guardrail_model(project, model))
+
+
+@admin.command("guardrail-model-clear")
+def guardrail_model_clear(ctx: typer.Context, project: str) -> None:
+    """Remove a project's judge model: its judged guardrails are skipped (and warned of)."""
+    _call(ctx, lambda c: c.clear_guardrail_model(project))
+
+
 @admin.command("api-specs")
 def api_specs(ctx: typer.Context, project: str) -> None:
     """A project's OpenAPI specs, by prefix, with the api: tools each gives."""

@@ -151,6 +151,17 @@ class GateClient:
     def set_egress(self, project: str, hosts: list[str]) -> dict[str, Any]:
         return self._check(self._http.put(f"/v1/projects/{project}/egress", json={"hosts": hosts}))
 
+    def guardrail_model(self, project: str) -> dict[str, Any]:
+        return self._check(self._http.get(f"/v1/projects/{project}/guardrail-model"))
+
+    def set_guardrail_model(self, project: str, model: str) -> dict[str, Any]:
+        return self._check(
+            self._http.put(f"/v1/projects/{project}/guardrail-model", json={"model": model})
+        )
+
+    def clear_guardrail_model(self, project: str) -> dict[str, Any]:
+        return self._check(self._http.delete(f"/v1/projects/{project}/guardrail-model"))
+
     def api_specs(self, project: str) -> dict[str, Any]:
         return self._check(self._http.get(f"/v1/projects/{project}/api-specs"))
 

@@ -33,10 +33,18 @@ from gate_runner.contract import MAX_CLEANUP_SECONDS
 from .. import incidents
 from ..api_specs import loader_tools
 from ..bundles.archive import read_archive
-from ..bundles.live_models import LiveModel, live_models
+from ..bundles.live_models import (
+    GUARDRAIL_FIELD,
+    LiveModel,
+    agent_modes,
+    live_models,
+    mode_reason,
+    unjudged_warnings,
+)
 from ..bundles.requirements import FILE as REQUIREMENTS_FILE
 from ..bundles.requirements import read_requirements
 from ..bundles.suites import ProjectReport, validate_project
+from ..bundles.support import MAX_WARNINGS
 from ..bundles.wheels import DownloadHalted, WheelDownloadError, fetch_wheels
 from ..config import Settings
 from ..db import refused_write, session_scope
@@ -206,12 +214,18 @@ def case_environment(settings: Settings) -> dict[str, str]:
 
 
 def runner_argv(
-    settings: Settings, suite: str, test_name: str, model_mode: str | None = None
+    settings: Settings,
+    suite: str,
+    test_name: str,
+    model_mode: str | None = None,
+    guardrail_model: str | None = None,
 ) -> list[str]:
     """The runner's command line for one case (runner contract v2).
 
     `--case=NAME`: a case name is the bundle's text, and one that starts with '-' must stay
     the option's value. `--handoff`: the case's environment and nonce arrive on stdin.
+    `--guardrail-model=NAME`: the project's judge model, when it names one (a model name as
+    the API took it: letters, digits and ``._-/:@+``).
     """
     argv = [
         "run-case",
@@ -225,6 +239,8 @@ def runner_argv(
     ]  # fmt: skip
     if model_mode:
         argv.append(f"--model-mode={model_mode}")
+    if guardrail_model:
+        argv.append(f"--guardrail-model={guardrail_model}")
     return argv
 
 
@@ -347,21 +363,25 @@ def _fetched_bundle(ctx: WorkerContext, sha256: str, path: Path) -> Iterator[IO[
 def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
     def begin(
         session: Session, gate: Gate
-    ) -> tuple[bool, str, str | None, dict[str, Any], str | None]:
+    ) -> tuple[bool, str, str | None, dict[str, Any], str | None, tuple[str, str | None]]:
         if gate.cancel_requested:
             service.cancel_gate(gate)
             job.finish(session)
             ctx.metrics.gate_ended_unstarted(session, gate)
-            return False, "", None, {}, None
+            return False, "", None, {}, None, ("", None)
         first_start = gate.started_at is None  # a retry has left the queue already
         service.start_gate(gate)
         if first_start:
             ctx.metrics.gate_started(session, gate)
         time_left(ctx.settings, gate.started_at)  # a retry may start past the deadline
-        api_specs = session.get_one(Project, gate.project_id).api_specs or {}
-        return True, gate.bundle_sha256, gate.filter, loader_tools(api_specs), gate.model_mode
+        project = session.get_one(Project, gate.project_id)
+        api_tools = loader_tools(project.api_specs or {})
+        # The judge model, read once an attempt: checked below and handed to every case.
+        judge = (project.name, project.guardrail_model)
+        return True, gate.bundle_sha256, gate.filter, api_tools, gate.model_mode, judge
 
-    go_on, sha256, name_filter, api_tools, model_mode = _write(ctx, job, begin)
+    go_on, sha256, name_filter, api_tools, model_mode, judge = _write(ctx, job, begin)
+    project_name, guardrail_model = judge
     if not go_on:
         return
     # A scratch directory this process holds locked, so a crash leaves nothing for good.
@@ -403,11 +423,22 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
             raise BundleRejected(message, [count])
         # Before anything is built: every model a selected case would call live has a key or
         # a route (the gateway's per-call lookup stays the backstop).
-        _check_live_models(ctx, job, bundle_dir, report, model_mode)
+        _check_live_models(ctx, job, bundle_dir, report, model_mode, guardrail_model)
+        # First among the warnings: judged guardrails the gate will skip, never blocking.
+        report.warnings = [
+            *unjudged_warnings(
+                bundle_dir, report.configs, report.cases, model_mode, guardrail_model, project_name
+            ),
+            *report.warnings,
+        ][:MAX_WARNINGS]
+
+        case_agents = {case.agent_name for case in report.cases}
+        modes = agent_modes(bundle_dir, report.configs, case_agents, model_mode)
 
         def enter_building(session: Session, gate: Gate) -> None:
             service.save_cases(session, gate, report.cases)
             service.record_warnings(gate, report.warnings)
+            service.record_model_modes(gate, modes, mode_reason(modes, model_mode))
             service.set_phase(gate, Phase.building)
 
         _write(ctx, job, enter_building)
@@ -415,7 +446,7 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
 
     if image is not None:  # None: halted (cancelled, or the lease lost) while it was built
         _write(ctx, job, lambda _s, gate: service.set_phase(gate, Phase.running_tests))
-        _run_cases(ctx, job, image, slots)
+        _run_cases(ctx, job, image, slots, guardrail_model)
 
     def conclude(session: Session, gate: Gate) -> None:
         if gate.cancel_requested:
@@ -439,15 +470,18 @@ def _check_live_models(
     bundle_dir: Path,
     report: ProjectReport,
     model_mode: str | None,
+    guardrail_model: str | None = None,
 ) -> None:
     """BundleRejected naming each agent, model and fix when a model that a selected case
-    would call live has neither a provider key among the project's secrets nor a project
-    route. Without a gateway nothing is checked: live cases fail saying the gateway is off."""
+    would call live (an LLM agent's own, or the project's ``guardrail_model`` judging an
+    agent's judged guardrails) has neither a provider key among the project's secrets nor a
+    project route. Without a gateway nothing is checked: live cases fail saying the gateway
+    is off."""
     gateway = ctx.gateway
     if gateway is None:
         return
     case_agents = {case.agent_name for case in report.cases}
-    needed = live_models(bundle_dir, report.configs, case_agents, model_mode)
+    needed = live_models(bundle_dir, report.configs, case_agents, model_mode, guardrail_model)
     if not needed:
         return  # no live agent: the project's secrets are not even read
     with session_scope(ctx.sessions) as session:
@@ -461,6 +495,10 @@ def _check_live_models(
         missing = unrouted(live.model, secrets, routes, provider_of=gateway.provider_of)
         if missing is not None:
             message = f"{missing.reason}; {_fixes(name, live, missing.secret, model_mode)}"
+            what = f"{live.field} {live.model}"
+            if live.guardrails:
+                what += f", judging its {', '.join(live.guardrails)} guardrail"
+                what += "s" if len(live.guardrails) > 1 else ""
             problems.append(
                 {
                     "file": live.source or "agents/",
@@ -469,7 +507,7 @@ def _check_live_models(
                     "field": live.field,
                     "model": live.model,
                     "secret": missing.secret,
-                    "message": f"agent {live.agent!r} ({live.field} {live.model}): {message}",
+                    "message": f"agent {live.agent!r} ({what}): {message}",
                 }
             )
     if not problems:
@@ -484,7 +522,8 @@ def _check_live_models(
 
 
 def _fixes(project: str, live: LiveModel, secret: str | None, model_mode: str | None) -> str:
-    """What would answer the model: its secret, a project route, or no live call at all."""
+    """What would answer the model: its secret, a project route, another judge model for the
+    project's guardrail model, or no live call at all."""
     fixes = []
     if secret is not None:
         fixes.append(
@@ -494,6 +533,15 @@ def _fixes(project: str, live: LiveModel, secret: str | None, model_mode: str | 
         f"route the model to an endpoint (gate admin routes-set {project} "
         f"--route '{live.model}=URL#KEY_SECRET', which replaces its routes)"
     )
+    if live.field == GUARDRAIL_FIELD:
+        fixes.append(
+            f"name a judge model the project can call (gate admin guardrail-model-set "
+            f"{project} MODEL, or PUT /v1/projects/{project}/guardrail-model)"
+        )
+    elif live.guardrails:  # the rule's own judge model
+        fixes.append(f"name another model in the rule's config.model ({live.source or 'agents/'})")
+    if live.guardrails:
+        return "to fix: " + ", or ".join(fixes)
     offline = (
         f"give agent {live.agent!r} a scripted model tests/models/{live.agent}.py or "
         f"recordings tests/recordings/{live.agent}/"
@@ -563,7 +611,13 @@ class WorkerSlots:
         )
 
 
-def _run_cases(ctx: WorkerContext, job: ClaimedJob, image: str, slots: WorkerSlots) -> None:
+def _run_cases(
+    ctx: WorkerContext,
+    job: ClaimedJob,
+    image: str,
+    slots: WorkerSlots,
+    guardrail_model: str | None = None,
+) -> None:
     with session_scope(ctx.sessions) as session:
         gate = session.get_one(Gate, job.gate_id)
         # Fixed at submission, so read once: each case's container is made with it.
@@ -583,7 +637,17 @@ def _run_cases(ctx: WorkerContext, job: ClaimedJob, image: str, slots: WorkerSlo
         futures = [
             pool.submit(
                 contextvars.copy_context().run,
-                partial(_run_case_in_slot, slots, ctx, job, image, model_mode, inputs, *p),
+                partial(
+                    _run_case_in_slot,
+                    slots,
+                    ctx,
+                    job,
+                    image,
+                    model_mode,
+                    guardrail_model,
+                    inputs,
+                    *p,
+                ),
             )
             for p in pending
         ]
@@ -598,6 +662,7 @@ def _run_case_in_slot(
     job: ClaimedJob,
     image: str,
     model_mode: str | None,
+    guardrail_model: str | None,
     inputs: _CaseInputs,
     case_id: uuid.UUID,
     suite: str,
@@ -620,7 +685,7 @@ def _run_case_in_slot(
         try:
             container = ctx.sandbox.create(
                 image,
-                runner_argv(ctx.settings, suite, test_name, model_mode),
+                runner_argv(ctx.settings, suite, test_name, model_mode, guardrail_model),
                 # Its wall deadline is the start's (see _run_case), not the container's.
                 limits=case_limits(ctx.settings, 0),
                 labels={

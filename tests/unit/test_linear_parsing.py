@@ -31,7 +31,7 @@ from gate_runner.predefined import page_text
 from gate_service import endpoints
 from gate_service.api_specs import convert, tool_name
 from gate_service.auth.routes import AUDIT_ACTION
-from gate_service.auth.schemas import EgressPut, ModelRouteSpec
+from gate_service.auth.schemas import EgressPut, GuardrailModelPut, ModelRouteSpec
 from gate_service.auth.service import PROJECT_NAME
 from gate_service.connic_api.body import TestRunBody
 from gate_service.connic_api.routes import bounds_its_own_body
@@ -183,6 +183,11 @@ CASES: dict[str, Callable[[str], object]] = {
     "egress_problem": endpoints.egress_problem,
     "egress_problem(*.…)": lambda t: endpoints.egress_problem("*." + t),
     "EgressPut": refused(lambda t: EgressPut(hosts=[t, "*." + t]), ValidationError),
+    # The project's judge model (PUT .../guardrail-model).
+    "GuardrailModelPut": refused(lambda t: GuardrailModelPut(model=t), ValidationError),
+    "GuardrailModelPut(…[:200])": refused(
+        lambda t: GuardrailModelPut(model=t[:200]), ValidationError
+    ),
     # API specs (PUT .../api-specs/{prefix}): every free-text field of a spec.
     "convert(servers[0].url)": refused(lambda t: convert(_spec(server="http://" + t)), GateError),
     "convert(base_url)": refused(lambda t: convert(_spec(), base_url=t), GateError),

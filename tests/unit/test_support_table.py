@@ -93,7 +93,8 @@ def test_a_bundle_gets_a_warning_per_agent_and_key_it_cannot_honour(tmp_path: Pa
         # The wildcard as the SDK's loader expands it.
         ("agents/fancy.yaml", "fancy", "tools.web_browser_observe", "not_in_gate"),
         ("agents/fancy.yaml", "fancy", "tools.web_browser_open", "not_in_gate"),
-        ("agents/fancy.yaml", "fancy", "guardrails.input.prompt_injection", "not_in_gate"),
+        # Judged by the project's guardrail model, or skipped: partial either way.
+        ("agents/fancy.yaml", "fancy", "guardrails.input.prompt_injection", "partial"),
     ]
     first = report.warnings[0]["message"]
     assert first == f"session is partial: {support.AGENT_FIELDS['session'].note}"
@@ -106,6 +107,7 @@ def test_issue_39_rows_say_what_a_gate_decided() -> None:
         "name": "a",
         "session": {"key": "context.user"},
         "timeout": 30,
+        "retry_options": {"attempts": 2},
         "mcp_servers": [
             {"name": "crm", "url": "https://crm.example/mcp", "oauth": {"connect_tool": True}}
         ],
@@ -115,6 +117,10 @@ def test_issue_39_rows_say_what_a_gate_decided() -> None:
     assert "invocations never share one" in messages["session"]
     assert "middleware cleanup still runs" in messages["timeout"]
     assert "connect_tool" in messages["mcp_servers.crm"]
+    # One rule for attempts (runtime/retries.py), and a scripted respond() that raises counts.
+    retries = messages["retry_options"]
+    assert "without retry_options a model request gets 3 attempts and an operation 1" in retries
+    assert "a scripted respond() that raises is asked again at once" in retries
 
 
 def test_a_case_using_the_mcp_mock_ladder_is_warned_as_a_gate_extension(tmp_path: Path) -> None:
@@ -165,3 +171,23 @@ def test_output_schema_is_supported_and_warns_no_gate() -> None:
     raw = {"name": "a", "output_schema": "answer"}
     keys = [w["key"] for w in support.agent_warnings("agents/a.yaml", raw, {})]
     assert "output_schema" not in keys
+
+
+def test_the_judged_guardrail_types_say_when_they_run_and_what_may_differ() -> None:
+    # Issue 38, item 6: judged by the project's guardrail model, skipped without one.
+    from gate_runner.guardrails import JUDGED_TYPES
+
+    assert set(JUDGED_TYPES) <= set(support.GUARDRAIL_TYPES)
+    for kind in JUDGED_TYPES:
+        row = support.GUARDRAIL_TYPES[kind]
+        assert row.status == "partial", kind
+        for said in (
+            "PUT /v1/projects/{name}/guardrail-model",
+            "live and record mode",
+            "recordings in replay",
+            "skipped",
+            "scripted",
+            "the platform's own check may judge the same text differently",
+        ):
+            assert said in row.note, (kind, said)
+    assert "topics of the rule's config" in support.GUARDRAIL_TYPES["topic_restriction"].note
