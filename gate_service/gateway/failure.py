@@ -17,13 +17,19 @@ class Failure(Exception):
         allowed: float | None = None,
         used: float | None = None,
         secret: str | None = None,
+        provider_status: int | None = None,
     ) -> None:
         super().__init__(message)
         # The project secret whose absence this is (resolve_route's), for the worker's check
         # of a gate's models before its cases run; not on the wire.
         self.secret = secret
         self.error = GatewayError(
-            kind=kind, message=message, limit=limit, allowed=allowed, used=used
+            kind=kind,
+            message=message,
+            limit=limit,
+            allowed=allowed,
+            used=used,
+            provider_status=provider_status,
         )
         self.attempts = 0  # tries made at the provider before it failed, for the record
 

@@ -54,7 +54,7 @@ from .failure import Failure, first_line
 from .keys import ModelRoute, Route, provider_secret_names, resolve_route
 from .mcp import fill_headers, fill_secrets, mcp_once
 from .pages import page_text
-from .records import CallRecord
+from .records import ANSWERED, CallRecord
 from .transport import (
     BODY_EXCERPT_BYTES,
     Exchange,
@@ -365,7 +365,7 @@ class ModelGateway:
             request_hash=key,
             request=request.replay_request(),
             agent=request.agent,
-            status="ok",
+            status=ANSWERED,
             reply=reply,
             error=None,
             tokens_in=tokens_in,
@@ -793,16 +793,25 @@ class ModelGateway:
         message = self._reason(channel, request, who, exc, exchange, timed_out=timed_out)
         if timed_out:
             return _Retryable(Failure("provider", message), None)
-        if isinstance(exc, litellm.RateLimitError | openai.RateLimitError):
-            return _Retryable(Failure("rate_limited", message), _retry_after(exc))
         status = getattr(exc, "status_code", None)
         if exchange.status is not None:
             status = exchange.status
+        # What the provider answered, if it did, for the runner to tell the agent's failures
+        # from the provider's (runtime_errors.ModelCallError.outside_the_agent): once a
+        # request was sent, only the status that came back (a hang-up is LiteLLM's made-up
+        # 500); before, the library's own (a 400 for an option the model does not take).
+        answered = exchange.status if exchange.url else status
+        if not isinstance(answered, int) or isinstance(answered, bool):
+            answered = None
+        if isinstance(exc, litellm.RateLimitError | openai.RateLimitError):
+            limited = Failure("rate_limited", message, provider_status=answered or 429)
+            return _Retryable(limited, _retry_after(exc))
+        failure = Failure("provider", message, provider_status=answered)
         if isinstance(exc, litellm.APIConnectionError | openai.APIConnectionError) or (
             isinstance(status, int) and status >= 500
         ):
-            return _Retryable(Failure("provider", message), _retry_after(exc))
-        return Failure("provider", message)
+            return _Retryable(failure, _retry_after(exc))
+        return failure
 
     def _reason(
         self,

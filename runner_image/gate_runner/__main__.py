@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     record.add_argument("--project", default=".", type=Path)
     record.add_argument("--suite", help="only this suite (path relative to the project)")
     record.add_argument("--case", help="only cases whose name contains this")
+    record.add_argument(
+        "--guardrail-model", help="the judge model of the judged guardrails (none: skipped)"
+    )
     planning = sub.add_parser(
         "plan", help="prepare every case once, at image build time, for the case containers"
     )
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return write_plan(args.project, args.out, args.as_uid)
     if args.command == "record":
-        return _record(args.project.resolve(), args.suite, args.case)
+        return _record(args.project.resolve(), args.suite, args.case, args.guardrail_model)
     try:
         from . import case_env
         from .case import run_case
@@ -147,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             env=handoff.env,
             gateway=gateway,
             api_tools=handoff.api_tools,
+            guardrail_model=args.guardrail_model or None,
         )
         from .plan import PLANNED_PROJECT, read_plan
 
@@ -169,11 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _record(project: Path, only_suite: str | None, name_filter: str | None) -> int:
+def _record(
+    project: Path, only_suite: str | None, name_filter: str | None, guardrail_model: str | None
+) -> int:
     """Run every selected case live, recording each model exchange; print the verdicts."""
     import yaml
 
     from .case import run_case, suite_paths
+    from .invocations import Isolation
 
     os.environ["GATE_MODEL_MODE"] = "record"
     failures = 0
@@ -186,7 +193,7 @@ def _record(project: Path, only_suite: str | None, name_filter: str | None) -> i
             name = str(case.get("name", ""))
             if name_filter and name_filter not in name:
                 continue
-            result = run_case(project, rel, name)
+            result = run_case(project, rel, name, Isolation(guardrail_model=guardrail_model))
             mark = "PASS" if result.passed else "FAIL"
             failures += 0 if result.passed else 1
             print(

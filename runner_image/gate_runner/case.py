@@ -50,7 +50,7 @@ from .invocations import (
 )
 from .plan import AgentLimits, planned_case
 from .reports import BUILDER, CLEANUP, INVOCATION, checked
-from .verdict import case_failure_reason, case_passes
+from .verdict import case_failure_reason, case_passes, unjudged_reason
 
 if TYPE_CHECKING:
     from connic.test_schema import TestFile
@@ -411,6 +411,7 @@ def _invocation_body(
     model_mode: str | None,
     gateway: GatewayChannel | None,
     api_tools: Mapping[str, Any],
+    guardrail_model: str | None,
     channel: Channel,
 ) -> None:
     """What a forked invocation runs: the agent, then a builder's cleanup; reports over pipe."""
@@ -446,7 +447,13 @@ def _invocation_body(
         if BUNDLE_DEPS_DIR not in sys.path:
             sys.path.append(BUNDLE_DEPS_DIR)
         trace = Trace()
-        runtime = Runtime({}, project=project, model_mode=model_mode, gateway=gateway)
+        runtime = Runtime(
+            {},
+            project=project,
+            model_mode=model_mode,
+            gateway=gateway,
+            guardrail_model=guardrail_model,
+        )
         if prepared.resolved.get("builder"):
             trace.watch = _context_reporter(runtime, channel)
         # Before user modules import connic.tools names; if the SDK is imported at all.
@@ -497,6 +504,7 @@ def _invocation_body(
                 "input": jsonable(payload),
                 "output": jsonable(outcome.output),
                 "error": outcome.error,
+                "provider_failure": outcome.provider_failure,
                 "run_context": jsonable(outcome.run_context),
                 "traces": [s.as_json() for s in trace.spans],
                 "violations": list(runtime.violations),
@@ -633,6 +641,7 @@ def _agent_data(prepared: PreparedCase, proc: Proc, reports: dict[str, Any]) -> 
         # Stopped at its timeout, the run ended within the grace (issue 39): what it
         # reported stands (its spans, its middleware cleanup's violations), as a timeout.
         result.pop("setup_error", None)  # a stop during load or build() is no broken setup
+        result.pop("provider_failure", None)  # the timeout is what ended it
         result.update(
             status="failed", output=None, error=f"timed out after {timeout_s} s ({which})"
         )
@@ -711,6 +720,7 @@ def _run_invocations(
                             model_mode,
                             isolation.gateway,
                             isolation.api_tools,
+                            isolation.guardrail_model,
                         ),
                         timeout_s=timeout_s,
                         after_agent_seconds=cleanup_budget(prepared) if builder else None,
@@ -997,6 +1007,16 @@ def run_case(
         invocations.append(invocation)
     reasons = [inv.failure_reason for inv in invocations]
     successes = sum(1 for r in reasons if r is None)
+    unjudged = unjudged_reason(
+        runs=runs,
+        success_threshold=threshold,
+        successes=successes,
+        provider_failures=[
+            (inv.index, str(data["provider_failure"]))
+            for inv, data in zip(invocations, all_data, strict=True)
+            if inv.failure_reason is not None and data.get("provider_failure")
+        ],
+    )
     return CaseResult(
         schema_version=SCHEMA_VERSION,
         suite=suite,
@@ -1006,10 +1026,9 @@ def run_case(
         success_threshold=threshold,
         successes=successes,
         passed=case_passes(successes, runs, threshold),
-        case_error=None,
-        failure_reason=case_failure_reason(
-            runs=runs, success_threshold=threshold, invocation_reasons=reasons
-        ),
+        case_error=unjudged,
+        failure_reason=unjudged
+        or case_failure_reason(runs=runs, success_threshold=threshold, invocation_reasons=reasons),
         duration_ms=int((time.monotonic() - started) * 1000),
         invocations=invocations,
     )

@@ -339,6 +339,10 @@ class GatewayError:
     limit: str | None = None
     allowed: float | None = None
     used: float | None = None
+    # For kinds "provider" and "rate_limited": the HTTP status the provider answered, None
+    # when no answer came (unreachable, timed out). The runner tells by it whether the
+    # failure was the request's (a 400) or the provider's and the gate's (a 401, a 5xx).
+    provider_status: int | None = None
 
     def to_json(self) -> bytes:
         return json.dumps({"error": asdict(self)}).encode()

@@ -1,10 +1,10 @@
 """Guardrails (spec §4.3): the built-in `regex` and `pii` checks, `moderation` through the
-model gateway (live) or its recordings (replay), and custom ones.
+model gateway (live) or its recordings (replay), the judged types through a judge model
+(judge.py), and custom ones.
 
-A rule checks a content string and answers passed / blocked / warned / redacted. The other
-built-in types need a provider the gate does not call (prompt injection, topic restriction,
-...) and are recorded as skipped rather than silently passed; so is `moderation` in scripted
-mode.
+A rule checks a content string and answers passed / blocked / warned / redacted. A check that
+needs a provider the run has none for (scripted mode; a judged type without a judge model) is
+recorded as skipped rather than silently passed.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import re
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from .judge import JUDGED_TYPES, JudgeVerdict
 from .runtime_errors import AgentRunError
 
 # Deliberately simple, documented patterns: a gate must be predictable more than clever.
@@ -30,16 +31,27 @@ PII_PATTERNS: dict[str, re.Pattern[str]] = {
 }
 PII_INPUT_DEFAULT = tuple(PII_PATTERNS)
 PII_OUTPUT_DEFAULT = ("ssn", "credit_card", "api_key")  # pii_leakage's defaults
-# Judged by a model the project names (its guardrail model, the runner's --guardrail-model):
-# without one they are recorded skipped and never block.
-JUDGED_TYPES = frozenset({
-    "prompt_injection", "topic_restriction", "system_prompt_leakage", "data_exfiltration",
-    "relevance",
-})  # fmt: skip
 MODERATION_THRESHOLD = 0.7  # spec 4.3's default
 # (text, moderation model) -> {"flagged", "categories", "category_scores"}; None: the agent's
 # model mode has no moderation (scripted), so the rule is recorded skipped.
 Moderate = Callable[[str, str], dict[str, Any]]
+
+
+# A judged rule's verdict and what its span shows (judge model, tokens, ...).
+Judged = tuple[JudgeVerdict, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Judging:
+    """How the judged types (judge.py) are checked in this run: ``ask(kind, config, text)``
+    gives the judge's verdict, or why the rule is skipped; without ``ask`` every such rule is
+    skipped, for ``unavailable``."""
+
+    ask: Callable[[str, Mapping[str, Any], str], Judged | str] | None
+    unavailable: str = ""
+
+
+NO_JUDGE = Judging(None, "it needs a judge model, and the project names none")
 
 
 @dataclass
@@ -48,6 +60,7 @@ class Verdict:
     content: str
     message: str | None = None
     detail: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)  # for the rule's span
 
 
 def _luhn(digits: str) -> bool:
@@ -84,12 +97,23 @@ def check_rule(
     custom: Callable[[str], Callable[..., Any] | None],
     call: Callable[..., Any],
     moderate: Moderate | None = None,
+    judging: Judging = NO_JUDGE,
 ) -> Verdict:
     kind, mode, config = rule.type, rule.mode, dict(rule.config or {})
     configured = config.get("rejection_message")
+    if kind == "topic_restriction":
+        configured = configured or config.get("off_topic_message")
     rejection = configured or f"Request blocked by the {kind} guardrail."
     if kind in JUDGED_TYPES:
-        return Verdict("skipped", content, f"{kind} needs a provider the gate does not call")
+        answer = judging.ask(kind, config, content) if judging.ask else judging.unavailable
+        if isinstance(answer, str):
+            return Verdict("skipped", content, f"{kind}: {answer}")
+        verdict, metadata = answer
+        if not verdict.violation:
+            return Verdict("passed", content, verdict.reason or None, metadata=metadata)
+        found = _violation(mode, content, rejection, f"{kind}: {verdict.reason or 'violation'}")
+        found.metadata = metadata
+        return found
     if kind == "moderation":
         return _moderation(config, mode, content, rejection, moderate)
     if kind == "regex":
@@ -190,13 +214,14 @@ def run_rules(
     *,
     custom: Callable[[str], Callable[..., Any] | None],
     call: Callable[..., Any],
-    record: Callable[[str, str, str, str | None, int], None],
+    record: Callable[[str, str, str, str | None, int, dict[str, Any]], None],
     moderate: Moderate | None = None,
+    judging: Judging = NO_JUDGE,
 ) -> str:
     """Apply every rule in order; returns the (possibly redacted) content or raises blocked."""
     for rule in rules:
         started = time.monotonic()
-        verdict = check_rule(rule, direction, content, context, custom, call, moderate)
+        verdict = check_rule(rule, direction, content, context, custom, call, moderate, judging)
         name = rule.name or rule.type
         record(
             name,
@@ -204,6 +229,7 @@ def run_rules(
             verdict.status,
             verdict.detail or verdict.message,
             int((time.monotonic() - started) * 1000),
+            verdict.metadata,
         )
         if verdict.status == "blocked":
             fail_run = bool((rule.config or {}).get("fail_run", False))

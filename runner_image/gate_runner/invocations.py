@@ -67,6 +67,8 @@ class Isolation:
     gateway: GatewayChannel | None = None
     # The project's api: tools for the SDK loader (case_env.Handoff.api_tools).
     api_tools: Mapping[str, Any] = field(default_factory=dict)
+    # The project's judge model for the judged guardrails (judge.py), when it names one.
+    guardrail_model: str | None = None
 
 
 class Channel:

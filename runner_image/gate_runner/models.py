@@ -29,7 +29,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from . import gateway_wire as wire
-from .runtime_errors import AgentRunError
+from .runtime_errors import AgentRunError, ModelCallError
 
 
 @dataclass(frozen=True)
@@ -47,14 +47,6 @@ class ModelReply:
     # What the call itself was (the gateway's request hash, tokens, cost, latency,
     # attempts), for the model span; empty where the model is not a gateway's.
     span_metadata: Mapping[str, Any] = field(default_factory=dict)
-
-
-class ModelCallError(AgentRunError):
-    """A model call that failed, with what its model span should show about why."""
-
-    def __init__(self, message: str, span_metadata: Mapping[str, Any]) -> None:
-        super().__init__(message)
-        self.span_metadata = dict(span_metadata)
 
 
 class Model(Protocol):
@@ -126,9 +118,15 @@ def _load_module(path: Path, name: str) -> ModuleType:
 
 
 class ScriptedModel:
+    """``respond()`` as the model. A request whose ``respond`` raises is asked again, at once
+    (no provider to wait for), up to the request's attempts (the agent's
+    ``retry_options.attempts``, else 3: runtime/retries.py), as a live request is retried;
+    a context-window refusal is not (compression repairs it). The script sees every try."""
+
     mode = "scripted"
 
-    def __init__(self, path: Path, agent: str) -> None:
+    def __init__(self, path: Path, agent: str, *, attempts: int = 3) -> None:
+        self.attempts = max(1, attempts)
         self.source = f"tests/models/{path.name}"
         module = _load_module(path, f"gate_scripted_model_{agent.replace('-', '_')}")
         respond = getattr(module, "respond", None)
@@ -156,12 +154,7 @@ class ScriptedModel:
         attempts: int | None = None,
         response_format: Mapping[str, Any] | None = None,
     ) -> ModelReply:
-        # The script sees copies: it cannot rewrite the conversation the trace records.
-        args = (
-            json.loads(json.dumps(messages, default=str)),
-            json.loads(json.dumps(tools)),
-            context,
-        )
+        asked: dict[str, Any] | None = None
         if self._takes_options:
             # What the model is asked with: which model (the fallback's name once the primary
             # failed), its temperature and the agent's reasoning options.
@@ -169,10 +162,31 @@ class ScriptedModel:
             if response_format:
                 # The agent's output_schema, as live mode sends it (a copy, as the rest).
                 asked["response_format"] = json.loads(json.dumps(response_format))
-            raw = self._respond(*args, options=asked)
-        else:
-            raw = self._respond(*args)
-        return parse_reply(raw, source=f"{self.source} respond()")
+        from .runtime.retries import retries_request  # here: it imports the runtime's parts
+
+        tries = max(1, attempts or self.attempts)
+        for number in range(1, tries + 1):
+            # The script sees copies, fresh each try: it cannot rewrite the conversation the
+            # trace records, nor what its next try is asked.
+            args = (
+                json.loads(json.dumps(messages, default=str)),
+                json.loads(json.dumps(tools)),
+                context,
+            )
+            try:
+                if asked is None:
+                    raw = self._respond(*args)
+                else:
+                    raw = self._respond(*args, options=json.loads(json.dumps(asked)))
+                break
+            except Exception as exc:
+                if number == tries or not retries_request(exc):
+                    raise
+        reply = parse_reply(raw, source=f"{self.source} respond()")
+        if number == 1:
+            return reply
+        # How many tries it took, as a gateway's reply says, when it took more than one.
+        return dataclasses.replace(reply, span_metadata={"attempts": number})
 
 
 class ReplayModel:
@@ -883,6 +897,7 @@ def _gateway_error(model: str, status: int, data: bytes) -> ModelCallError:
             limit=fields.get("limit"),
             allowed=fields.get("allowed"),
             used=fields.get("used"),
+            provider_status=fields.get("provider_status"),
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         return ModelCallError(
@@ -895,6 +910,9 @@ def _gateway_error(model: str, status: int, data: bytes) -> ModelCallError:
         metadata["status"] = status  # a kind this runner does not know: the status tells
     if error.kind == "budget":
         metadata.update(limit=error.limit, allowed=error.allowed, used=error.used)
+    status_answered = error.provider_status
+    if isinstance(status_answered, int) and not isinstance(status_answered, bool):
+        metadata["provider_status"] = status_answered
     return ModelCallError(f"model call to {model} failed: {error.message}", metadata)
 
 
@@ -919,7 +937,7 @@ def choose_model(
     if mode == "scripted":
         if not scripted.is_file():
             raise AgentRunError(f"model mode scripted, but tests/models/{agent}.py does not exist")
-        return ScriptedModel(scripted, agent)
+        return ScriptedModel(scripted, agent, attempts=attempts)
     if mode == "replay":
         if not recordings.is_dir():
             raise AgentRunError(f"model mode replay, but tests/recordings/{agent}/ does not exist")

@@ -31,6 +31,7 @@ class InvocationReport(_Report):
     input: Any = None
     output: Any = None
     error: str | None = None
+    provider_failure: str | None = None
     run_context: dict[str, Any] = {}
     traces: list[SpanReport] = []
     violations: list[str] = []

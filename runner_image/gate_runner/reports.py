@@ -92,6 +92,7 @@ INVOCATION = Shape(
         "input": _is_any,
         "output": _is_any,
         "error": _is_str_or_none,
+        "provider_failure": _is_str_or_none,
         "run_context": _is_dict,
         "traces": _is_span_list,
         "violations": _is_str_list,

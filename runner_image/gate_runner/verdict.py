@@ -41,3 +41,30 @@ def case_failure_reason(
         f"{len(failed)} of {runs} invocation(s) failed ({successes} passed, {need} needed for "
         f"{success_threshold}%); first failure (invocation {first_index + 1}): {first_reason}"
     )
+
+
+def unjudged_reason(
+    *,
+    runs: int,
+    success_threshold: int,
+    successes: int,
+    provider_failures: Sequence[tuple[int, str]],
+) -> str | None:
+    """Why the case cannot be judged, or None (README "Verdicts").
+
+    ``provider_failures`` holds (index, reason) of each failed invocation whose run failed
+    because a model call failed outside the agent (models: ModelCallError
+    .outside_the_agent). Such a run says nothing of the agent, so the case is judged only
+    when those runs cannot change its verdict: it passes without them, or fails even if
+    every one of them had passed. Otherwise it is not judged and the gate ends ``error``.
+    """
+    if not provider_failures or case_passes(successes, runs, success_threshold):
+        return None
+    if not case_passes(successes + len(provider_failures), runs, success_threshold):
+        return None  # fails whatever those runs would have done: the agent's own failures
+    index, reason = provider_failures[0]
+    return (
+        f"{len(provider_failures)} of {runs} invocation(s) could not be judged, because a model "
+        f"call failed for a reason that is not the agent's (invocation {index + 1}: {reason}); "
+        "fix the project's keys, routes or budgets (or the provider) and submit again"
+    )

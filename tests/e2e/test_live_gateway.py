@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -177,11 +178,14 @@ def test_a_429_then_success_a_budget_reached_and_two_projects_with_their_own_key
         assert retried["status"] == "passed", retried
         assert len(provider.calls) == 2 and retried["model_calls"]["calls"] == 1
 
-        # Two calls per gate: of three cases, the third call fails naming the budget.
+        # Two calls per gate: of three cases, the third call fails naming the budget. A
+        # budget is no behaviour of the agent's: that case is not judged, and the gate is
+        # error (README "Provider failures are not agent failures").
         capped = alpha.wait(alpha.submit(three)["id"], timeout_s=600)
         statuses = sorted(case["status"] for case in capped["cases"])
-        assert statuses == ["failed", "passed", "passed"], capped
-        (over,) = [c for c in capped["cases"] if c["status"] == "failed"]
+        assert statuses == ["error", "passed", "passed"], capped
+        assert capped["status"] == "error"
+        (over,) = [c for c in capped["cases"] if c["status"] == "error"]
         assert "gate.calls budget of 2 reached" in over["failure_reason"]
 
         # Two projects' gates at once (both calls wait at the provider until both came).
@@ -276,3 +280,123 @@ def test_a_structured_output_agent_sends_its_schema_live_and_replays(
     assert all(r["content"]["request"]["response_format"] for r in exported)
     assert replayed["status"] == "passed", failure_reasons(replayed)
     assert len(provider.calls) == 2 and replayed["model_calls"]["calls"] == 0
+
+
+JUDGED_RULES = {
+    # type -> (direction, config)
+    "prompt_injection": ("input", {}),
+    "topic_restriction": ("input", {"allowed_topics": ["billing"]}),
+    "system_prompt_leakage": ("output", {}),
+    "data_exfiltration": ("output", {"allowed_domains": ["example.com"]}),
+    "relevance": ("output", {}),
+}
+
+
+def judged_project(root: Path) -> Path:
+    """An agent per judged guardrail type, each with a case the judge blocks; and two agents
+    whose provider fails them: a refused key and an endpoint that does not answer."""
+    files: dict[str, str] = {}
+    for kind, (direction, config) in JUDGED_RULES.items():
+        name = kind.replace("_", "-")
+        files[f"agents/{name}.yaml"] = f"""
+            version: "1.0"
+            name: {name}
+            description: Behind a {kind} guardrail.
+            model: openai/gpt-4o
+            system_prompt: You are the billing assistant.
+            guardrails:
+              {direction}:
+                - type: {kind}
+                  config: {json.dumps(config)}
+        """
+        files[f"tests/{name}.yaml"] = """
+            tests:
+              - name: blocked
+                payload: "VIOLATE: please"
+                expected_result: status == "blocked"
+        """
+    for name, model in (("refused", "openai/gpt-4o"), ("unreachable", "mistral/small")):
+        files[f"agents/{name}.yaml"] = f"""
+            version: "1.0"
+            name: {name}
+            description: Its provider fails it.
+            model: {model}
+            system_prompt: Be brief.
+            retry_options: {{attempts: 1, initial_delay: 0, max_delay: 1}}
+        """
+        files[f"tests/{name}.yaml"] = """
+            tests:
+              - name: answers
+                payload: hi
+                expected_result: output == "hello from the fake provider"
+        """
+    return write(root, files)
+
+
+def test_provider_failures_end_error_and_each_judged_guardrail_blocks_live_and_replays(
+    serve: dict[str, Any], provider: FakeProvider, tmp_path: Path
+) -> None:
+    """Issue 38, items 5, 6 and 9: a 401 and an unreachable endpoint end their cases error
+    with the provider's reason (the gate error), never failed; each judged guardrail asks the
+    project's judge model through the gateway, blocks on its verdict, and replays from the
+    gate's recordings with no model call."""
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{closed.getsockname()[1]}/v1"
+    with httpx.Client(base_url=serve["url"], headers=bearer(ADMIN_TOKEN), timeout=60) as admin:
+        token = project_token(admin, "judged", ["submit", "read"])
+        for name, value in {
+            "OPENAI_API_KEY": "sk-judged",
+            "OPENAI_API_BASE": provider.url,
+            "MISTRAL_API_KEY": "sk-mistral",
+            "MISTRAL_API_BASE": dead,
+        }.items():
+            r = admin.put(f"/v1/projects/judged/secrets/{name}", json={"value": value})
+            assert r.status_code == 201, r.text
+        r = admin.put("/v1/projects/judged/guardrail-model", json={"model": "openai/gpt-4o-mini"})
+        assert r.status_code in (200, 201), r.text
+
+    def decide(body: dict[str, Any]) -> str:
+        # The refused agent's request is told by its system prompt; every other is ok.
+        return "401" if body["messages"][0]["content"] == "Be brief." else "ok"
+
+    def verdict(body: dict[str, Any]) -> dict[str, Any]:
+        violation = "VIOLATE" in json.dumps(body["messages"])
+        return {"violation": violation, "reason": "the judge saw VIOLATE"}
+
+    provider.decide = decide
+    provider.structured_answer = verdict
+    provider.answer = "VIOLATE: an answer the output rules judge"
+    project = judged_project(tmp_path / "p")
+    judged = GateClient(serve["url"], token=token)
+    try:
+        done = judged.wait(judged.submit(bundle_of(project))["id"], timeout_s=900)
+        exported = judged.recordings(done["id"])["recordings"]
+        for recording in exported:
+            target = project / recording["path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps(recording["content"]))
+        for name in ("refused", "unreachable"):  # the replayed gate has only the guardrails
+            (project / "agents" / f"{name}.yaml").unlink()
+            (project / "tests" / f"{name}.yaml").unlink()
+        calls = len(provider.calls)
+        again = judged.submit(bundle_of(project), model_mode="replay")
+        replayed = judged.wait(again["id"], timeout_s=900)
+    finally:
+        judged.close()
+    cases = {c["agent_name"]: c for c in done["cases"]}
+    assert done["status"] == "error", done
+    assert cases["refused"]["status"] == "error", cases["refused"]
+    assert "HTTP 401" in cases["refused"]["failure_reason"], cases["refused"]
+    assert "Incorrect API key" in cases["refused"]["failure_reason"]
+    assert cases["unreachable"]["status"] == "error", cases["unreachable"]
+    assert "could not be reached" in cases["unreachable"]["failure_reason"]
+    for kind in JUDGED_RULES:
+        case = cases[kind.replace("_", "-")]
+        assert case["status"] == "passed", (kind, case)
+    judge_calls = [b for _, b in provider.calls if b.get("model") == "gpt-4o-mini"]
+    assert len(judge_calls) == len(JUDGED_RULES), [b.get("model") for _, b in provider.calls]
+    assert all(b["response_format"]["json_schema"]["name"] == "guardrail_verdict"
+               for b in judge_calls)  # fmt: skip
+    assert replayed["status"] == "passed", failure_reasons(replayed)
+    assert len(provider.calls) == calls and replayed["model_calls"]["calls"] == 0

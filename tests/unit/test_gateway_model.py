@@ -21,13 +21,12 @@ from gate_runner.models import (
     GatewayChannel,
     GatewayModel,
     LiveModel,
-    ModelCallError,
     ModelReply,
     ScriptedModel,
     choose_model,
     request_key,
 )
-from gate_runner.runtime_errors import AgentRunError
+from gate_runner.runtime_errors import AgentRunError, ModelCallError
 from gate_service.runner_contract import parse_runner_output
 from tests.fixtures.fake_gateway import FakeGateway, Undeclared, reply
 from tests.fixtures.projects import live_project, write
@@ -44,9 +43,14 @@ BUDGET = wire.GatewayError(
 
 
 def through(gateway: FakeGateway, project: Path) -> CaseResult:
-    """live-bot's case, run with the fake gateway as its model gateway channel."""
+    """live-bot's case, run with the fake gateway as its model gateway channel. A case whose
+    model call failed outside the agent is not judged (case_error): the tests say which."""
     return judged(
-        project, "tests/live-bot.yaml", "answers", isolation=Isolation(gateway=gateway.channel)
+        project,
+        "tests/live-bot.yaml",
+        "answers",
+        isolation=Isolation(gateway=gateway.channel),
+        judgeable=False,
     )
 
 
@@ -90,6 +94,8 @@ def test_a_budget_error_is_the_agents_model_error_and_is_not_retried(
     inv = result.invocations[0]
     assert inv.status == "failed"
     assert inv.error == f"model call to openai/gpt-4o failed: {BUDGET.message}"
+    # A budget is the gate's configuration, not the agent's behaviour: the case is not judged.
+    assert result.case_error is not None and BUDGET.message in result.case_error
     assert len(fake_gateway.requests) == 1  # attempts: 3, and still one request
     span = model_span(result)
     assert span.status == "error"
@@ -111,11 +117,13 @@ def test_a_wrong_token_is_refused_and_the_refusal_surfaces(
         "tests/live-bot.yaml",
         "answers",
         isolation=Isolation(gateway=wrong),
+        judgeable=False,
     )
     assert fake_gateway.refused == 1 and not fake_gateway.requests
     error = result.invocations[0].error or ""
     assert error == "model call to openai/gpt-4o failed: this channel's token is not that"
     assert model_span(result).metadata["error_kind"] == "refused"
+    assert result.case_error is not None and error in result.case_error
 
 
 def test_a_gateway_that_is_gone_is_unreachable(fake_gateway: FakeGateway, tmp_path: Path) -> None:

@@ -178,6 +178,8 @@ ANSWERS = {
     "empty object": (send(200, b"{}"), 200, "{}"),
     "a page": (send(200, b"<html><body>Sign in</body></html>", "text/html"), 200, "Sign in"),
     "a server error": (send(500, b'{"error": {"message": "overloaded"}}'), 500, "overloaded"),
+    "a refused key": (send(401, b'{"error": {"message": "bad key"}}'), 401, "bad key"),
+    "an unknown model": (send(404, b'{"error": {"message": "no such model"}}'), 404, "no such"),
     "a hang-up": (hang_up, None, None),
 }
 INTERNALS = ("Traceback", "litellm", "site-packages", ".py", "Exception", "Error:", "File ")
@@ -208,6 +210,8 @@ def test_a_provider_failure_is_a_readable_reason_with_nothing_internal(
         assert f"HTTP {status_seen}" in message and excerpt in message, message
     for internal in INTERNALS:
         assert internal not in message, (internal, message)
+    # The status the provider answered, which the runner tells the agent's failures by.
+    assert answer["error"]["provider_status"] == status_seen, answer
     # Once: no prefix repeated (the runner adds "model call to <model> failed: ").
     assert message.count(" answered HTTP ") + message.count(" could not be reached ") == 1
     # What is stored for the case is the same reason.

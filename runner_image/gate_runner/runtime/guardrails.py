@@ -5,10 +5,11 @@ custom rules' code (or its mock). The rules themselves live in gate_runner/guard
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..guardrails import GuardrailBlocked, Moderate, run_rules
+from ..guardrails import NO_JUDGE, GuardrailBlocked, Judged, Judging, Moderate, run_rules
+from ..judge import JUDGED_TYPES, VERDICT_FORMAT, judge_messages, parse_verdict
 from .middleware import call_middleware
 from .mocking import resolve_phase, violate
 from .model_choice import model_for
@@ -30,9 +31,11 @@ def run_guardrails(
     trace: Trace,
     parent: Span,
 ) -> str:
-    def record(name: str, where: str, status: str, message: str | None, ms: int) -> None:
+    def record(
+        name: str, where: str, status: str, message: str | None, ms: int, extra: dict[str, Any]
+    ) -> None:
         # The span open() returns: with parallel children, spans[-1] may be another thread's.
-        span = trace.open("guardrail", name, parent, direction=where, message=message)
+        span = trace.open("guardrail", name, parent, direction=where, message=message, **extra)
         span.status = status
         span.duration_ms = ms
 
@@ -68,7 +71,55 @@ def run_guardrails(
         call=call_user_function,
         record=record,
         moderate=moderate,
+        judging=judging(rt, agent, rules, context),
     )
+
+
+def judging(rt: Runtime, agent: str, rules: list[Any], context: dict[str, Any]) -> Judging:
+    """How this agent's judged guardrails (judge.py) are checked: by the rule's own ``model``
+    or else the project's guardrail model, asked through the agent's own model (its gateway
+    in live and record mode, its recordings in replay). Skipped in scripted mode, which
+    calls no provider, and when no judge model is named."""
+    if not any(r.type in JUDGED_TYPES for r in rules):
+        return NO_JUDGE
+    config = rt.agents.get(agent)
+    facts = {
+        "system_prompt": str(getattr(config, "system_prompt", None) or ""),
+        "request": _request_text(context.get("payload")),
+    }
+
+    def ask(kind: str, rule_config: Mapping[str, Any], text: str) -> Judged | str:
+        name = str(rule_config.get("model") or rt.guardrail_model or "")
+        if not name:
+            return NO_JUDGE.unavailable
+        if rt.model_mode == "scripted":
+            return "it needs a judge model, and scripted mode calls none"
+        model = model_for(rt, agent)  # chosen here: a run with no judged rule needs none
+        if model.mode not in ("live", "record", "replay"):
+            return f"it needs a judge model, and {model.mode} mode calls none"
+        reply = model.complete(
+            model=name,
+            messages=judge_messages(kind, rule_config, text, facts),
+            tools=[],
+            temperature=0.0,
+            context=context,
+            options={},
+            response_format=VERDICT_FORMAT,
+        )
+        verdict = parse_verdict(kind, name, reply.content)
+        # What the judge's call was, as a model span shows it (tokens, cost, request hash).
+        return verdict, {"judge_model": name, **reply.span_metadata}
+
+    return Judging(ask)
+
+
+def _request_text(payload: Any) -> str:
+    """The run's input as text, for the relevance judge: a payload's text parts, else JSON."""
+    if isinstance(payload, Mapping) and isinstance(payload.get("parts"), list):
+        texts = [str(p["text"]) for p in payload["parts"] if isinstance(p, Mapping) and "text" in p]
+        if texts:
+            return "\n".join(texts)
+    return payload if isinstance(payload, str) else json.dumps(jsonable(payload))
 
 
 def guard_input(

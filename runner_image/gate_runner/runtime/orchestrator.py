@@ -20,7 +20,7 @@ from ..approvals import Approvals, AwaitingApproval
 from ..guardrails import GuardrailBlocked
 from ..mocks import Mocks, StrictFlags, StrictViolation
 from ..predefined import Predefined, page_answer, web_read_page
-from ..runtime_errors import AgentNotFound, AgentRunError, InvocationTimedOut
+from ..runtime_errors import AgentNotFound, AgentRunError, InvocationTimedOut, ModelCallError
 from . import triggers
 from .middleware import middleware_of
 from .mocking import resolve_phase
@@ -51,6 +51,9 @@ class RunOutcome:
     output: Any
     error: str | None
     run_context: dict[str, Any]
+    # The run failed because a model call failed outside the agent (ModelCallError
+    # .outside_the_agent): its reason. The case is then not judged on it (case.py).
+    provider_failure: str | None = None
 
     @property
     def ended_as(self) -> str:
@@ -87,6 +90,7 @@ class Runtime:
         project: Path | None = None,
         model_mode: str | None = None,
         gateway: GatewayChannel | None = None,
+        guardrail_model: str | None = None,
     ) -> None:
         self.agents = agents
         self.loader = loader
@@ -94,6 +98,8 @@ class Runtime:
         self.model_mode = model_mode
         # The case's model gateway channel, when it has one: live models go through it.
         self.gateway = gateway
+        # The project's judge model for the judged guardrails (judge.py); None: it names none.
+        self.guardrail_model = guardrail_model
         # Each agent's model, chosen on its first use in this invocation (model_choice.py).
         self.models: dict[str, Model] = {}
         # Session agents' histories in this invocation, by agent and key (sessions.py).
@@ -188,6 +194,7 @@ class Runtime:
         state = self._runs[id(context)] = RunState(started=time.monotonic())
         publish = True
         stopped: InvocationTimedOut | None = None
+        provider_failure: str | None = None
         token = self._frames.set((*self._frames.get(), (trace, parent, context)))
         try:
             output = self.run_agent(agent_name, payload, context, trace, parent)
@@ -208,6 +215,8 @@ class Runtime:
             raise
         except Exception as exc:
             output, status, error = None, "failed", error_text(exc)
+            if isinstance(exc, ModelCallError) and exc.outside_the_agent:
+                provider_failure = error
         except InvocationTimedOut as exc:
             # timeout_s passed (issue 39): this run fails, and its cleanup still runs below;
             # a run inside another then hands the stop on to the one around it.
@@ -228,7 +237,13 @@ class Runtime:
                 would_publish=publish,
                 output=jsonable(output),
             )
-        outcome = RunOutcome(status=status, output=output, error=error, run_context=context)
+        outcome = RunOutcome(
+            status=status,
+            output=output,
+            error=error,
+            run_context=context,
+            provider_failure=provider_failure,
+        )
         if status != "awaiting_approval":
             # Decided (issue 39): a run waiting for an approval has not ended (the platform
             # resumes it; a gate never does), so its cleanup never comes.
