@@ -238,6 +238,20 @@ def test_the_failing_case_leads_to_its_run_and_a_mocked_tool_call_in_the_trace(
     expect(details.locator("dl.meta").first).to_contain_text('"customer": "Ada"')
     model = page.locator("details.t-model_call > summary").first
     expect(model).to_contain_text("ms")
+    # What the model was asked (issue 38, item 8): collapsed under its span, opened by hand.
+    asked = model.locator("xpath=..").locator("details.request").first
+    expect(asked).to_be_hidden()
+    if model.locator("xpath=..").get_attribute("open") is None:
+        model.click()
+    summary = asked.locator("xpath=./summary")
+    expect(summary).to_contain_text("request:")
+    expect(summary).to_contain_text("1 tool")
+    assert asked.get_attribute("open") is None
+    summary.click()
+    expect(asked).to_contain_text("system prompt")
+    expect(asked).to_contain_text("Support.")
+    expect(asked).to_contain_text("which plan is Ada on")
+    expect(asked.locator("ul.tools code").first).to_have_text("lookup")
     page.screenshot(path=str(tmp_path / "run-page.png"), full_page=True)
     assert serious_violations(page) == []
     page.close()
