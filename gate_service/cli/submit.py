@@ -184,7 +184,9 @@ def submit(
             raise _fail(f"{exc}; giving up (the gate goes on; see GET /v1/gates/{{id}})") from exc
         except GateAPIError as exc:
             raise _fail(f"lost the gate while waiting: {exc}") from exc
-        if gate["status"] == "failed":
+        # An error gate's unjudged cases have runs too (a provider failed them): their
+        # traces say why, as a failed case's do.
+        if gate["status"] in ("failed", "error"):
             for case in gate.get("cases") or []:
                 if case.get("passed") is not True and case.get("agent_run_ids"):
                     case["failed_runs"] = client.failed_runs(case)

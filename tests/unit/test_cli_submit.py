@@ -225,6 +225,20 @@ def test_json_on_error_prints_nothing_and_says_why_on_stderr(
     assert "Gate errored: 2 suite(s) are invalid" in err and "unknown agent 'ghost'" in err
 
 
+def test_an_error_gates_unjudged_case_shows_its_failed_runs(
+    use_api: Callable[[FakeGate], None], project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A case a provider failure left unjudged (README "Provider failures are not agent
+    failures") has runs whose traces say why: they are fetched and shown as a failed case's."""
+    reason = "1 of 1 invocation(s) could not be judged, because a model call failed"
+    unjudged = case("wrong_sum", passed=None, status="error", reason=reason, runs=1)
+    use_api(FakeGate([gate("error", [unjudged], failure_reason=f"1 of 1 case(s): {reason}")]))
+    code, out, err = run_cli(capsys, str(project))
+    assert code == 2
+    assert "Run run-wrong_sum-0" in out, out
+    assert "Gate errored" in err
+
+
 def test_json_on_cancel_prints_the_document(
     use_api: Callable[[FakeGate], None], project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
