@@ -248,8 +248,8 @@ class Settings(BaseSettings):
         default=True,
         description="Serve live model calls from each worker's model gateway: every case gets "
         "a Unix socket of its own as its one way out, and the project's provider keys stay "
-        "with the worker. Off, cases get no channel and live cases fail saying so: the "
-        "runner image carries no provider library.",
+        "with the worker. Off, cases get no channel, so a gate with a live agent ends error "
+        "in validating saying so: the runner image carries no provider library.",
     )
     # The model gateway (gate_service/gateway): budgets per gate and per project; 0 = no limit.
     gateway_socket_root: Path | None = Field(

@@ -475,15 +475,15 @@ def _check_live_models(
     """BundleRejected naming each agent, model and fix when a model that a selected case
     would call live (an LLM agent's own, or the project's ``guardrail_model`` judging an
     agent's judged guardrails) has neither a provider key among the project's secrets nor a
-    project route. Without a gateway nothing is checked: live cases fail saying the gateway
-    is off."""
+    project route; or, with the model gateway off on this server, when any would be called
+    live at all (a case's container has no other way to a provider)."""
     gateway = ctx.gateway
-    if gateway is None:
-        return
     case_agents = {case.agent_name for case in report.cases}
     needed = live_models(bundle_dir, report.configs, case_agents, model_mode, guardrail_model)
     if not needed:
         return  # no live agent: the project's secrets are not even read
+    if gateway is None:
+        raise _gateway_off(needed, model_mode)
     with session_scope(ctx.sessions) as session:
         project_id = session.get_one(Gate, job.gate_id).project_id
         secrets = project_secrets(session, ctx.box(), project_id)
@@ -517,6 +517,39 @@ def _check_live_models(
     raise BundleRejected(
         f"{len(problems)} model(s) the cases would call live cannot be answered, so no case "
         f"ran: {shown}" + (f"; and {more} more (see problems)" if more > 0 else ""),
+        problems,
+    )
+
+
+def _gateway_off(needed: list[LiveModel], model_mode: str | None) -> BundleRejected:
+    """No live call can be answered on a server whose model gateway is off: each agent that
+    would make one, and what would do instead."""
+    problems = []
+    for live in needed:
+        offline = (
+            f"give agent {live.agent!r} a scripted model tests/models/{live.agent}.py or "
+            f"recordings tests/recordings/{live.agent}/"
+        )
+        if model_mode == "live":
+            offline = f"submit without model_mode=live and {offline}"
+        problems.append(
+            {
+                "file": live.source or "agents/",
+                "case": None,
+                "agent": live.agent,
+                "field": live.field,
+                "model": live.model,
+                "secret": None,
+                "message": f"agent {live.agent!r} ({live.field} {live.model}) would call its "
+                f"model live; to fix: {offline}",
+            }
+        )
+    shown = "; ".join(p["message"] for p in problems[:MAX_MODELS_IN_REASON])
+    more = len(problems) - MAX_MODELS_IN_REASON
+    return BundleRejected(
+        "this server's model gateway is off (GATE_MODEL_GATEWAY=false), so no model can be "
+        f"called live and no case ran: {shown}"
+        + (f"; and {more} more (see problems)" if more > 0 else ""),
         problems,
     )
 

@@ -68,7 +68,7 @@ def judge(
     project: TestClient,
     settings: Settings,
     sessions: sessionmaker[Session],
-    gateway: ModelGateway,
+    gateway: ModelGateway | None,
     bundle: bytes,
     **data: str,
 ) -> tuple[dict[str, Any], FakeSandbox]:
@@ -127,6 +127,27 @@ def test_a_live_agent_nothing_can_answer_ends_the_gate_in_validating_saying_what
     # Nothing was built and no case was stored or run.
     assert gate["cases"] == [] and gate["total_cases"] == 0
     assert sandbox.images == {} and sandbox.runs == []
+
+
+def test_with_the_gateway_off_a_live_agent_ends_the_gate_in_validating(
+    client: TestClient,
+    shop: TestClient,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    tmp_path: Path,
+) -> None:
+    """GATE_MODEL_GATEWAY=false: no case can reach a provider, so a live agent is a
+    configuration error before anything is built, not a red case; a scripted one runs."""
+    put_secret(client, "GEMINI_API_KEY", "k")  # a key is no help without the gateway
+    gate, sandbox = judge(shop, settings, sessions, None, bot(tmp_path / "p", "gemini/g-1"))
+    assert (gate["status"], gate["phase"]) == ("error", "validating"), gate
+    assert "model gateway is off (GATE_MODEL_GATEWAY=false)" in gate["failure_reason"]
+    assert "tests/models/bot.py" in gate["failure_reason"]
+    assert [p["agent"] for p in gate["problems"]] == ["bot"]
+    assert sandbox.images == {} and sandbox.runs == []
+    scripted = bot(tmp_path / "s", "gemini/g-1", scripted=True)
+    gate, _ = judge(shop, settings, sessions, None, scripted)
+    assert gate["status"] == "passed", gate
 
 
 def test_with_the_provider_key_among_the_secrets_the_gate_runs(
