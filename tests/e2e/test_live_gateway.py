@@ -330,6 +330,21 @@ def judged_project(root: Path) -> Path:
                 payload: hi
                 expected_result: output == "hello from the fake provider"
         """
+    # A model LiteLLM would send to the Responses API, on a project route: chat completions.
+    files["agents/pro.yaml"] = """
+        version: "1.0"
+        name: pro
+        description: On a routed model.
+        model: openai/gpt-5-pro
+        system_prompt: Think hard.
+        reasoning_effort: high
+    """
+    files["tests/pro.yaml"] = """
+        tests:
+          - name: answers
+            payload: hi
+            expected_result: status == "completed"
+    """
     return write(root, files)
 
 
@@ -353,6 +368,11 @@ def test_provider_failures_end_error_and_each_judged_guardrail_blocks_live_and_r
         }.items():
             r = admin.put(f"/v1/projects/judged/secrets/{name}", json={"value": value})
             assert r.status_code == 201, r.text
+        route = {"pattern": "openai/gpt-5-pro", "api_base": provider.url, "key_secret": "CORP"}
+        r = admin.put("/v1/projects/judged/secrets/CORP", json={"value": "sk-corp"})
+        assert r.status_code == 201, r.text
+        r = admin.put("/v1/projects/judged/model-routes", json={"routes": [route]})
+        assert r.status_code == 200, r.text
         r = admin.put("/v1/projects/judged/guardrail-model", json={"model": "openai/gpt-4o-mini"})
         assert r.status_code in (200, 201), r.text
 
@@ -376,7 +396,7 @@ def test_provider_failures_end_error_and_each_judged_guardrail_blocks_live_and_r
             target = project / recording["path"]
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(json.dumps(recording["content"]))
-        for name in ("refused", "unreachable"):  # the replayed gate has only the guardrails
+        for name in ("refused", "unreachable", "pro"):  # the replay: only the guardrails
             (project / "agents" / f"{name}.yaml").unlink()
             (project / "tests" / f"{name}.yaml").unlink()
         calls = len(provider.calls)
@@ -394,6 +414,10 @@ def test_provider_failures_end_error_and_each_judged_guardrail_blocks_live_and_r
     for kind in JUDGED_RULES:
         case = cases[kind.replace("_", "-")]
         assert case["status"] == "passed", (kind, case)
+    assert cases["pro"]["status"] == "passed", cases["pro"]
+    (pro,) = [i for i, (_, b) in enumerate(provider.calls) if "gpt-5-pro" in b.get("model", "")]
+    assert provider.paths[pro] == "/v1/chat/completions"
+    assert provider.calls[pro][0] == "Bearer sk-corp"
     judge_calls = [b for _, b in provider.calls if b.get("model") == "gpt-4o-mini"]
     assert len(judge_calls) == len(JUDGED_RULES), [b.get("model") for _, b in provider.calls]
     assert all(b["response_format"]["json_schema"]["name"] == "guardrail_verdict"
