@@ -499,59 +499,62 @@ def _check_live_models(
             if live.guardrails:
                 what += f", judging its {', '.join(live.guardrails)} guardrail"
                 what += "s" if len(live.guardrails) > 1 else ""
-            problems.append(
-                {
-                    "file": live.source or "agents/",
-                    "case": None,
-                    "agent": live.agent,
-                    "field": live.field,
-                    "model": live.model,
-                    "secret": missing.secret,
-                    "message": f"agent {live.agent!r} ({what}): {message}",
-                }
-            )
-    if not problems:
-        return
-    shown = "; ".join(p["message"] for p in problems[:MAX_MODELS_IN_REASON])
-    more = len(problems) - MAX_MODELS_IN_REASON
-    raise BundleRejected(
-        f"{len(problems)} model(s) the cases would call live cannot be answered, so no case "
-        f"ran: {shown}" + (f"; and {more} more (see problems)" if more > 0 else ""),
-        problems,
-    )
+            problems.append(_model_problem(live, f"({what}): {message}", missing.secret))
+    if problems:
+        raise _unanswered(
+            f"{len(problems)} model(s) the cases would call live cannot be answered", problems
+        )
 
 
 def _gateway_off(needed: list[LiveModel], model_mode: str | None) -> BundleRejected:
-    """No live call can be answered on a server whose model gateway is off: each agent that
-    would make one, and what would do instead."""
-    problems = []
-    for live in needed:
-        offline = (
-            f"give agent {live.agent!r} a scripted model tests/models/{live.agent}.py or "
-            f"recordings tests/recordings/{live.agent}/"
+    """No live call can be answered on a server whose model gateway is off: each model that
+    would be called, and what would do instead."""
+    problems = [
+        _model_problem(
+            live,
+            f"({live.field} {live.model}) would call its model live; to fix: "
+            + _offline_fix(live, model_mode),
         )
-        if model_mode == "live":
-            offline = f"submit without model_mode=live and {offline}"
-        problems.append(
-            {
-                "file": live.source or "agents/",
-                "case": None,
-                "agent": live.agent,
-                "field": live.field,
-                "model": live.model,
-                "secret": None,
-                "message": f"agent {live.agent!r} ({live.field} {live.model}) would call its "
-                f"model live; to fix: {offline}",
-            }
-        )
+        for live in needed
+    ]
+    return _unanswered(
+        "this server's model gateway is off (GATE_MODEL_GATEWAY=false), so no model can be "
+        "called live",
+        problems,
+    )
+
+
+def _model_problem(live: LiveModel, said: str, secret: str | None = None) -> dict[str, Any]:
+    """One unanswerable model as a problem of the gate (its agent, field, model, secret)."""
+    return {
+        "file": live.source or "agents/",
+        "case": None,
+        "agent": live.agent,
+        "field": live.field,
+        "model": live.model,
+        "secret": secret,
+        "message": f"agent {live.agent!r} {said}",
+    }
+
+
+def _unanswered(why: str, problems: list[dict[str, Any]]) -> BundleRejected:
+    """The gate's refusal in validating: ``why``, and the first problems spelled out."""
     shown = "; ".join(p["message"] for p in problems[:MAX_MODELS_IN_REASON])
     more = len(problems) - MAX_MODELS_IN_REASON
     return BundleRejected(
-        "this server's model gateway is off (GATE_MODEL_GATEWAY=false), so no model can be "
-        f"called live and no case ran: {shown}"
+        f"{why}, so no case ran: {shown}"
         + (f"; and {more} more (see problems)" if more > 0 else ""),
         problems,
     )
+
+
+def _offline_fix(live: LiveModel, model_mode: str | None) -> str:
+    """How the agent's cases would need no live call: a scripted model or recordings."""
+    offline = (
+        f"give agent {live.agent!r} a scripted model tests/models/{live.agent}.py or "
+        f"recordings tests/recordings/{live.agent}/"
+    )
+    return f"submit without model_mode=live and {offline}" if model_mode == "live" else offline
 
 
 def _fixes(project: str, live: LiveModel, secret: str | None, model_mode: str | None) -> str:
@@ -573,15 +576,8 @@ def _fixes(project: str, live: LiveModel, secret: str | None, model_mode: str | 
         )
     elif live.guardrails:  # the rule's own judge model
         fixes.append(f"name another model in the rule's config.model ({live.source or 'agents/'})")
-    if live.guardrails:
-        return "to fix: " + ", or ".join(fixes)
-    offline = (
-        f"give agent {live.agent!r} a scripted model tests/models/{live.agent}.py or "
-        f"recordings tests/recordings/{live.agent}/"
-    )
-    if model_mode == "live":
-        offline = f"submit without model_mode=live and {offline}"
-    fixes.append(offline)
+    if not live.guardrails:
+        fixes.append(_offline_fix(live, model_mode))
     return "to fix: " + ", or ".join(fixes)
 
 

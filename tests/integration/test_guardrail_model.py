@@ -10,7 +10,6 @@ runs the real runner in this process, against the OpenAI-compatible fake provide
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,13 +21,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from gate_service.cli import main
 from gate_service.config import Settings
 from gate_service.gateway import ModelGateway
-from gate_service.worker.handler import WorkerContext
-from gate_service.worker.loop import Worker
 from tests.fixtures.auth import ADMIN_TOKEN, as_token, project_token
 from tests.fixtures.fake_llm import FakeProvider
 from tests.fixtures.live import live_server  # noqa: F401 (fixture)
 from tests.fixtures.projects import bundle_of, write
-from tests.fixtures.sandbox import FakeSandbox
+from tests.fixtures.worked import submit_and_work as judge
 
 JUDGE = "openai/gpt-4o-mini"
 
@@ -212,30 +209,6 @@ def shop(client: TestClient, provider: FakeProvider) -> TestClient:
         r = client.put(f"/v1/projects/shop/secrets/{name}", json={"value": value})
         assert r.status_code == 201, r.text
     return as_token(client, token)
-
-
-def judge(
-    project: TestClient,
-    settings: Settings,
-    sessions: sessionmaker[Session],
-    gateway: ModelGateway,
-    bundle: bytes,
-    **data: str,
-) -> tuple[dict[str, Any], FakeSandbox]:
-    """Submit ``bundle``, run the worker once with the fake sandbox: the gate and the sandbox."""
-    sandbox = FakeSandbox()
-    sandbox.apply_env = True
-    created = project.post("/v1/gates", files={"bundle": ("b.tgz", bundle)}, data=data)
-    assert created.status_code == 202, created.text
-    ctx = WorkerContext(
-        settings=settings,
-        sessions=sessions,
-        sandbox=sandbox,
-        stop=threading.Event(),
-        gateway=gateway,
-    )
-    assert Worker(ctx, name="judge-check").run_once()
-    return project.get(f"/v1/gates/{created.json()['id']}").json(), sandbox
 
 
 def test_a_judge_model_no_key_or_route_answers_ends_the_gate_in_validating(

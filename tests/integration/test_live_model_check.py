@@ -10,9 +10,7 @@ the real runner in this process, against the OpenAI-compatible fake provider on 
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -20,12 +18,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gate_service.config import Settings
 from gate_service.gateway import ModelGateway
-from gate_service.worker.handler import WorkerContext
-from gate_service.worker.loop import Worker
 from tests.fixtures.auth import as_token, project_token
 from tests.fixtures.fake_llm import FakeProvider
 from tests.fixtures.projects import bundle_of, write
-from tests.fixtures.sandbox import FakeSandbox
+from tests.fixtures.worked import submit_and_work as judge
 
 SCRIPTED = """
     def respond(messages, tools, context):
@@ -62,30 +58,6 @@ def bot(root: Path, model: str, *, fallback: str | None = None, scripted: bool =
 def shop(client: TestClient) -> TestClient:
     """Project ``shop`` with no secrets and no routes."""
     return as_token(client, project_token(client, "shop", ["submit", "read"]))
-
-
-def judge(
-    project: TestClient,
-    settings: Settings,
-    sessions: sessionmaker[Session],
-    gateway: ModelGateway | None,
-    bundle: bytes,
-    **data: str,
-) -> tuple[dict[str, Any], FakeSandbox]:
-    """Submit ``bundle``, run the worker once with the fake sandbox: the gate and the sandbox."""
-    sandbox = FakeSandbox()
-    sandbox.apply_env = True
-    created = project.post("/v1/gates", files={"bundle": ("b.tgz", bundle)}, data=data)
-    assert created.status_code == 202, created.text
-    ctx = WorkerContext(
-        settings=settings,
-        sessions=sessions,
-        sandbox=sandbox,
-        stop=threading.Event(),
-        gateway=gateway,
-    )
-    assert Worker(ctx, name="live-check").run_once()
-    return project.get(f"/v1/gates/{created.json()['id']}").json(), sandbox
 
 
 def put_secret(client: TestClient, name: str, value: str) -> None:

@@ -9,7 +9,6 @@ the live agents call the OpenAI-compatible fake provider through a real gateway.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gate_service.config import Settings
 from gate_service.gateway import ModelGateway
-from gate_service.worker.handler import WorkerContext
 from gate_service.worker.loop import Worker
 from tests.fixtures.auth import as_token, project_token
 from tests.fixtures.fake_llm import FakeProvider
 from tests.fixtures.projects import bundle_of, results_page_project, write
-from tests.fixtures.sandbox import FakeSandbox
+from tests.fixtures.worked import work_once
 
 
 def llm(name: str, model: str) -> str:
@@ -103,16 +101,7 @@ def test_a_validated_gate_answers_each_agent_s_mode_the_gate_s_and_why(
         {},
         None,
     )
-    sandbox = FakeSandbox()
-    sandbox.apply_env = True
-    ctx = WorkerContext(
-        settings=settings,
-        sessions=sessions,
-        sandbox=sandbox,
-        stop=threading.Event(),
-        gateway=gateway,
-    )
-    assert Worker(ctx, name="modes").run_once()
+    work_once(settings, sessions, gateway)
     gate: dict[str, Any] = shop.get(f"/v1/gates/{queued['id']}").json()
 
     assert gate["phase"] == "done", (gate["status"], gate["failure_reason"])
