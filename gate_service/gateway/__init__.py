@@ -1,4 +1,4 @@
-"""The model gateway: the one door out of a live case (design.md, "Trust boundaries").
+"""The model gateway: the one door out of a live case (docs/threat-model.md).
 
 Each worker process builds one ``ModelGateway`` at start-up (``gateway``: LiteLLM imported
 once, forwarding, retries) and opens a ``Channel`` per case (``channel``: a Unix socket in a

@@ -7,7 +7,7 @@ the credential, and the folder path is known to the worker alone. ``close()`` en
 channel: the socket is gone, so connecting fails, and a call still in flight is cut.
 
 Every byte a case sends is hostile, so the channel is bounded in connections, time and log
-volume (design.md, "Trust boundaries"). One thread per channel, its front, accepts
+volume (docs/threat-model.md). One thread per channel, its front, accepts
 connections and reads all their heads at once (selectors, h11), each whole head within
 HEAD_TIMEOUT_S of its accept however slowly it trickles; nothing else is spent on a
 connection before its head shows the token. A channel holds at most MAX_CHANNEL_CONNECTIONS
@@ -77,8 +77,8 @@ log = logging.getLogger(__name__)
 MAX_SOCKET_PATH = 107
 MAX_ATTEMPTS = 10  # a request asking for more tries gets this many
 
-# A case's channel is bounded in connections, time and log volume (design.md, "Trust
-# boundaries"); the module's doc says how. Each is read when used, so a test may lower it.
+# A case's channel is bounded in connections, time and log volume (docs/threat-model.md);
+# the module's doc says how. Each is read when used, so a test may lower it.
 # Connections one channel holds at once, its calls in flight among them: a case's
 # invocations may call at once, but no case needs more.
 MAX_CHANNEL_CONNECTIONS = 16

@@ -1,8 +1,8 @@
 """A fetched page as web_read_page answers it, read outside the worker's own process.
 
 The gateway reads every page a case fetches, up to MAX_PAGE_BYTES of a server's choosing,
-and the worker that serves it runs every other project's cases too (design.md, "Trust
-boundaries"). Reading a page is linear in its size (gate_service/page_reader.py: libxml2
+and the worker that serves it runs every other project's cases too (docs/threat-model.md).
+Reading a page is linear in its size (gate_service/page_reader.py: libxml2
 behind a linear scan), but a 2 MiB hostile page still costs up to about a second of CPU,
 and in a gateway thread each page held the worker's GIL for much of it: while one project's
 cases read such pages, another project's one-case gate took 25 times its time (31 times

@@ -2,8 +2,8 @@
 
 A live case has no network. Its worker serves a model gateway (gate_service/gateway), and
 gives each case a channel of its own: a Unix socket in a host folder that is bind-mounted
-read-only into that case's container alone, at ``SOCKET_DIR`` (design.md, "Trust
-boundaries"), and a token that only this channel accepts, handed to the runner on its stdin
+read-only into that case's container alone, at ``SOCKET_DIR`` (docs/threat-model.md),
+and a token that only this channel accepts, handed to the runner on its stdin
 with the case's environment (gate_runner/case_env.py). The gateway holds the provider keys,
 the budgets and the record of every call; the runner holds none of them.
 

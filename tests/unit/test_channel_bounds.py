@@ -1,4 +1,4 @@
-"""A case's gateway channel is bounded (design.md, "Trust boundaries"): in connections (per
+"""A case's gateway channel is bounded (docs/threat-model.md): in connections (per
 channel and per worker process, the oldest still waiting for its head evicted first, an
 authenticated call never), in time (the head within an absolute deadline, however slowly it
 trickles) and in log volume (refusals counted on one line per interval, no client's error

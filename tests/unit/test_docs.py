@@ -1,5 +1,7 @@
-"""The README stays true: every setting is documented, and the runner contract agrees."""
+"""The docs stay true: every setting is documented, the runner contract agrees, the README is
+a front door that links every page of docs/, and no page links a file that is not there."""
 
+import re
 from pathlib import Path
 
 from gate_runner.contract import BEGIN_MARKER, END_MARKER
@@ -7,14 +9,19 @@ from gate_runner.contract import SCHEMA_VERSION as RUNNER_SCHEMA_VERSION
 from gate_service import runner_contract
 from gate_service.config import Settings
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+SETTINGS_PAGE = (ROOT / "docs" / "settings.md").read_text()
+HOW_A_GATE_RUNS = (ROOT / "docs" / "how-a-gate-runs.md").read_text()
+# A front door: what, the two commands, the first token, a pipeline example, the links.
+README_MAX_LINES = 300
 
 
-def test_every_setting_is_in_the_readme_table() -> None:
+def test_every_setting_is_in_the_settings_page() -> None:
     missing = [
         f"GATE_{name.upper()}"
         for name in Settings.model_fields
-        if f"`GATE_{name.upper()}" not in README
+        if f"`GATE_{name.upper()}" not in SETTINGS_PAGE
     ]
     assert missing == []
 
@@ -25,10 +32,28 @@ def test_runner_and_service_share_the_contract_version_and_markers() -> None:
     assert END_MARKER.encode() == runner_contract.END_MARKER
 
 
-def test_the_readme_and_the_service_name_the_contracts_version() -> None:
+def test_the_docs_and_the_service_name_the_contracts_version() -> None:
     # runner_contract.py once said v1 while the schema was 2.
     def words(text: str | None) -> str:
         return " ".join((text or "").split())
 
-    assert f"contract v{RUNNER_SCHEMA_VERSION}" in words(README)
+    assert f"contract v{RUNNER_SCHEMA_VERSION}" in words(HOW_A_GATE_RUNS)
     assert f"schema v{RUNNER_SCHEMA_VERSION}" in words(runner_contract.__doc__)
+
+
+def test_the_readme_is_a_front_door_linking_every_page() -> None:
+    assert len(README.splitlines()) <= README_MAX_LINES
+    for heading in ("## The two commands", "## In a pipeline", "## Where everything else is"):
+        assert heading in README, heading
+    assert "The first token" in README
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        assert f"](docs/{page.name})" in README, f"README does not link docs/{page.name}"
+
+
+def test_no_page_links_a_file_that_is_not_there() -> None:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target:
+                continue
+            assert (page.parent / target).exists(), f"{page.name} links {target}"

@@ -1,4 +1,4 @@
-"""The README's respond() example runs as documented (issue 10, rule 10)."""
+"""docs/runtime.md's respond() example runs as documented (issue 10, rule 10)."""
 
 import re
 import textwrap
@@ -7,12 +7,12 @@ from pathlib import Path
 from tests.fixtures.projects import write
 from tests.fixtures.runner import judged
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+RUNTIME_PAGE = (Path(__file__).resolve().parents[2] / "docs" / "runtime.md").read_text()
 
 
 def readme_example() -> str:
-    match = re.search(r"<!-- respond-example -->\n```python\n(.*?)```", README, re.S)
-    assert match, "the README lost its respond() example"
+    match = re.search(r"<!-- respond-example -->\n```python\n(.*?)```", RUNTIME_PAGE, re.S)
+    assert match, "docs/runtime.md lost its respond() example"
     return match.group(1)
 
 

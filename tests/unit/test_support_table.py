@@ -1,5 +1,5 @@
 """The support table (gate_service/bundles/support.py) covers every agent field, predefined
-tool and guardrail type the SDK has, the README shows it as it is, and a bundle whose agents
+tool and guardrail type the SDK has, docs/support.md shows it as it is, and a bundle whose agents
 use a partial or not-in-a-gate item gets a warning naming file, agent and key (issue 21,
 item 1)."""
 
@@ -16,7 +16,7 @@ from gate_service.bundles import support
 from gate_service.bundles.suites import validate_project
 from tests.fixtures.projects import write
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+SUPPORT_PAGE = Path(__file__).resolve().parents[2] / "docs" / "support.md"
 # The gate's own discovery pair, offered with discoverable tools (no SDK stub).
 DISCOVERY = {"search_tools", "use_tool"}
 
@@ -42,9 +42,9 @@ def test_each_partial_or_missing_item_says_what_differs_or_why() -> None:
 
 
 def test_the_readme_shows_the_table_as_the_code_has_it() -> None:
-    text = README.read_text(encoding="utf-8")
+    text = SUPPORT_PAGE.read_text(encoding="utf-8")
     found = re.search(r"<!-- support-table:[^\n]*-->\n(.*?)<!-- /support-table -->", text, re.S)
-    assert found is not None, "the README has no support table"
+    assert found is not None, "docs/support.md has no support table"
     assert found.group(1) == support.markdown_table()
 
 
