@@ -171,7 +171,7 @@ def lock_project(session: Session, project_id: uuid.UUID) -> None:
     locked = session.execute(
         text("SELECT id FROM projects WHERE id = :p FOR NO KEY UPDATE"), {"p": project_id}
     ).first()
-    if locked is None:  # deleted (auth/deletion.py) since the caller's token was checked
+    if locked is None:  # deleted (projects/deletion.py) since the caller's token was checked
         raise NotFound(f"project {project_id} was deleted")
 
 

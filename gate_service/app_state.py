@@ -1,15 +1,20 @@
 """The API process's state: one typed object, built in the app's lifespan.
 
-Everything a request of this app may use (settings, sessions, the secrets box, the metrics
-registry, the brakes and slots of this process, the status-read connections, the long-poll
-listener) is an attribute of ``AppState``; routes and dependencies reach it through
-``state_of``, never through loose ``app.state`` attributes.
+Everything a request of this app may use is in ``AppState``; routes and dependencies reach
+it through ``state_of``, never through loose ``app.state`` attributes. What every package
+shares (settings, sessions, the metrics registry, the slots of this process) is an
+attribute. What one package's own routes use and the package itself defines (auth's brakes
+on guessing, the gates' long-poll listener, body cache and status-read connections, the
+secrets box) is a part, found by its class: ``state_of(request).part(GateChanges)``. This
+module names none of those classes, so it imports none of the packages whose routes import
+it, and the service's packages form no import circle through it (the acyclic contract in
+pyproject.toml counts annotation-only imports too).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
 
 from fastapi import FastAPI, Request
 
@@ -19,14 +24,22 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
 
     from .admission import Slots
-    from .auth.brakes import AuditBudget, FailureLimiter
     from .config import Settings
-    from .gates.notify import GateBodies, GateChanges
-    from .gates.status_reads import StatusReads
     from .metrics import Metrics
-    from .secrets.crypto import SecretBox
 
 ATTRIBUTE = "gate"  # the one attribute of app.state
+
+T = TypeVar("T")
+
+
+def by_class(*found: object) -> dict[type, object]:
+    """The parts of an app's state, each by its own class (one part of a class)."""
+    kept: dict[type, object] = {}
+    for part in found:
+        if type(part) in kept:
+            raise ValueError(f"two parts of class {type(part).__name__}")
+        kept[type(part)] = part
+    return kept
 
 
 @dataclass
@@ -34,19 +47,25 @@ class AppState:
     settings: Settings
     engine: Engine
     sessions: sessionmaker[Session]
-    # Built in the lifespan, not at import: the key may be made on first start.
-    secret_box: SecretBox
     metrics: Metrics  # shared with a worker process's relay under `gate serve`
-    auth_failures: FailureLimiter
-    auth_failure_audits: AuditBudget
     upload_slots: Slots  # concurrent uploads of this process, a share per project
     long_poll_slots: Slots
-    gate_bodies: GateBodies  # gate bodies cached per revision
-    gate_changes: GateChanges  # the one LISTEN gate_changed connection long-polls wait on
-    status_reads: StatusReads  # the autocommit connections of the status fast path
     # Status reads in threads at once: fewer than the engine's pool, so a burst of polls
     # queues here instead of opening overflow connections for each read.
     status_read_threads: anyio.CapacityLimiter
+    # The packages' own parts, by class (``by_class``), built in the lifespan: the secrets box
+    # (its key may be made on first start), auth's FailureLimiter and AuditBudget, the
+    # gates' GateBodies (bodies cached per revision), GateChanges (the one LISTEN
+    # gate_changed connection long-polls wait on) and StatusReads (the autocommit
+    # connections of the status fast path).
+    parts: dict[type, object] = field(default_factory=dict)
+
+    def part(self, kind: type[T]) -> T:
+        """The part of class ``kind``; a RuntimeError when the lifespan built none."""
+        found = self.parts.get(kind)
+        if not isinstance(found, kind):
+            raise RuntimeError(f"the app's state has no {kind.__name__}")
+        return found
 
 
 def state_of(where: Request | FastAPI) -> AppState:

@@ -28,12 +28,6 @@ class BaseImageSource(StrEnum):
     debootstrap = "debootstrap"  # always build the base from Debian packages
 
 
-class SandboxBackend(StrEnum):
-    """The engines that can build images and run case containers (gate_service.sandbox)."""
-
-    docker = "docker"
-
-
 class LogFormat(StrEnum):
     text = "text"  # one human line per record
     json = "json"  # one JSON object per line, with gate_id, case and worker where known
@@ -46,37 +40,53 @@ class Settings(BaseSettings):
 
     database_url: str | None = Field(
         default=None,
-        description="PostgreSQL URL; unset means an embedded server under GATE_DATA_DIR.",
+        description="PostgreSQL URL; unset means an embedded server under `GATE_DATA_DIR`",
     )
-    data_dir: Path = Field(default=Path("~/.local/share/gate").expanduser())
-    host: str = "127.0.0.1"
-    port: int = 8080
+    data_dir: Path = Field(
+        default=Path("~/.local/share/gate").expanduser(),
+        description="embedded Postgres, build scratch space",
+        json_schema_extra={"shown_default": "`~/.local/share/gate`"},
+    )
+    host: str = Field(default="127.0.0.1", description="where the API listens: the address")
+    port: int = Field(default=8080, description="where the API listens: the port")
 
     # Browser safety
     trusted_hosts: str = Field(
         default="localhost,127.0.0.1,::1",
-        description="Comma-separated host names the API answers to (the Host header, port "
-        "ignored); others get 400. '*.example.com' matches subdomains, '*' any host.",
+        description=(
+            "comma-separated names the API answers to, compared with the `Host` header "
+            "without its port; any other gets `400`. `*.example.com` matches subdomains, `*` "
+            "any host. Set the names clients use when the API is reached from elsewhere "
+            "(compose sets `localhost,127.0.0.1,::1,api,gate`)"
+        ),
     )
     cors_origins: str = Field(
         default="",
-        description="Comma-separated origins (https://ci.example.com) browsers may call the API "
-        "from, without credentials. Empty: no CORS headers at all.",
+        description=(
+            "comma-separated origins (`https://ci.example.com`) whose browser pages may call "
+            "the API, without credentials; empty: no CORS headers at all"
+        ),
     )
 
     # Results pages (gate_service.ui)
     public_url: str = Field(
         default="",
-        description="The service's address as a browser reaches it (https://gate.example.com, "
-        "behind any proxy): html_url is absolute under it. Empty: html_url is a path "
-        "(/ui/gates/<id>), which `gate submit` completes with its GATE_URL.",
+        description=(
+            "the service's address as a browser reaches it (`https://gate.example.com`, "
+            "behind any proxy; an origin: no path, no query): `html_url` is absolute under "
+            "it. Empty: `html_url` is a path (`/ui/gates/<id>`), which `gate submit` "
+            "completes with its `GATE_URL`"
+        ),
     )
     ui_session_hours: float = Field(
         default=12.0,
         gt=0,
         le=24 * 30,
-        description="How long a sign-in to the results pages lasts (at most until its token "
-        "expires; revoking the token ends it at once).",
+        description=(
+            "how long a sign-in to the results pages lasts (never past its token's expiry; "
+            "revoking the token ends it at once)"
+        ),
+        json_schema_extra={"shown_default": "`12`"},
     )
 
     @field_validator("public_url")
@@ -104,357 +114,539 @@ class Settings(BaseSettings):
         return value
 
     # Sandbox and images
-    sandbox_backend: SandboxBackend = Field(
-        default=SandboxBackend.docker,
-        description="The engine that builds test images and runs case containers.",
+    sandbox_backend: str = Field(
+        default="docker",
+        description=(
+            "the engine that builds test images and runs case containers: a name in "
+            "`gate_service/sandbox/factory.py`'s `BACKENDS` (`docker` today); a worker (`gate "
+            "serve`, `gate worker`, `gate images`) given another stops at start-up, naming "
+            "the choices"
+        ),
     )
-    base_image: str = "python:3.11-slim"
-    base_image_source: BaseImageSource = BaseImageSource.auto
+    base_image: str = Field(
+        default="python:3.11-slim", description="what the runner image is built FROM"
+    )
+    base_image_source: BaseImageSource = Field(
+        default=BaseImageSource.auto,
+        description=(
+            "`auto`: the base image if present or pullable, else bootstrap Debian bookworm "
+            "with debootstrap; `pull`: the base image or fail; `debootstrap`: always "
+            "bootstrap"
+        ),
+    )
     debootstrap_mirror: str | None = Field(
-        default=None, description="Debian mirror for debootstrap; default: apt's own mirror."
+        default=None,
+        description="Debian mirror for debootstrap",
+        json_schema_extra={"shown_default": "apt's own mirror"},
     )
     runner_source_dir: Path = Field(
         default_factory=runner_image_dir,
-        description="Where the runner package and its Dockerfile live (the runner image's "
-        "build context); default: the copy installed with the service.",
+        description=(
+            "the runner package and its Dockerfile (`gate_service/runner_image` in a wheel, "
+            "`runner_image/` of a checkout)"
+        ),
+        json_schema_extra={"shown_default": "the runner build context installed with the service"},
     )
     wheelhouse_dir: Path | None = Field(
         default=None,
-        description="Extra wheels (--find-links) for the runner and bundle requirements.",
+        description="extra wheels (`--find-links`) for the runner and bundle requirements",
     )
     pip_index_url: str | None = Field(
-        default=None, description="Package index for bundle requirements; default: pip's own."
+        default=None,
+        description="package index for bundle requirements",
+        json_schema_extra={"shown_default": "pip's own"},
     )
     pip_offline: bool = Field(
-        default=False, description="Install only from GATE_WHEELHOUSE_DIR, never an index."
+        default=False, description="install only from `GATE_WHEELHOUSE_DIR` (air-gapped)"
     )
     pip_download_timeout_seconds: float = Field(
-        default=300, gt=0, description="Time pip may take to fetch a bundle's wheels."
+        default=300,
+        gt=0,
+        description="time pip may take to fetch a bundle's wheels before it is killed",
     )
     pip_download_max_bytes: int = Field(
-        default=512 * MIB, ge=1, description="Bytes pip may fetch for a bundle's wheels."
+        default=512 * MIB,
+        ge=1,
+        description="bytes pip may fetch for a bundle's wheels before it is killed",
     )
     build_timeout_seconds: float = Field(
-        default=600, gt=0, description="Time a test image build may take."
+        default=600, gt=0, description="time a test image build may take before it is stopped"
     )
     build_output_limit_bytes: int = Field(
-        default=4 * MIB, ge=1, description="Build log a test image build may write."
+        default=4 * MIB,
+        ge=1,
+        description=(
+            "build log a test image build with requirements may write before it is stopped (a "
+            "bundle without them runs only our compile step, whose log the engine caps at 1 "
+            "MiB and the gate reads only when the step fails)"
+        ),
     )
 
     # Worker
     embedded_workers: int = Field(
         default=1,
         ge=0,
-        description="Worker threads of `gate serve`'s worker process (a process of its own, "
-        "so no worker step can stall the API); 0: no worker.",
+        description=(
+            "worker threads of `gate serve`'s worker process: `gate serve` runs them in one "
+            "`gate worker` child process, never in the API's process, so no worker step can "
+            "stall the API; it relays its metrics to the API's `/metrics`, is started again "
+            "if it dies and ends with `gate serve`; `0`: no worker"
+        ),
     )
     case_concurrency: int = Field(
         default_factory=default_case_concurrency,
         ge=1,
-        description="Case containers one worker runs at once, shared by the gates it holds "
-        "by fair share between their projects (a project under its share while all are "
-        "taken is served on top, up to twice this); default: the machine's CPU count.",
+        description=(
+            "cases one worker runs at once that compute (a live case waiting on its model "
+            "lends its slot, see [Live models](live-models.md)), shared by the gates it holds "
+            "by fair share between their projects; a project under its share while every slot "
+            "is taken is served at once on top, so a worker runs at most twice this many for "
+            "a while"
+        ),
+        json_schema_extra={"shown_default": "CPU count"},
     )
     max_case_containers: int = Field(
         default=0,
         ge=0,
-        description="Case containers one worker keeps at once, those waiting on a model "
-        "included: a live case lends its case slot (GATE_CASE_CONCURRENCY) to the next case "
-        "while it waits for its model's answer, so more cases run than there are cores; this "
-        "bounds them for memory. 0: half the machine's memory over GATE_CASE_MEMORY_MB, "
-        "between GATE_CASE_CONCURRENCY and 8 times it.",
+        description=(
+            "case containers one worker keeps at once, those waiting on a model included, "
+            "shared by the same fair-share rule; `0`: half the machine's memory over "
+            "`GATE_CASE_MEMORY_MB`, between `GATE_CASE_CONCURRENCY` and 8 times it"
+        ),
+        json_schema_extra={"shown_default": "`0` (auto)"},
     )
     worker_gates: int = Field(
         default=2,
         ge=1,
-        description="Gates one worker judges at once (it claims another while it holds fewer, "
-        "and one of a project under its fair share even when all are taken, up to twice "
-        "this); their cases share its GATE_CASE_CONCURRENCY slots by project, then "
-        "round-robin by gate, so a small gate is not stuck behind a large one.",
+        description=(
+            "gates one worker judges at once (it claims another while it holds fewer); a "
+            "project under its fair share of them is claimed even when all are taken, up to "
+            "twice this many; their cases share its `GATE_CASE_CONCURRENCY` slots, by project "
+            "and then round-robin by gate, so a small gate is not stuck behind a large one, "
+            "nor one project's behind another's"
+        ),
     )
-    job_lease_seconds: int = Field(default=60, ge=5)
-    job_max_attempts: int = Field(default=3, ge=1)
+    job_lease_seconds: int = Field(
+        default=60, ge=5, description="a worker's lease on a job; renewed every third of it"
+    )
+    job_max_attempts: int = Field(
+        default=3, ge=1, description="attempts before a gate ends `error` on infrastructure trouble"
+    )
     worker_poll_seconds: float = Field(
         default=0.5,
         gt=0,
-        description="Longest idle wait between queue looks; a queued gate wakes workers at once.",
+        description=(
+            "longest an idle worker waits before it looks at the queue again; a job queued, "
+            "handed back or ended wakes it at once (`LISTEN gate_jobs`), so this bounds only "
+            "a missed notification, and it is the back-off after an unexpected error"
+        ),
     )
     retention_interval_seconds: float = Field(
         default=3600,
         ge=0,
-        description="How often, at most, each worker process runs the retention pass "
-        "(deletes what is older than its project's retention_days); 0 turns it off.",
+        description=(
+            "how often, at most, each worker process runs the retention pass; `0` turns it off"
+        ),
     )
     retention_batch_size: int = Field(
         default=500,
         ge=1,
         le=100_000,
-        description="Rows the retention pass deletes per transaction.",
+        description="rows the retention pass deletes per transaction",
     )
     gc_interval_seconds: float = Field(
         default=3600,
         ge=0,
-        description="How often, at most, each worker process collects garbage (test images "
-        "past GATE_TEST_IMAGE_BUDGET_BYTES, runner images of old digests, images and build "
-        "scratch directories left by crashed builds); 0 turns the image part off.",
+        description=(
+            "how often, at most, each worker process collects garbage (test images past the "
+            "budget, runner images of old digests, what crashed builds left); the first pass "
+            "comes one interval after the start; `0` turns image collection off (crashed "
+            "builds' scratch directories are still removed at every worker start)"
+        ),
     )
     test_image_budget_bytes: int = Field(
         default=10 * 1024 * MIB,
         ge=0,
-        description="Disk the `gate-test:*` images of one Docker engine may hold (bytes of "
-        "their own layers); past it the least recently used go first.",
+        description=(
+            "disk (bytes of their own layers) the `gate-test:*` images of one Docker engine "
+            "may hold; past it the least recently used go first"
+        ),
     )
     gc_grace_seconds: float = Field(
         default=3600,
         ge=0,
-        description="Images built or used more recently than this are never collected.",
+        description=(
+            "images built or used more recently than this are never collected (a build's "
+            "leftovers also wait out `GATE_BUILD_TIMEOUT_SECONDS`)"
+        ),
     )
 
     # Case containers; the runner's own timeout_s applies inside these limits.
-    case_memory_mb: int = 512
-    case_cpus: float = 1.0
-    case_pids_limit: int = 256
-    case_tmpfs_mb: int = 64
+    case_memory_mb: int = Field(
+        default=512, description="memory (and swap) limit per case container"
+    )
+    case_cpus: float = Field(default=1.0, description="CPU limit per case container")
+    case_pids_limit: int = Field(default=256, description="process limit per case container")
+    case_tmpfs_mb: int = Field(
+        default=64, description="size of the writable `/tmp` in a case container"
+    )
     # A case container's hard deadline is runs * (timeout_s + min(timeout_s, 120) + 5) plus
     # this: each invocation's own limit, its builder cleanup's budget and 5 s to fork and
     # judge it (worker/handler.py), then the container's start and the verdict's writing.
-    case_deadline_slack_seconds: int = 60
-    case_output_limit_bytes: int = 32 * MIB
+    case_deadline_slack_seconds: int = Field(
+        default=60,
+        description=(
+            "a case container's hard deadline = runs * (timeout_s + min(timeout_s, 120) + 5) "
+            "+ this: per invocation its `timeout_s`, its builder cleanup's budget and 5 s to "
+            "fork and judge it; at most the time left of the gate's deadline"
+        ),
+    )
+    case_output_limit_bytes: int = Field(
+        default=32 * MIB, description="container output kept (the tail)"
+    )
     case_invocation_output_limit_bytes: int = Field(
         default=8 * MIB,
         ge=1024,
-        description="stdout and stderr one invocation may print; past it the rest is dropped "
-        "and the invocation fails saying so.",
+        description=(
+            "stdout and stderr one invocation may print; past it the rest is dropped and the "
+            'invocation fails: "printed more than N bytes; the rest was dropped"'
+        ),
     )
     max_stored_run_bytes: int = Field(
         default=MIB,
         ge=MIN_STORED_RUN_BYTES,
-        description="Bytes one run may store (the JSON text of its input, output, error, "
-        "reasons, context, every span and key); past it the longest strings are cut first, "
-        "each cut marked …[N bytes cut], and the run's failure_reason says so.",
+        description=(
+            "bytes one run may store: the JSON text of its input, output, error, reasons, "
+            "failed assertions, run context, every span (keys included) and its shared values "
+            "(at least 4096); past it the longest strings are cut first, each cut marked `…[N "
+            "bytes cut]`, and the run's `failure_reason` says so"
+        ),
     )
     case_env: str = Field(
         default="",
-        description="Comma-separated variables passed from the worker to the invocations of "
-        "case containers, where every tool of the bundle can read them (provider keys belong in "
-        "project secrets, which the model gateway keeps out of cases); names the loader, "
-        "libc, Python or the gate act on (LD_*, PYTHON*, GATE_*, ...) are refused at start-up.",
+        description=(
+            "comma-separated variables passed from the worker to the invocations of case "
+            "containers (never the runner's own process), where every tool of the bundle can "
+            "read them: provider keys belong in project secrets, which the model gateway "
+            "keeps out of cases; a name a secret may not have (`GATE_*`, `LD_*`, `PYTHON*`, "
+            "…) stops the service at start-up, naming the rule"
+        ),
     )
     case_network: str = Field(
-        default="none", description="Docker network for case containers; 'none' cuts them off."
+        default="none",
+        description=(
+            "the case containers' network policy: `none` (the default) cuts them off (live "
+            "models need no network: they go through the model gateway's socket); another "
+            "value names a network the operator made (a Docker network on the Docker "
+            "backend); `host` and `container:…` are refused at start-up. Any other gives "
+            "every tool of every bundle that network's reach: every host listener bound to "
+            "0.0.0.0 through each of the host's addresses (every bridge's gateway, not only "
+            "that network's), on the compose network Postgres, the API and the workers, and "
+            "cloud metadata where the host reaches it"
+        ),
     )
 
     model_gateway: bool = Field(
         default=True,
-        description="Serve live model calls from each worker's model gateway: every case gets "
-        "a Unix socket of its own as its one way out, and the project's provider keys stay "
-        "with the worker. Off, cases get no channel, so a gate with a live agent ends error "
-        "in validating saying so: the runner image carries no provider library.",
+        description=(
+            "serve live cases' model calls from each worker's model gateway (see [Live "
+            "models](live-models.md)); `false`: no channel and no LiteLLM import in the "
+            "worker, and a gate with a live agent ends `error` in validating saying so "
+            "(scripted and replay cases run as ever)"
+        ),
     )
     # The model gateway (gate_service/gateway): budgets per gate and per project; 0 = no limit.
     gateway_socket_root: Path | None = Field(
         default=None,
-        description="Host folder under which each live case's channel folder (its Unix "
-        "socket) is made; a socket path must stay under 108 bytes. Default: "
-        "$TMPDIR/gate-gateway.",
+        description=(
+            "host folder under which the model gateway makes each live case's channel folder "
+            "(mode `0755`, its Unix socket `model.sock` `0666`: the channel's token is the "
+            "credential); a socket path must stay under 108 bytes"
+        ),
+        json_schema_extra={"shown_default": "`$TMPDIR/gate-gateway`"},
     )
     gateway_gate_max_calls: int = Field(
-        default=1000, ge=0, description="Model calls one gate may make; 0: no limit."
+        default=1000,
+        ge=0,
+        description=(
+            "model calls one gate may make through its worker's gateway; one more fails with "
+            "a `budget` model error naming `gate.calls`; `0`: no limit"
+        ),
     )
     gateway_gate_max_tokens: int = Field(
         default=2_000_000,
         ge=0,
-        description="Tokens (prompt and completion) one gate's calls may use; the call that "
-        "crosses it is answered, the next refused. 0: no limit.",
+        description=(
+            "tokens (prompt + completion) one gate's calls may use; checked before each call "
+            "against what is spent, so the call that crosses it is answered and the next one "
+            "fails (`gate.tokens`); `0`: no limit"
+        ),
     )
     gateway_gate_max_cost_usd: float = Field(
         default=0.0,
         ge=0,
-        description="Dollars one gate's calls may cost, priced by LiteLLM's cost map (a model "
-        "it does not know costs 0); 0: no limit.",
+        description=(
+            "dollars one gate's calls may cost, priced by LiteLLM's cost map (a model it does "
+            "not know costs 0), checked like tokens (`gate.cost_usd`); `0`: no limit"
+        ),
+        json_schema_extra={"shown_default": "`0`"},
     )
     gateway_gate_max_concurrent_calls: int = Field(
         default=8,
         ge=0,
-        description="Model calls of one gate in flight at once; one more waits for a place "
-        "(until the gate's deadline). 0: no limit.",
+        description=(
+            "calls of one gate in flight at once; one more waits for a place (a case's "
+            "verdict must not depend on what ran beside it), and fails as a `deadline` model "
+            "error naming `gate.concurrent_calls` only at the gate's deadline; `0`: no limit"
+        ),
     )
     gateway_project_max_calls: int = Field(
         default=0,
         ge=0,
-        description="Model calls one project may make per GATE_GATEWAY_PROJECT_WINDOW_SECONDS, "
-        "counted in Postgres across every worker; 0: no limit.",
+        description=(
+            "model calls one project may make per `GATE_GATEWAY_PROJECT_WINDOW_SECONDS`, "
+            "counted in Postgres across every worker (`project.calls`); `0`: no limit"
+        ),
     )
     gateway_project_max_tokens: int = Field(
-        default=0, ge=0, description="Tokens of one project per window, all workers; 0: none."
+        default=0,
+        ge=0,
+        description=(
+            "tokens of one project per window, across every worker (`project.tokens`); `0`: "
+            "no limit"
+        ),
     )
     gateway_project_max_cost_usd: float = Field(
-        default=0.0, ge=0, description="Dollars of one project per window, all workers; 0: none."
+        default=0.0,
+        ge=0,
+        description=(
+            "dollars of one project per window, across every worker (`project.cost_usd`); "
+            "`0`: no limit"
+        ),
+        json_schema_extra={"shown_default": "`0`"},
     )
     gateway_project_max_concurrent_calls: int = Field(
         default=16,
         ge=0,
-        description="Model calls of one project in flight at once in one worker; 0: no limit.",
+        description=(
+            "calls of one project in flight at once in one worker process; one more waits, as "
+            "for a gate's (`project.concurrent_calls`); `0`: no limit"
+        ),
     )
     gateway_project_window_seconds: float = Field(
         default=86400,
         ge=0,
-        description="How long a project's call, token and cost counts run before they start "
-        "again (windows aligned to the epoch); 0: never.",
+        description=(
+            "how long a project's call, token and cost counts run before they start again "
+            "(windows aligned to the epoch, the same for every worker); `0`: never"
+        ),
     )
     gateway_retry_backoff_seconds: float = Field(
         default=1.0,
         ge=0,
-        description="First wait before retrying a provider error that names no Retry-After "
-        "(doubled each try, at most 30 s); a 429's Retry-After is honoured as it is.",
+        description=(
+            "first wait before the gateway retries a provider error that names no "
+            "`Retry-After` (doubled each try, at most 30 s); a 429's `Retry-After` is waited "
+            "as it says; no retry beyond the agent's `retry_options.attempts` or past the "
+            "gate's deadline"
+        ),
     )
 
     # Tokens
     bootstrap_token: SecretStr | None = Field(
         default=None,
-        description="Start-up makes sure project `default` exists with this admin token "
-        "(compose, CI, first use). Unset: the first start creates one, prints it once and "
-        "writes it 0600 to GATE_DATA_DIR/admin-token.",
+        description=(
+            "start-up makes sure project `default` exists with this admin token (compose, CI, "
+            "first use); unset, the first start creates one, prints it once and writes it "
+            "`0600` to `GATE_DATA_DIR/admin-token`"
+        ),
     )
     auth_failure_limit: int = Field(
-        default=20, ge=1, description="Failed authentications per client per window before 429."
+        default=20,
+        ge=1,
+        description="failed authentications from one client within the window before it gets `429`",
     )
-    auth_failure_window_seconds: int = Field(default=60, ge=1)
+    auth_failure_window_seconds: int = Field(default=60, ge=1, description="that window")
     auth_failure_audit_limit: int = Field(
         default=100,
         ge=1,
-        description="Audit rows for refused tokens one API process writes per "
-        "GATE_AUTH_FAILURE_WINDOW_SECONDS; past it refusals are counted, and the next row "
-        "says how many were left out.",
+        description=(
+            "`token.rejected` audit rows one API process writes per window; past it refusals "
+            "are counted, and the next row written carries `suppressed`: how many were left "
+            "out"
+        ),
     )
     trusted_proxies: str = Field(
         default="",
-        description="Comma-separated addresses or networks (10.0.0.0/8) of reverse proxies "
-        "whose X-Forwarded-For and X-Forwarded-Proto are believed; empty: none, and the "
-        "failure brake counts the connecting peer's address.",
+        description=(
+            "comma-separated addresses or networks (`10.0.0.0/8`) of reverse proxies whose "
+            "`X-Forwarded-For` and `X-Forwarded-Proto` are believed; empty: none, and the "
+            "failure brake counts the connecting peer"
+        ),
     )
 
     # Secrets
     secrets_key: SecretStr | None = Field(
         default=None,
-        description="Fernet key that encrypts project secrets at rest. Unset: one is made on "
-        "first use and kept 0600 in GATE_DATA_DIR/secrets.key. The API and every worker must "
-        "hold the same key, so set it when they run on different hosts.",
+        description=(
+            "Fernet key (`python3 -c 'from cryptography.fernet import Fernet; "
+            "print(Fernet.generate_key().decode())'`) that encrypts project secrets at rest; "
+            "unset, one is made on first start and kept `0600` in "
+            "`GATE_DATA_DIR/secrets.key`. The API and every worker must hold the same key: "
+            "set it on each when they run on different hosts (compose does); a worker with "
+            'another key ends gates `error`: "cannot decrypt secret NAME of project P: '
+            'GATE_SECRETS_KEY differs from the one it was stored with"'
+        ),
     )
 
     # Intake
-    upload_limit_bytes: int = 25 * MIB
-    long_poll_max_seconds: int = 60
+    upload_limit_bytes: int = Field(default=25 * MIB, description="largest accepted upload")
+    long_poll_max_seconds: int = Field(default=60, description="cap on `?wait=`")
     long_poll_settle_seconds: float = Field(
         default=0.5,
         ge=0,
         le=10,
-        description="A ?wait= long-poll woken by a change of a gate that has not ended gathers "
-        "what else changes for up to this long into one answer; an end is answered at once. "
-        "0: every change is answered as it comes.",
+        description=(
+            "a `?wait=` long-poll woken by a change of a gate that has not ended gathers "
+            "further changes for up to this long into one answer; the gate's end is answered "
+            "at once; `0`: every change is answered as it comes"
+        ),
     )
 
     # Admission control: every cap answers at once (429, 503, or the gate ends `error`).
     max_queued_gates_per_project: int = Field(
-        default=20, ge=1, description="Gates of one project waiting for a worker; past it 429."
+        default=20,
+        ge=1,
+        description=(
+            "gates of one project waiting for a worker; one more is `429` with `Retry-After`"
+        ),
     )
     max_bundle_bytes_per_project: int = Field(
         default=1024 * MIB,
         ge=1,
-        description="Bytes of the distinct bundles one project's gates reference; past it 429 "
-        "until retention deletes old gates.",
+        description=(
+            "bytes of the distinct bundles one project's gates reference; a new bundle past "
+            "it is `429` until retention deletes old gates"
+        ),
     )
     max_result_bytes_per_project: int = Field(
         default=10 * 1024 * MIB,
         ge=1,
-        description="Bytes of stored run results (GATE_MAX_STORED_RUN_BYTES counts them) one "
-        "project's gates hold; past it a submission is 429 until retention deletes old gates, "
-        f"and a run stored meanwhile keeps at most {MIN_STORED_RUN_BYTES} bytes.",
+        description=(
+            'bytes of stored run results (each run\'s `stored_bytes`, see "Stored results" in '
+            "[the API](api.md)) one project's gates hold; a submission past it is `429` until "
+            "retention deletes old gates, and meanwhile a run of a gate already admitted "
+            "keeps at most 4,096 bytes"
+        ),
     )
     max_running_gates_per_project: int = Field(
         default=2,
         ge=1,
-        description="Gates of one project judged at once; workers leave its other jobs queued.",
+        description=(
+            "gates of one project judged at once; workers leave its other jobs queued and "
+            "take other projects'"
+        ),
     )
     max_queued_gates: int = Field(
-        default=500, ge=1, description="Gates waiting for a worker, all projects; past it 503."
+        default=500,
+        ge=1,
+        description=(
+            "gates waiting for a worker across all projects; one more is `503` with `Retry-After`"
+        ),
     )
     max_cases_per_gate: int = Field(
-        default=500, ge=1, description="Cases one gate may select; more end it `error`."
+        default=500,
+        ge=1,
+        description="cases one gate may select (after `filter`); more end it `error` in validating",
     )
     gate_deadline_seconds: int = Field(
         default=3600,
         ge=1,
-        description="Time a gate may take from its start; past it the gate ends `error`.",
+        description=(
+            "time a gate may take from its start (retries included); past it the gate ends "
+            "`error`, and no case container is given longer than the time left"
+        ),
     )
     max_concurrent_uploads: int = Field(
-        default=8, ge=1, description="Uploads one API process receives at once; past it 503."
+        default=8,
+        ge=1,
+        description=(
+            "uploads one API process receives at once; one more is `503` with `Retry-After`"
+        ),
     )
     max_concurrent_long_polls: int = Field(
-        default=1000, ge=1, description="?wait= requests one API process holds; past it 503."
+        default=1000,
+        ge=1,
+        description=(
+            "`?wait=` requests one API process holds at once; one more is `503` with `Retry-After`"
+        ),
     )
     # A project's share of the two above, so that one project cannot take every slot.
     max_concurrent_uploads_per_project: int | None = Field(
         default=None,
         ge=1,
-        description="Uploads one project may have in progress at once in one API process "
-        "(its share of GATE_MAX_CONCURRENT_UPLOADS); past it 429. Unset: half of "
-        "GATE_MAX_CONCURRENT_UPLOADS, at least 1.",
+        description=(
+            "uploads one project may have in progress at once in one API process (its share, "
+            "so one project can never hold every slot); one more is `429` with `Retry-After`"
+        ),
+        json_schema_extra={"shown_default": "half of `GATE_MAX_CONCURRENT_UPLOADS`, at least 1"},
     )
     max_concurrent_long_polls_per_project: int | None = Field(
         default=None,
         ge=1,
-        description="?wait= requests one project may have held at once in one API process "
-        "(its share of GATE_MAX_CONCURRENT_LONG_POLLS); past it 429. Unset: half of "
-        "GATE_MAX_CONCURRENT_LONG_POLLS, at least 1.",
+        description=(
+            "`?wait=` requests one project may have held at once in one API process; one more "
+            "is `429` with `Retry-After`"
+        ),
+        json_schema_extra={"shown_default": "half of `GATE_MAX_CONCURRENT_LONG_POLLS`, at least 1"},
     )
     upload_min_bytes_per_second: int = Field(
         default=16 * 1024,
         ge=0,
-        description="Slowest an upload's body may arrive: fewer bytes than this rate times "
-        "GATE_UPLOAD_RATE_GRACE_SECONDS in any such stretch of it (the first one included) "
-        "cuts it with 408, so a trickling client cannot hold an upload slot. 0: no minimum.",
+        description=(
+            "slowest an upload's body may arrive (`POST /v1/gates` and the connic test-runs "
+            "route): fewer than this rate * `GATE_UPLOAD_RATE_GRACE_SECONDS` bytes in any "
+            "such stretch of it, the first included, and it is cut with `408`, freeing its "
+            "slot; `0`: no minimum"
+        ),
     )
     upload_rate_grace_seconds: float = Field(
         default=10,
         gt=0,
-        description="The stretch of time GATE_UPLOAD_MIN_BYTES_PER_SECOND is measured over; "
-        "the first one is an upload's grace period.",
+        description=(
+            "the stretch that minimum is measured over; the first one is an upload's grace period"
+        ),
     )
 
     # Observability
     log_format: LogFormat = Field(
         default=LogFormat.text,
-        description="'json' writes one JSON object per line carrying gate_id, case_id, case "
-        "and worker where known; 'text' one human line.",
+        description=(
+            "`json` writes one JSON object per line (time, level, logger, message, and "
+            "`gate_id`, `case_id`, `case`, `worker` where known); `text` one human line"
+        ),
     )
     metrics_token: SecretStr | None = Field(
         default=None,
-        description="Bearer token that may read /metrics (besides admin tokens of project "
-        "`default`); for Prometheus' bearer_token_file.",
+        description=(
+            "bearer token that may read `/metrics` (for Prometheus' `bearer_token_file`); "
+            "admin tokens of project `default` may read it too"
+        ),
     )
     worker_metrics_port: int = Field(
         default=0,
         ge=0,
         le=65535,
-        description="Port where a standalone `gate worker` serves its own /metrics "
-        "(durations, container starts, image cache, reaped containers); 0: none.",
+        description=(
+            "port where a standalone `gate worker` serves its own `/metrics` (durations, "
+            "container starts, image cache, reaped containers; no token, no project names); "
+            "`0`: none"
+        ),
     )
     worker_metrics_host: str = Field(
         default="0.0.0.0",
-        description="Address GATE_WORKER_METRICS_PORT listens on.",
+        description="address `GATE_WORKER_METRICS_PORT` listens on",
     )
-
-    @field_validator("sandbox_backend", mode="before")
-    @classmethod
-    def _known_backend(cls, value: object) -> object:
-        # Named here, at start-up, with the choices: a typo must not wait for the first build.
-        choices = [backend.value for backend in SandboxBackend]
-        if isinstance(value, str) and value not in choices:
-            raise ValueError(
-                f"GATE_SANDBOX_BACKEND is {value!r}; the choices are: {', '.join(choices)}"
-            )
-        return value
 
     @field_validator("case_env")
     @classmethod

@@ -4,7 +4,7 @@ And what else a tenant names for a request the gateway sends: a URL (``parse_url
 reading of it every check uses), an egress allowlist entry (``egress_problem``,
 ``host_allowed``) and a header (``header_problem``).
 
-A module of its own because both the admin API (auth) and the gateway ask it, and neither
+A module of its own because both the admin API (projects) and the gateway ask it, and neither
 may import the other.
 
 Every parse here is linear in its input and uses no regular expression of its own: the API

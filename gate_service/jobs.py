@@ -99,7 +99,7 @@ class ClaimedJob:
 
     def gone(self, session: Session) -> bool:
         """Whether the job's row is no more: its gate was deleted with its project
-        (auth/deletion.py). Its lease is lost for good then, and there is nothing to write."""
+        (projects/deletion.py). Its lease is lost for good then, and there is nothing to write."""
         return not session.execute(
             text("SELECT EXISTS (SELECT 1 FROM jobs WHERE id = :id)"), {"id": self.id}
         ).scalar()

@@ -20,10 +20,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from . import __version__
 from .admission import Slots
 from .app_state import ATTRIBUTE as STATE_ATTRIBUTE
-from .app_state import AppState
+from .app_state import AppState, by_class
 from .auth.brakes import AuditBudget, FailureLimiter
 from .auth.routes import router as auth_router
-from .auth.service import ensure_bootstrap
 from .config import Settings
 from .connic_api.routes import bounds_its_own_body
 from .connic_api.routes import router as connic_router
@@ -38,6 +37,8 @@ from .http_errors import install_handlers
 from .metrics import Metrics
 from .metrics_route import install_metrics
 from .middleware import install_middleware
+from .projects.routes import router as projects_router
+from .projects.service import ensure_bootstrap
 from .secrets.crypto import SecretBox
 from .secrets.routes import router as secrets_router
 from .ui.routes import error_page, install_ui
@@ -145,18 +146,12 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:
         engine = make_engine(database_url)
         sessions = make_sessionmaker(engine)
         bootstrap_admin(settings, sessions)
+        changes, reads = GateChanges(database_url), StatusReads(database_url)
         state = AppState(
             settings=settings,
             engine=engine,
             sessions=sessions,
-            secret_box=SecretBox.from_settings(settings),
             metrics=registry,
-            auth_failures=FailureLimiter(
-                settings.auth_failure_limit, settings.auth_failure_window_seconds
-            ),
-            auth_failure_audits=AuditBudget(
-                settings.auth_failure_audit_limit, settings.auth_failure_window_seconds
-            ),
             upload_slots=Slots(
                 settings.max_concurrent_uploads,
                 "uploads",
@@ -171,18 +166,25 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:
                 per_project=settings.max_concurrent_long_polls_per_project,
                 per_project_setting="GATE_MAX_CONCURRENT_LONG_POLLS_PER_PROJECT",
             ),
-            gate_bodies=GateBodies(),
-            gate_changes=GateChanges(database_url),
-            status_reads=StatusReads(database_url),
             status_read_threads=anyio.CapacityLimiter(STATUS_READ_THREADS),
+            parts=by_class(
+                SecretBox.from_settings(settings),  # not at import: the key may be made now
+                FailureLimiter(settings.auth_failure_limit, settings.auth_failure_window_seconds),
+                AuditBudget(
+                    settings.auth_failure_audit_limit, settings.auth_failure_window_seconds
+                ),
+                GateBodies(),
+                changes,
+                reads,
+            ),
         )
         setattr(app.state, STATE_ATTRIBUTE, state)
-        state.gate_changes.start()
+        changes.start()
         try:
             yield
         finally:
-            await state.gate_changes.stop()
-            await state.status_reads.close()
+            await changes.stop()
+            await reads.close()
             engine.dispose()
 
     app = FastAPI(
@@ -193,6 +195,7 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:
     )
     install_handlers(app, pages=error_page)
     app.include_router(gates_router)
+    app.include_router(projects_router)  # before auth's: the API's paths keep their order
     app.include_router(auth_router)
     app.include_router(secrets_router)
     app.include_router(connic_router)

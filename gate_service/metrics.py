@@ -24,7 +24,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 
     from .config import Settings
     from .models import Gate
-    from .worker.gc import GcReport
 
 log = logging.getLogger(__name__)
 
@@ -169,20 +168,20 @@ class Metrics:
         if count > 0:
             self.record("reaped", count)
 
-    def gc_pass(self, report: GcReport | None, *, images: bool = False) -> None:
-        """One garbage-collection pass: None when it failed; ``images`` when it looked at
-        the engine's images (not only scratch directories)."""
-        if report is None:
+    def gc_pass(
+        self,
+        removed: Mapping[str, int] | None,
+        freed_bytes: int = 0,
+        held_bytes: int | None = None,
+    ) -> None:
+        """One garbage-collection pass (worker/gc.py says what it removed): ``removed``
+        counts what went by kind (test_image, runner_image, build_leftover, scratch_dir),
+        None when the pass failed; ``held_bytes`` what the test images hold after it, when
+        it looked at the engine's images (not only scratch directories)."""
+        if removed is None:
             self.record("gc", "failed")
             return
-        removed = {
-            "test_image": len(report.removed_test_images),
-            "runner_image": len(report.removed_runner_images),
-            "build_leftover": len(report.removed_build_images),
-            "scratch_dir": report.scratch_dirs,
-        }
-        held = report.test_image_bytes if images else None
-        self.record("gc", "ok", removed, report.freed_bytes, held)
+        self.record("gc", "ok", dict(removed), freed_bytes, held_bytes)
 
     def record(self, kind: str, *values: Any) -> None:
         """One observation into this registry (``RelayedMetrics`` sends it to another's)."""

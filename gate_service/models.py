@@ -318,7 +318,7 @@ class Run(Base):
 
 class ModelCall(Base):
     """One call a case's model gateway channel answered (gate_service.gateway.CallRecord),
-    as ``gates.service.save_model_calls`` stores it: redacted, storable, and counted into
+    as ``gates.model_calls.save_model_calls`` stores it: redacted, storable, and counted into
     the gate's result_bytes like its runs.
 
     ``request`` is null when its JSON is over the stored cap: replaying a call needs only

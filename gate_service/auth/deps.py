@@ -9,9 +9,24 @@ from fastapi import Depends, Request
 
 from ..app_state import state_of
 from ..db import session_scope
-from ..errors import Forbidden, TooManyRequests, Unauthorized
+from ..errors import Forbidden, TooManyRequests, Unauthorized, error_responses
+from .brakes import AuditBudget, FailureLimiter
 from .service import Principal, Refused, authenticate, record
 from .tokens import Scope
+
+# The error answers of the admin routes (auth's tokens and audit, projects' settings), in
+# their OpenAPI: one declaration, so the two routers document the same statuses alike.
+ADMIN_ERRORS = error_responses(
+    {
+        400: "Bad request (or a Host not in GATE_TRUSTED_HOSTS)",
+        401: "No token, or an unknown, expired or revoked one",
+        403: "The token lacks the admin scope",
+        404: "Not found (or another project's)",
+        409: "Conflict",
+        422: "Invalid request",
+        429: "Too many failed authentications",
+    }
+)
 
 
 def bearer_token(request: Request) -> str | None:
@@ -38,7 +53,7 @@ def check_token(request: Request, token: str | None, *, missing: str) -> Princip
     """The principal of ``token`` (a bearer header's, or the results pages' sign-in form's),
     behind the brake on guessing: the one place a presented token is judged and audited."""
     state = state_of(request)
-    limiter = state.auth_failures
+    limiter = state.part(FailureLimiter)
     client = client_address(request)
     wait = limiter.retry_after(client)
     if wait is not None:
@@ -52,7 +67,7 @@ def check_token(request: Request, token: str | None, *, missing: str) -> Princip
     with session_scope(state.sessions) as session:
         who = authenticate(session, token)
         if isinstance(who, Refused):
-            suppressed = state.auth_failure_audits.take()
+            suppressed = state.part(AuditBudget).take()
             if suppressed is not None:
                 detail: dict[str, object] = {"why": who.why}
                 if suppressed:

@@ -1,4 +1,5 @@
-"""Projects, tokens and the audit trail. Functions take the session and never commit."""
+"""Tokens, the caller they make, the audit trail, and which projects a caller may see.
+Functions take the session and never commit."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, func, select, update
+from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session
 
-from ..errors import BadRequest, Conflict, NotFound
+from ..errors import NotFound
 from ..models import DEFAULT_PROJECT, ApiToken, AuditEvent, Project, utcnow
 from .tokens import Scope, digests_match, new_token, token_digest
 
+# The names a project may have: here, not in projects/, because visible_project looks no
+# other name up, and auth imports nothing of projects (which creates them by this rule).
 PROJECT_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 # last_used_at is written at most this often per token, so reads stay reads.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
@@ -142,20 +145,6 @@ def visible_project(session: Session, who: Principal, name: str) -> Project:
     return project
 
 
-def create_project(session: Session, name: str, retention_days: int = 30) -> Project:
-    if not PROJECT_NAME.fullmatch(name):
-        raise BadRequest(
-            f"project name {name!r} must be 1 to 64 characters of a-z, 0-9, '.', '_' and '-', "
-            "starting with a letter or digit"
-        )
-    if session.scalar(select(Project.id).where(Project.name == name)) is not None:
-        raise Conflict(f"a project named {name!r} exists already")
-    project = Project(name=name, retention_days=retention_days, created_at=utcnow())
-    session.add(project)
-    session.flush()
-    return project
-
-
 def issue_token(
     session: Session,
     project: Project,
@@ -196,26 +185,3 @@ def revoke_token(session: Session, who: Principal, token_id: uuid.UUID) -> ApiTo
     if token.revoked_at is None:
         token.revoked_at = utcnow()
     return token
-
-
-def ensure_bootstrap(session: Session, token: str | None) -> str | None:
-    """The `default` project, with an admin token.
-
-    With ``token`` (GATE_BOOTSTRAP_TOKEN) that token is made sure of (a revoked one stays
-    revoked). Without it, a new admin token is made only while no token exists at all, and
-    returned so that the caller can hand it over once; otherwise None.
-    """
-    project = session.scalar(select(Project).where(Project.name == DEFAULT_PROJECT))
-    if project is None:
-        project = create_project(session, DEFAULT_PROJECT)
-    if token is not None:
-        known = session.scalar(
-            select(ApiToken.id).where(ApiToken.token_sha256 == token_digest(token))
-        )
-        if known is None:
-            issue_token(session, project, [Scope.admin], name="bootstrap", token=token)
-        return None
-    if session.scalar(select(func.count()).select_from(ApiToken)):
-        return None
-    _row, created = issue_token(session, project, [Scope.admin], name="first start")
-    return created

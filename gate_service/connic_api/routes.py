@@ -19,7 +19,7 @@ from ..app_state import state_of
 from ..auth.deps import Reader, Submitter
 from ..deps import SessionDep, SessionFactoryDep, SettingsDep
 from ..errors import PayloadTooLarge, UnsupportedMediaType, error_responses
-from ..gates import service as gates
+from ..gates import views as gates
 from ..gates.routes import check_idempotency_key
 from ..gates.submission import submit_bundle
 from ..gates.upload import MinimumRate, paced_body

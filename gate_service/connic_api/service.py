@@ -1,9 +1,9 @@
 """Connic's test-run vocabulary mapped onto gates and runs; no state of its own.
 
 A test run *is* a gate: its id is the gate's id, it is created by the same
-`gates.submission.submit_bundle` as POST /v1/gates and read by the same `read_gate`/`get_run`,
-so caps, idempotency, the audit trail and project scoping are the gates' own. This module
-only translates.
+`gates.submission.submit_bundle` as POST /v1/gates and read by the same
+`gates.views.read_gate`/`read_run`, so caps, idempotency, the audit trail and project
+scoping are the gates' own. This module only translates.
 """
 
 from __future__ import annotations

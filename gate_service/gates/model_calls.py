@@ -130,7 +130,7 @@ def save_model_calls(
 ) -> int:
     """Store the calls a case's gateway channel answered, replacing any an earlier attempt
     of the case stored: the change in the bytes they store, for the gate's ``result_bytes``
-    (``service.count_case_write``).
+    (``lifecycle.count_case_write``).
 
     ``redact`` replaces every secret value in a JSON-like value (``secrets.redact.Redactor``
     of the case's environment); request, response, error, agent and model pass through it

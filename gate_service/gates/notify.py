@@ -11,6 +11,11 @@ without them (a deletion, a reconnect, an id alone) reads its gate once.
 Nothing here queries per waiter: waiting is an ``asyncio.Event``. Notifications can be lost
 while the connection is down, so after every (re)connect all waiters are woken to re-check,
 and each waiter also re-checks on its own every ``recheck_seconds``, in case one is lost.
+
+``wait_for_change`` is the long-poll itself (``GET /v1/gates/{id}?wait=N``): the route holds
+the slot and says how to read the gate and what its ETag is; the waiting, the re-checks on
+the loop (``StatusReads``) and the gathering of a running gate's changes are here. No HTTP
+here either: it answers an ETag and a body, the route makes the response.
 """
 
 from __future__ import annotations
@@ -22,11 +27,13 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import psycopg
 
 from ..listen import RECONNECT_MIN_SECONDS, listen_conninfo, reconnect_delay
+from ..models import GateStatus
+from .status_reads import StatusReads
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +222,110 @@ def _change(told: str) -> tuple[int, str] | None:
     if not revision.isdigit() or not status or " " in status:
         return None
     return int(revision), status
+
+
+# What a long-poll's look on the loop found (``_peek``).
+_SAME, _RUNNING, _OTHER = "same", "running", "other"
+TERMINAL_STATUSES = frozenset(s.value for s in GateStatus if s.terminal)
+
+
+async def wait_for_change(
+    changes: GateChanges,
+    reads: StatusReads,
+    *,
+    gate_id: uuid.UUID,
+    project_id: uuid.UUID,
+    known: int | None,
+    if_none_match: str | None,
+    etag_of: Callable[[int], str],
+    look: Callable[[], Awaitable[tuple[str, bytes | None]]],
+    deadline: float,
+    settle: float,
+) -> tuple[str, bytes | None]:
+    """Wait until the gate no longer has the client's ETag, or until ``deadline`` (a
+    ``time.monotonic()`` value): its ETag, and its body (None: unchanged, a 304).
+
+    ``known``: the gate's revision when the token was checked (None: not known; -1: no such
+    gate). ``etag_of``: the ETag the route answers for a revision. ``look``: one read of the
+    gate off the loop, its ETag and its body when that differs from ``if_none_match``.
+    ``settle``: GATE_LONG_POLL_SETTLE_SECONDS.
+    """
+    # Subscribed before the first read, and cleared before each re-check: a change
+    # committed while reading wakes the waiter again instead of being missed.
+    with changes.subscribe(gate_id) as waiter:
+        # Waiting happens on the event loop, so a long-poll holds no thread or lock.
+        if known not in (None, -1) and etag_of(known) == if_none_match:
+            # Unchanged when the token was checked; subscribed now, one look on the loop
+            # closes the gap between the two (no thread, no session).
+            etag, body = if_none_match, None
+            if await _peek(reads, gate_id, project_id, etag, etag_of) is not _SAME:
+                etag, body = await look()
+        else:
+            etag, body = await look()
+        answer_at: float | None = None  # set once a change of a running gate is seen
+        while body is None:
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            if answer_at is not None and now >= answer_at:
+                etag, body = await look()
+                answer_at = None
+                continue
+            # Woken by a notification for this gate (or a reconnect of the listener);
+            # re-checks on its own now and then, in case a notification was lost.
+            until = deadline if answer_at is None else answer_at
+            woken = await waiter.wait(min(until - now, changes.recheck_seconds))
+            heard = waiter.heard
+            waiter.clear()
+            if answer_at is not None and not woken:
+                continue  # gathering, and nothing new: the answer is read when it is due
+            if woken and heard is not None:
+                # The notification said the new revision and status: no query needed.
+                seen = _seen(*heard, etag, etag_of)
+            else:
+                # The revision and status first, on the loop: an unchanged gate (a lost
+                # notification's re-check, a reconnect's wake-up) costs no thread.
+                seen = await _peek(reads, gate_id, project_id, etag, etag_of)
+            if seen is _SAME:
+                continue
+            if seen is _RUNNING and settle > 0:
+                # A running gate changes once or twice per case: answering each change
+                # would cost a read, an answer and a new request per case for every
+                # poller. Its changes are gathered for up to `settle` seconds into one
+                # answer; an end (or a gone gate) is answered at once.
+                if answer_at is None:
+                    answer_at = min(time.monotonic() + settle, deadline)
+                continue
+            etag, body = await look()
+            answer_at = None
+        return etag, body
+
+
+async def _peek(
+    reads: StatusReads,
+    gate_id: uuid.UUID,
+    project_id: uuid.UUID,
+    etag: str,
+    etag_of: Callable[[int], str],
+) -> str:
+    """_SAME when the gate still has this ETag; _RUNNING when it changed and has not ended;
+    _OTHER when it ended, is gone, or the quick query failed (the caller then reads it the
+    ordinary way)."""
+    try:
+        found = await reads.revision(gate_id, project_id)
+    except psycopg.Error:
+        log.debug("status re-check: falling back to the ordinary path", exc_info=True)
+        return _OTHER
+    if found is None:
+        return _OTHER
+    return _seen(*found, etag, etag_of)
+
+
+def _seen(revision: int, status: str, etag: str, etag_of: Callable[[int], str]) -> str:
+    """What a gate at ``revision`` with ``status`` is to a long-poll that holds ``etag``."""
+    if etag_of(revision) == etag:
+        return _SAME
+    return _OTHER if status in TERMINAL_STATUSES else _RUNNING
 
 
 class GateBodies:

@@ -1,4 +1,8 @@
-"""HTTP routes for gates and runs: thin, everything decided in the service layer."""
+"""HTTP routes for gates and runs: thin, everything decided below them.
+
+Reads go through ``views``, writes through ``submission`` (never the ``lifecycle`` itself),
+and a long-poll's waiting is ``notify.wait_for_change``.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..app_state import state_of
+from ..auth.brakes import FailureLimiter
 from ..auth.deps import (
     Reader,
     Submitter,
@@ -32,11 +37,12 @@ from ..deps import SessionDep, SessionFactoryDep, SettingsDep
 from ..errors import BadRequest, NotFound, error_responses
 from ..models import GateStatus, utcnow
 from ..text import unstorable
-from . import service
+from . import views
 from .labels import parse_label_filter
-from .notify import GateBodies
+from .notify import GateBodies, GateChanges, wait_for_change
 from .schemas import CasePage, GateList, GateRead, RecordingsRead, RunRead
-from .submission import MODEL_MODES, submit_bundle
+from .status_reads import StatusReads
+from .submission import MODEL_MODES, request_cancel, submit_bundle
 from .upload import MinimumRate, receive_upload
 
 log = logging.getLogger(__name__)
@@ -60,7 +66,7 @@ ERRORS = error_responses(
 )
 
 
-CASES_PAGE, MAX_CASES_PAGE = service.CASES_PAGE, service.MAX_CASES_PAGE
+CASES_PAGE, MAX_CASES_PAGE = views.CASES_PAGE, views.MAX_CASES_PAGE
 
 
 def _etag(gate_id: uuid.UUID, revision: int, cases_limit: int = CASES_PAGE) -> str:
@@ -178,7 +184,7 @@ def list_gates(
 ) -> GateList:
     """List gates, newest first."""
     wanted = parse_label_filter(label or [])
-    return service.list_gates(
+    return views.list_gates(
         session,
         project_id=who.project_id,
         status=status,
@@ -204,13 +210,13 @@ def _look(
     per revision (``GateBodies``), however many clients poll it.
     """
     with session_scope(factory) as session:
-        revision = service.gate_revision(session, gate_id, who.project_id)
+        revision = views.gate_revision(session, gate_id, who.project_id)
         etag = _etag(gate_id, revision, cases_limit)
         if etag == if_none_match:
             return etag, None
         body = bodies.get(gate_id, revision, who.project_id, cases_limit)
         if body is None:
-            revision, body = service.read_gate_body(
+            revision, body = views.read_gate_body(
                 session, gate_id, who.project_id, public_url=public_url, cases_limit=cases_limit
             )
             bodies.put(gate_id, revision, who.project_id, body, cases_limit)
@@ -239,7 +245,7 @@ async def _quick_read(request: Request) -> GateReader | None:
     read scope or has a last_used_at due, or the query failed; ``require`` then decides
     (401/403/429, audit rows, last_used_at), exactly as for every other route.
     """
-    limiter = state_of(request).auth_failures
+    limiter = state_of(request).part(FailureLimiter)
     if limiter.retry_after(client_address(request)) is not None:
         return None
     token = bearer_token(request)
@@ -250,7 +256,7 @@ async def _quick_read(request: Request) -> GateReader | None:
     if token is None:
         return None
     digest = token_digest(token)
-    reads = state_of(request).status_reads
+    reads = state_of(request).part(StatusReads)
     try:
         row = await reads.token_and_revision(gate_id, digest)
     except psycopg.Error:
@@ -309,7 +315,7 @@ async def get_gate(
     # The app's state read here, not through sync dependencies: each is a threadpool hop.
     state = state_of(request)
     factory, settings = state.sessions, state.settings
-    bodies, limiter = state.gate_bodies, state.status_read_threads
+    bodies, limiter = state.part(GateBodies), state.status_read_threads
     public = settings.public_url
     who = reader.who
     if wait <= 0:
@@ -335,94 +341,29 @@ async def get_gate(
             limiter=limiter,
         )
         return _answer(etag, body)
-    changes = state_of(request).gate_changes
+    look = partial(_look, factory, bodies, who, gate_id, if_none_match, public, cases_limit)
+
+    # A read of the gate is a session's blocking work: in a thread, within the status reads'
+    # share of them, so the long-poll itself holds no thread while it waits.
+    async def look_off_the_loop() -> tuple[str, bytes | None]:
+        return await anyio.to_thread.run_sync(look, limiter=limiter)
+
     # Only a waiting request holds a slot, of its project's share: past the share 429, when
     # all are taken 503, at once.
-    with state_of(request).long_poll_slots.hold(who.project_id, who.project_name):
-        deadline = time.monotonic() + min(wait, settings.long_poll_max_seconds)
-        # Subscribed before the first read, and cleared before each re-check: a change
-        # committed while reading wakes the waiter again instead of being missed.
-        with changes.subscribe(gate_id) as waiter:
-            # Waiting happens on the event loop, so a long-poll holds no thread or lock.
-            look = partial(_look, factory, bodies, who, gate_id, if_none_match, public, cases_limit)
-            known = reader.revision
-            if known not in (None, -1) and _etag(gate_id, known, cases_limit) == if_none_match:
-                # Unchanged when the token was checked; subscribed now, one look on the loop
-                # closes the gap between the two (no thread, no session).
-                etag, body = if_none_match, None
-                if await _peek(request, who, gate_id, etag, cases_limit) is not _SAME:
-                    etag, body = await anyio.to_thread.run_sync(look, limiter=limiter)
-            else:
-                etag, body = await anyio.to_thread.run_sync(look, limiter=limiter)
-            settle = settings.long_poll_settle_seconds
-            answer_at: float | None = None  # set once a change of a running gate is seen
-            while body is None:
-                now = time.monotonic()
-                if now >= deadline:
-                    break
-                if answer_at is not None and now >= answer_at:
-                    etag, body = await anyio.to_thread.run_sync(look, limiter=limiter)
-                    answer_at = None
-                    continue
-                # Woken by a notification for this gate (or a reconnect of the listener);
-                # re-checks on its own now and then, in case a notification was lost.
-                until = deadline if answer_at is None else answer_at
-                woken = await waiter.wait(min(until - now, changes.recheck_seconds))
-                heard = waiter.heard
-                waiter.clear()
-                if answer_at is not None and not woken:
-                    continue  # gathering, and nothing new: the answer is read when it is due
-                if woken and heard is not None:
-                    # The notification said the new revision and status: no query needed.
-                    seen = _seen(gate_id, *heard, etag, cases_limit)
-                else:
-                    # The revision and status first, on the loop: an unchanged gate (a lost
-                    # notification's re-check, a reconnect's wake-up) costs no thread.
-                    seen = await _peek(request, who, gate_id, etag, cases_limit)
-                if seen is _SAME:
-                    continue
-                if seen is _RUNNING and settle > 0:
-                    # A running gate changes once or twice per case: answering each change
-                    # would cost a read, an answer and a new request per case for every
-                    # poller. Its changes are gathered for up to `settle` seconds into one
-                    # answer; an end (or a gone gate) is answered at once.
-                    if answer_at is None:
-                        answer_at = min(time.monotonic() + settle, deadline)
-                    continue
-                etag, body = await anyio.to_thread.run_sync(look, limiter=limiter)
-                answer_at = None
-            return _answer(etag, body)
-
-
-# What a long-poll's look on the loop found (``_peek``).
-_SAME, _RUNNING, _OTHER = "same", "running", "other"
-
-
-async def _peek(
-    request: Request, who: Principal, gate_id: uuid.UUID, etag: str, cases_limit: int
-) -> str:
-    """_SAME when the gate still has this ETag; _RUNNING when it changed and has not ended;
-    _OTHER when it ended, is gone, or the quick query failed (the caller then reads it the
-    ordinary way)."""
-    reads = state_of(request).status_reads
-    try:
-        found = await reads.revision(gate_id, who.project_id)
-    except psycopg.Error:
-        log.debug("status re-check: falling back to the ordinary path", exc_info=True)
-        return _OTHER
-    if found is None:
-        return _OTHER
-    return _seen(gate_id, *found, etag, cases_limit)
-
-
-def _seen(gate_id: uuid.UUID, revision: int, status: str, etag: str, cases_limit: int) -> str:
-    """What a gate at ``revision`` with ``status`` is to a long-poll that holds ``etag``."""
-    if _etag(gate_id, revision, cases_limit) == etag:
-        return _SAME
-    return _OTHER if status in TERMINAL_STATUSES else _RUNNING
-
-
-TERMINAL_STATUSES = frozenset(s.value for s in GateStatus if s.terminal)
+    with state.long_poll_slots.hold(who.project_id, who.project_name):
+        etag, body = await wait_for_change(
+            state.part(GateChanges),
+            state.part(StatusReads),
+            gate_id=gate_id,
+            project_id=who.project_id,
+            known=reader.revision,
+            if_none_match=if_none_match,
+            etag_of=partial(_etag, gate_id, cases_limit=cases_limit),
+            look=look_off_the_loop,
+            deadline=time.monotonic() + min(wait, settings.long_poll_max_seconds),
+            settle=settings.long_poll_settle_seconds,
+        )
+        return _answer(etag, body)
 
 
 def _answer(etag: str, body: bytes | None) -> Response:
@@ -436,10 +377,10 @@ def cancel_gate(
     gate_id: uuid.UUID, request: Request, session: SessionDep, settings: SettingsDep, who: Submitter
 ) -> GateRead:
     """Cancel a gate; a running gate stops before its next case."""
-    gate = service.request_cancel(session, gate_id, who.project_id)
+    gate = request_cancel(session, gate_id, who.project_id)
     state_of(request).metrics.gate_ended_unstarted(session, gate)
     record_by(session, who, "gate.cancelled", gate=str(gate_id))
-    return service.read_gate(
+    return views.read_gate(
         session, gate_id, who.project_id, public_url=settings.public_url, cases_limit=CASES_PAGE
     )
 
@@ -455,18 +396,18 @@ def get_cases(
     limit: Annotated[int, Query(ge=1, le=MAX_CASES_PAGE)] = CASES_PAGE,
 ) -> CasePage:
     """A page of the gate's cases, in order: what follows a gate's `next_cases`."""
-    service.gate_revision(session, gate_id, who.project_id)  # NotFound for another's gate
-    items, following = service.read_case_views(session, gate_id, after=after, limit=limit)
+    views.gate_revision(session, gate_id, who.project_id)  # NotFound for another's gate
+    items, following = views.read_case_views(session, gate_id, after=after, limit=limit)
     return CasePage(items=items, next=following)
 
 
 @router.get("/gates/{gate_id}/recordings", response_model=RecordingsRead, responses=ERRORS)
 def get_recordings(gate_id: uuid.UUID, session: SessionDep, who: Reader) -> RecordingsRead:
     """The gate's answered model calls as replay recordings (tests/recordings/<agent>/)."""
-    return service.gate_recordings(session, gate_id, who.project_id)
+    return views.gate_recordings(session, gate_id, who.project_id)
 
 
 @router.get("/runs/{run_id}", response_model=RunRead, responses=ERRORS)
 def get_run(run_id: uuid.UUID, session: SessionDep, who: Reader) -> RunRead:
     """One invocation of a case, with its trace."""
-    return service.read_run(session, run_id, who.project_id)
+    return views.read_run(session, run_id, who.project_id)

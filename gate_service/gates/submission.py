@@ -1,13 +1,18 @@
-"""A bundle as it arrived, and the one use case that makes it a gate.
+"""A bundle as it arrived, the one use case that makes it a gate, and the API's cancel.
 
 Every way a bundle arrives (the multipart form of POST /v1/gates, the base64 JSON of the
 connic `test-runs` route) becomes an ``Upload`` and goes through ``submit_bundle``, so all of
 them pass the same archive checks, model mode and labels rules, admission caps, idempotency
 and audit record. No HTTP here: the routes receive, this decides.
+
+This is the API's way into the gate's writes (``lifecycle``): the HTTP modules never import
+the lifecycle themselves (an import-linter contract), so a route cannot make a worker's state
+change by mistake.
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -19,7 +24,8 @@ from ..bundles.archive import read_archive
 from ..config import Settings
 from ..db import session_scope
 from ..errors import BadRequest
-from . import service
+from ..models import Gate
+from . import lifecycle, views
 from .labels import parse_labels
 from .schemas import GateRead
 
@@ -65,7 +71,7 @@ def submit_bundle(
 
     def create() -> tuple[GateRead, bool]:
         with session_scope(sessions) as session:
-            gate, created = service.create_gate(
+            gate, created = lifecycle.create_gate(
                 session,
                 settings,
                 project_id=who.project_id,
@@ -82,8 +88,8 @@ def submit_bundle(
             if created:
                 record_by(session, who, "gate.submitted", gate=str(gate.id), sha256=upload.sha256)
             public = settings.public_url
-            view = service.read_gate(
-                session, gate.id, who.project_id, public_url=public, cases_limit=service.CASES_PAGE
+            view = views.read_gate(
+                session, gate.id, who.project_id, public_url=public, cases_limit=views.CASES_PAGE
             )
             return view, created
 
@@ -93,3 +99,9 @@ def submit_bundle(
         if not idempotency_key:
             raise
         return create()
+
+
+def request_cancel(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> Gate:
+    """Cancel the project's gate: a queued one at once, a running one before its next case
+    (``lifecycle.request_cancel``; Conflict once it has ended, NotFound for another's)."""
+    return lifecycle.request_cancel(session, gate_id, project_id)

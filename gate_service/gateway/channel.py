@@ -1,7 +1,8 @@
 """One case's channel: a Unix socket in a host folder of its own, and a token only it accepts.
 
-The folder is what the case's container bind-mounts read-only at gateway_wire.SOCKET_DIR;
-nothing else of the host is visible through it. The socket is world-writable (0666) so that
+The folder is what the sandbox delivers to the case's container at gateway_wire.SOCKET_DIR
+(sandbox/port.py ModelChannel; the Docker backend bind-mounts it read-only); nothing else of
+the host is visible through it. The socket is world-writable (0666) so that
 the runner's uid inside the container can connect: the token, handed to the runner alone, is
 the credential, and the folder path is known to the worker alone. ``close()`` ends the
 channel: the socket is gone, so connecting fails, and a call still in flight is cut.

@@ -8,7 +8,14 @@ build from (bundles: requirements and wheels, for the runner image); never the w
 API, the CLI or the database.
 """
 
-from .factory import BACKENDS, open_sandbox
+from .factory import (
+    BACKENDS,
+    SandboxSettingError,
+    backend_names,
+    case_network,
+    chosen_backend,
+    open_sandbox,
+)
 from .port import (
     BUILD_DEADLINE_LABEL,
     BUILD_ID_LABEL,
@@ -17,6 +24,7 @@ from .port import (
     BUNDLE_DEPS_DIR,
     INVOCATION_UID,
     LABEL,
+    NO_NETWORK,
     SCRATCH_DIR,
     BuildRefused,
     CaseContainer,
@@ -24,6 +32,8 @@ from .port import (
     Halted,
     ImageBuilder,
     ImageInfo,
+    ModelChannel,
+    NetworkPolicy,
     RunLimits,
     RunResult,
     Sandbox,
@@ -41,6 +51,7 @@ __all__ = [
     "BUNDLE_DEPS_DIR",
     "INVOCATION_UID",
     "LABEL",
+    "NO_NETWORK",
     "SCRATCH_DIR",
     "BuildRefused",
     "CaseContainer",
@@ -48,11 +59,17 @@ __all__ = [
     "Halted",
     "ImageBuilder",
     "ImageInfo",
+    "ModelChannel",
+    "NetworkPolicy",
     "RunLimits",
     "RunResult",
     "Sandbox",
     "SandboxError",
+    "SandboxSettingError",
     "TestImageSpec",
+    "backend_names",
     "build_step_expired",
+    "case_network",
+    "chosen_backend",
     "open_sandbox",
 ]

@@ -6,9 +6,12 @@ registry, and run each case as a Job): ``ImageBuilder`` makes the runner image a
 image per bundle and keeps the inventory garbage collection reads; ``CaseRunner`` runs one
 hardened container per case and removes leftovers by label. ``Sandbox`` is both, as one
 backend object serves a worker. The port also declares the values that cross it and its own
-errors. It imports no engine library: gate_service.sandbox.factory picks the backend
-(GATE_SANDBOX_BACKEND), and tests/contract/test_sandbox_port.py is what every backend must
-pass.
+errors. What a case may reach is said in the port's own terms, never an engine's: its
+``ModelChannel`` (the gateway's end of the case's one way out, which each backend delivers
+into the case its own way) and the ``NetworkPolicy`` of its ``RunLimits`` (no network, or a
+network the operator named). It imports no engine library: gate_service.sandbox.factory
+picks the backend (GATE_SANDBOX_BACKEND), and tests/contract/test_sandbox_port.py is what
+every backend must pass.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Protocol
 # and put on sys.path after the runner's own paths (the runner owns that name), so no wheel
 # can replace runner modules or add a .pth startup hook to the runner's interpreter.
 from gate_runner import BUNDLE_DEPS_DIR as BUNDLE_DEPS_DIR
+from gate_runner import gateway_wire
 
 from ..errors import GateError
 
@@ -57,6 +61,90 @@ def build_step_expired(labels: Mapping[str, str], now: float) -> bool:
         return False  # another builder's step (the classic builder's carry no deadline)
 
 
+def network_refusal(name: str) -> str | None:
+    """Why ``name`` cannot name a case's network, or None when it can."""
+    if not name or name != name.strip():
+        return "it is blank or has spaces around it"
+    if name == "none":
+        return "'none' is no network at all: NetworkPolicy() says that"
+    if name == "host" or name.startswith("container:"):
+        # Engine modes that share a namespace rather than name a network: the case would
+        # reach all that the host, or that container, reaches.
+        return "it shares the host's or another container's network instead of naming one"
+    return None
+
+
+@dataclass(frozen=True)
+class NetworkPolicy:
+    """Where a case container's own connections may go (design.md: no network unless the
+    deployment configures one), whatever the backend calls a network.
+
+    ``NetworkPolicy()`` (``NO_NETWORK``, the default): nowhere. The case has loopback alone,
+    and its model channel is its one way out. ``NetworkPolicy.named(name)``: onto the network
+    the operator made and named (GATE_CASE_NETWORK), which the backend joins its own way (a
+    Docker network; a Kubernetes backend would label the Pod for the operator's
+    NetworkPolicy). Never the host's network or another container's: ``named`` refuses those.
+    """
+
+    name: str | None = None  # None: no network
+
+    def __post_init__(self) -> None:
+        why = None if self.name is None else network_refusal(self.name)
+        if why:
+            raise ValueError(f"{self.name!r} cannot be a case's network: {why}")
+
+    @classmethod
+    def named(cls, name: str) -> NetworkPolicy:
+        return cls(name)
+
+    @classmethod
+    def from_setting(cls, value: str) -> NetworkPolicy:
+        """GATE_CASE_NETWORK's policy: ``none`` (or nothing) is no network, any other value
+        names the operator's network."""
+        value = value.strip()
+        return cls() if value in ("", "none") else cls(value)
+
+    @property
+    def isolated(self) -> bool:
+        """No network at all: only loopback in the case."""
+        return self.name is None
+
+    def __str__(self) -> str:
+        return "none" if self.name is None else self.name
+
+
+NO_NETWORK = NetworkPolicy()
+
+
+@dataclass(frozen=True)
+class ModelChannel:
+    """A case's channel to the model gateway (gate_service.gateway), as the gateway serves it:
+    the endpoint a backend delivers into that case alone, its own way, so that the runner
+    inside finds a Unix socket at gateway_wire.SOCKET_PATH and nothing else of the worker.
+
+    The gateway's end is a Unix socket on the worker's host, ``socket``, alone in a folder of
+    its own (``folder``, which holds nothing else and is known to the worker alone). The
+    folder exists when the case's container is created; the socket may come later, before
+    the start, and is gone when the case has ended. A backend whose cases run on the worker's
+    host bind-mounts the folder read-only at gateway_wire.SOCKET_DIR (the Docker backend); one
+    whose cases run elsewhere (another node) would carry the socket's connections to the case
+    itself, as a proxy that listens at SOCKET_PATH beside the case and forwards each one here.
+    Either way the case sees a socket to connect to, not the worker's host or network, and
+    the token handed to its runner on stdin is the credential.
+    """
+
+    socket: Path
+
+    @classmethod
+    def in_folder(cls, folder: Path) -> ModelChannel:
+        """The channel whose socket the gateway makes in ``folder`` (ModelGateway.case_folder)."""
+        return cls(folder / gateway_wire.SOCKET_NAME)
+
+    @property
+    def folder(self) -> Path:
+        return self.socket.parent
+
+
 @dataclass(frozen=True)
 class RunLimits:
     memory_mb: int
@@ -65,7 +153,7 @@ class RunLimits:
     wall_seconds: float
     tmpfs_mb: int
     output_limit_bytes: int
-    network: str = "none"
+    network: NetworkPolicy = NO_NETWORK
 
 
 @dataclass(frozen=True)
@@ -184,15 +272,15 @@ class CaseRunner(Protocol):
         limits: RunLimits,
         labels: Mapping[str, str],
         halt: threading.Event | None = None,
-        model_channel: Path | None = None,
+        model_channel: ModelChannel | None = None,
     ) -> CaseContainer:
         """A case container as ``run`` makes one, created and not started.
 
         So a worker makes a case's container while the case still waits for a CPU slot, and
         removes it after giving the slot back: only the start, the run and the reading of its
         output hold one. ``limits.wall_seconds`` is not read here (``CaseContainer.run``
-        takes it), and ``model_channel`` must exist: its socket may come later, before the
-        start. ``halt`` set: none is created, and Halted is raised.
+        takes it), and ``model_channel``'s folder must exist: its socket may come later,
+        before the start. ``halt`` set: none is created, and Halted is raised.
         """
         ...
 
@@ -205,7 +293,7 @@ class CaseRunner(Protocol):
         labels: Mapping[str, str],
         stdin: bytes = b"",
         halt: threading.Event | None = None,
-        model_channel: Path | None = None,
+        model_channel: ModelChannel | None = None,
     ) -> RunResult:
         """One case container, to its end or ``limits.wall_seconds``.
 
@@ -214,9 +302,10 @@ class CaseRunner(Protocol):
         environment from the worker: only its image's, so nothing a project controls
         reaches the runner's own process.
 
-        ``model_channel``: a host folder holding this case's model gateway socket
-        (gate_service.gateway). It is bind-mounted read-only at gateway_wire.SOCKET_DIR in
-        this container alone, which keeps no network: the socket is the case's one way out.
+        ``model_channel``: this case's channel to the model gateway, delivered into this
+        container alone so that its runner connects at gateway_wire.SOCKET_PATH (see
+        ModelChannel); None: the case has none. ``limits.network`` is where else it may
+        connect: with NO_NETWORK (the default) the channel is the case's one way out.
 
         The result's ``stderr`` is empty when the container exited 0 with stdout ending in
         the runner's result block: only a runner that broke has it read.

@@ -31,7 +31,7 @@ ERRORS = error_responses(
 
 
 def get_secret_box(request: Request) -> SecretBox:
-    return state_of(request).secret_box
+    return state_of(request).part(SecretBox)
 
 
 SecretBoxDep = Annotated[SecretBox, Depends(get_secret_box)]

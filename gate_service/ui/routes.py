@@ -29,8 +29,9 @@ from ..auth.tokens import Scope
 from ..db import session_scope
 from ..deps import SessionDep, SettingsDep
 from ..errors import BadRequest, Forbidden, GateError, TooManyRequests, Unauthorized
-from ..gates import service as gates
+from ..gates import views as gates
 from ..gates.labels import parse_label_filter
+from ..gates.submission import request_cancel
 from ..links import UI_PREFIX, gate_page_path
 from ..models import GateStatus, utcnow
 from . import sessions, views
@@ -374,7 +375,7 @@ def _cancel(request: Request, cookie: str, gate_id: uuid.UUID) -> None:
             raise SignInNeeded(gate_page_path(gate_id))
         if not me.who.has(Scope.submit):
             raise Forbidden(f"this token of project {me.who.project_name!r} lacks the submit scope")
-        gate = gates.request_cancel(session, gate_id, me.who.project_id)
+        gate = request_cancel(session, gate_id, me.who.project_id)
         state_of(request).metrics.gate_ended_unstarted(session, gate)
         record_by(session, me.who, "gate.cancelled", gate=str(gate_id))
 

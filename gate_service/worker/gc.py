@@ -96,6 +96,15 @@ class GcReport:
     over_budget: bool = False  # the images that must stay hold more than the budget
     scratch_dirs: int = 0
 
+    def removed(self) -> dict[str, int]:
+        """What went, counted by kind, as /metrics counts it (Metrics.gc_pass)."""
+        return {
+            "test_image": len(self.removed_test_images),
+            "runner_image": len(self.removed_runner_images),
+            "build_leftover": len(self.removed_build_images),
+            "scratch_dir": self.scratch_dirs,
+        }
+
     def describe(self) -> str:
         return (
             f"{len(self.removed_test_images)} test image(s) and "
@@ -372,5 +381,6 @@ def collect_if_due(ctx: WorkerContext, clock: GcClock | None = None) -> GcReport
         log.exception("garbage collection failed; trying again at the next pass")
         ctx.metrics.gc_pass(None)
         return None
-    ctx.metrics.gc_pass(report, images=due)
+    held = report.test_image_bytes if due else None  # a scratch-only pass saw no image
+    ctx.metrics.gc_pass(report.removed(), report.freed_bytes, held)
     return report

@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, TypeVar, cast
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -49,20 +48,20 @@ from ..bundles.wheels import DownloadHalted, WheelDownloadError, fetch_wheels
 from ..config import Settings
 from ..db import refused_write, session_scope
 from ..errors import GateError
-from ..gates import service
+from ..gates import lifecycle
 from ..gateway import (
     CallRecord,
     Channel,
     ModelGateway,
     ModelRoute,
     provider_secret_names,
-    route_of,
     unrouted,
 )
 from ..jobs import ClaimedJob, LeaseLost
 from ..logs import bind_log_context
 from ..metrics import Metrics
-from ..models import Case, CaseStatus, Gate, Phase, Project, utcnow
+from ..models import CaseStatus, Gate, Phase, utcnow
+from ..projects.service import settings_of
 from ..runner_contract import UntrustedResult
 from ..sandbox import (
     INVOCATION_UID,
@@ -70,11 +69,13 @@ from ..sandbox import (
     BuildRefused,
     CaseContainer,
     Halted,
+    ModelChannel,
     RunLimits,
     RunResult,
     Sandbox,
     SandboxError,
     TestImageSpec,
+    case_network,
 )
 from ..scratch import scratch_dir
 from ..secrets.crypto import SecretBox
@@ -135,18 +136,6 @@ def time_left(settings: Settings, started_at: datetime | None) -> float:
     return left
 
 
-def _close_unjudged(session: Session, gate: Gate, reason: str) -> None:
-    """Cases that never ran (the gate ended first) say so instead of staying queued."""
-    for case in session.scalars(
-        select(Case)
-        .where(Case.gate_id == gate.id)
-        .where(Case.status.in_([CaseStatus.queued, CaseStatus.running]))
-    ):
-        case.status = CaseStatus.cancelled
-        case.failure_reason = reason
-    gate.revision += 1
-
-
 @dataclass
 class WorkerContext:
     settings: Settings
@@ -182,7 +171,7 @@ def _write(ctx: WorkerContext, job: ClaimedJob, fn: Callable[[Session, Gate], T]
     """
 
     def with_gate(session: Session) -> T:
-        return fn(session, service.get_gate(session, job.gate_id, for_update=True))
+        return fn(session, lifecycle.get_gate(session, job.gate_id, for_update=True))
 
     return _write_case(ctx, job, with_gate)
 
@@ -281,8 +270,8 @@ def _judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None
 
         def reject(session: Session, gate: Gate) -> None:
             if isinstance(rejected, DeadlinePassed):
-                _close_unjudged(session, gate, "not run: the gate ran past its deadline")
-            service.fail_gate(gate, reason=rejected.reason, problems=rejected.problems)
+                lifecycle.close_unjudged(session, gate, "not run: the gate ran past its deadline")
+            lifecycle.fail_gate(gate, reason=rejected.reason, problems=rejected.problems)
             job.finish(session, error=rejected.reason)
             ctx.metrics.gate_finished(session, gate)
 
@@ -298,8 +287,8 @@ def _judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None
                 f"the gate's data could not be stored: {refused.reason}; not retried, since "
                 "the same data would be refused again"
             )
-            _close_unjudged(session, gate, f"not judged: {reason}")
-            service.fail_gate(gate, reason=reason)
+            lifecycle.close_unjudged(session, gate, f"not judged: {reason}")
+            lifecycle.fail_gate(gate, reason=reason)
             job.finish(session, error=reason)
             ctx.metrics.gate_finished(session, gate)
 
@@ -319,8 +308,8 @@ def _judge_gate(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None
 
         def give_up(session: Session, gate: Gate) -> None:
             reason = f"infrastructure error after {job.attempts} attempt(s): {detail}"
-            _close_unjudged(session, gate, f"not judged: {reason}")
-            service.fail_gate(gate, reason=reason)
+            lifecycle.close_unjudged(session, gate, f"not judged: {reason}")
+            lifecycle.fail_gate(gate, reason=reason)
             job.finish(session, error=detail)
             ctx.metrics.gate_finished(session, gate)
 
@@ -338,7 +327,7 @@ def _gone(ctx: WorkerContext, job: ClaimedJob) -> bool:
 
 def _lease_lost(ctx: WorkerContext, job: ClaimedJob) -> None:
     """The job is no longer ours: said once, as a warning. Nothing is written: its gate's
-    rows are another worker's now, or gone with their project (auth/deletion.py), whose
+    rows are another worker's now, or gone with their project (projects/deletion.py), whose
     deletion stands in for a cancel (the heartbeat removes the job's containers)."""
     if _gone(ctx, job):
         log.warning("job %s: its gate was deleted with its project; stopped", job.id)
@@ -352,7 +341,7 @@ def _fetched_bundle(ctx: WorkerContext, sha256: str, path: Path) -> Iterator[IO[
     try:
         with open(path, "w+b") as file:
             with ctx.sessions() as session:
-                for chunk in service.read_bundle(session, sha256):
+                for chunk in lifecycle.read_bundle(session, sha256):
                     file.write(chunk)
             file.seek(0)
             yield file
@@ -365,17 +354,17 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
         session: Session, gate: Gate
     ) -> tuple[bool, str, str | None, dict[str, Any], str | None, tuple[str, str | None]]:
         if gate.cancel_requested:
-            service.cancel_gate(gate)
+            lifecycle.cancel_gate(gate)
             job.finish(session)
             ctx.metrics.gate_ended_unstarted(session, gate)
             return False, "", None, {}, None, ("", None)
         first_start = gate.started_at is None  # a retry has left the queue already
-        service.start_gate(gate)
+        lifecycle.start_gate(gate)
         if first_start:
             ctx.metrics.gate_started(session, gate)
         time_left(ctx.settings, gate.started_at)  # a retry may start past the deadline
-        project = session.get_one(Project, gate.project_id)
-        api_tools = loader_tools(project.api_specs or {})
+        project = settings_of(session, gate.project_id)
+        api_tools = loader_tools(project.api_specs)
         # The judge model, read once an attempt: checked below and handed to every case.
         judge = (project.name, project.guardrail_model)
         return True, gate.bundle_sha256, gate.filter, api_tools, gate.model_mode, judge
@@ -436,23 +425,23 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
         modes = agent_modes(bundle_dir, report.configs, case_agents, model_mode)
 
         def enter_building(session: Session, gate: Gate) -> None:
-            service.save_cases(session, gate, report.cases)
-            service.record_warnings(gate, report.warnings)
-            service.record_model_modes(gate, modes, mode_reason(modes, model_mode))
-            service.set_phase(gate, Phase.building)
+            lifecycle.save_cases(session, gate, report.cases)
+            lifecycle.record_warnings(gate, report.warnings)
+            lifecycle.record_model_modes(gate, modes, mode_reason(modes, model_mode))
+            lifecycle.set_phase(gate, Phase.building)
 
         _write(ctx, job, enter_building)
         image = _build_image(ctx, context_dir, sha256, requirements.requirements, job.halt)
 
     if image is not None:  # None: halted (cancelled, or the lease lost) while it was built
-        _write(ctx, job, lambda _s, gate: service.set_phase(gate, Phase.running_tests))
+        _write(ctx, job, lambda _s, gate: lifecycle.set_phase(gate, Phase.running_tests))
         _run_cases(ctx, job, image, slots, guardrail_model)
 
     def conclude(session: Session, gate: Gate) -> None:
         if gate.cancel_requested:
-            service.cancel_gate(gate)
+            lifecycle.cancel_gate(gate)
         else:
-            service.finish_gate(session, gate)
+            lifecycle.finish_gate(session, gate)
         job.finish(session)
         ctx.metrics.gate_finished(session, gate)
 
@@ -487,8 +476,8 @@ def _check_live_models(
     with session_scope(ctx.sessions) as session:
         project_id = session.get_one(Gate, job.gate_id).project_id
         secrets = project_secrets(session, ctx.box(), project_id)
-        project = session.get_one(Project, project_id)
-        routes = tuple(route_of(stored) for stored in project.model_routes)
+        project = settings_of(session, project_id)
+        routes = project.routes
         name = project.name
     problems: list[dict[str, Any]] = []
     for live in needed:
@@ -652,15 +641,7 @@ def _run_cases(
         # Fixed at submission, so read once: each case's container is made with it.
         model_mode = gate.model_mode
         inputs = _case_inputs(ctx, session, gate.project_id)
-        pending = [
-            (c.id, c.suite, c.test_name, c.runs, c.success_threshold, c.timeout_s)
-            for c in session.scalars(
-                select(Case)
-                .where(Case.gate_id == job.gate_id)
-                .where(Case.status.in_([CaseStatus.queued, CaseStatus.running]))
-                .order_by(Case.position)
-            )
-        ]
+        pending = lifecycle.unjudged_cases(session, job.gate_id)
     with ThreadPoolExecutor(max_workers=slots.containers.size) as pool:
         # Each case in its own copy of this thread's log context (gate_id, worker).
         futures = [
@@ -723,7 +704,7 @@ def _run_case_in_slot(
                     "gate.owner": job.owner,
                 },
                 halt=job.halt,
-                model_channel=folder,
+                model_channel=ModelChannel.in_folder(folder) if folder is not None else None,
             )
         except SandboxError:  # Halted among them
             if job.halt.is_set():  # the gate was cancelled or its lease lost meanwhile
@@ -765,8 +746,8 @@ def _case_inputs(ctx: WorkerContext, session: Session, project_id: uuid.UUID) ->
     # The project's secrets and the GATE_CASE_ENV values: handed to the runner on its stdin
     # and given only to invocation processes (gate_runner/case_env.py). With a model
     # gateway, the provider keys are the gateway's alone.
-    project = session.get_one(Project, project_id)
-    routes = tuple(route_of(stored) for stored in project.model_routes)
+    project = settings_of(session, project_id)
+    routes = project.routes
     case_secrets = project_env
     if ctx.gateway is not None:
         # A route's key secret is a provider key too.
@@ -777,8 +758,8 @@ def _case_inputs(ctx: WorkerContext, session: Session, project_id: uuid.UUID) ->
         secrets=project_env,
         project_id=project_id,
         routes=routes,
-        egress=tuple(str(host) for host in project.egress_hosts),
-        api_specs=dict(project.api_specs or {}),
+        egress=project.egress,
+        api_specs=project.api_specs,
     )
 
 
@@ -799,7 +780,8 @@ def _run_case(
     """Run one case in its created container and judge it: mark it running, run it, read its
     outcome. None when it was skipped (stop, cancel, halt); else what stores the outcome
     (True), or raises DeadlinePassed once the gate's deadline stopped it. ``folder``: where
-    its model channel's socket goes, mounted into the container (None: no gateway)."""
+    its model channel's socket goes, which the sandbox delivers into the container (as a
+    ModelChannel; None: no gateway)."""
     if ctx.stop.is_set() or job.halt.is_set():
         return None
     seconds_left = _mark_running(ctx, job, case_id)
@@ -888,7 +870,7 @@ def case_limits(settings: Settings, wall_seconds: float) -> RunLimits:
         wall_seconds=wall_seconds,
         tmpfs_mb=settings.case_tmpfs_mb,
         output_limit_bytes=settings.case_output_limit_bytes,
-        network=settings.case_network,
+        network=case_network(settings),
     )
 
 
@@ -918,22 +900,6 @@ def _run_container(
         raise
 
 
-# Marking a case running, on every case's path: plain Core statements built once (see
-# service.lock_gate_for_case_write).
-_GATES, _CASES = (cast(Table, m.__table__) for m in (Gate, Case))
-_MARK_GATE = (
-    update(_GATES)
-    .where(_GATES.c.id == bindparam("gate_id"), _GATES.c.cancel_requested.is_(False))
-    .values(revision=_GATES.c.revision + 1)
-    .returning(_GATES.c.started_at)
-)
-_MARK_CASE = (
-    update(_CASES)
-    .where(_CASES.c.id == bindparam("case_id"))
-    .values(status=CaseStatus.running.value)
-)
-
-
 def _mark_running(ctx: WorkerContext, job: ClaimedJob, case_id: uuid.UUID) -> float | None:
     """Mark the case running: the seconds left until the gate's deadline, or None when the
     gate was cancelled. DeadlinePassed (with nothing written) once that deadline has passed,
@@ -942,14 +908,13 @@ def _mark_running(ctx: WorkerContext, job: ClaimedJob, case_id: uuid.UUID) -> fl
         # Three statements, none loading a row into the session: the lease, the gate's
         # revision (locking the gate's row, as every write of a case does), the case.
         with job.transaction(ctx.sessions) as session:
-            marked = session.execute(_MARK_GATE, {"gate_id": job.gate_id}).one_or_none()
-            if marked is None:  # cancelled: nothing is marked, the deadline read first
-                time_left(ctx.settings, service.get_gate(session, job.gate_id).started_at)
+            start = lifecycle.mark_gate_for_case(session, job.gate_id)
+            # No case starts once the gate's deadline has passed, cancelled or not (the raise
+            # rolls the revision back).
+            left = time_left(ctx.settings, start.started_at)
+            if start.cancelled:  # nothing is marked
                 return None
-            # No case starts once the gate's deadline has passed (the raise rolls the
-            # revision back).
-            left = time_left(ctx.settings, marked.started_at)
-            session.execute(_MARK_CASE, {"case_id": case_id})
+            lifecycle.mark_case_running(session, case_id)
             return left
     except DeadlinePassed:
         job.halt.set()  # the gate's other cases do not start either
@@ -969,13 +934,13 @@ def _store(
     transaction: True, or DeadlinePassed once stored when the gate's deadline cut the case."""
 
     def store(session: Session) -> None:
-        project_id = service.lock_gate_for_case_write(session, job.gate_id)
-        cap = service.run_cap(session, ctx.settings, project_id)
+        project_id = lifecycle.lock_gate_for_case_write(session, job.gate_id)
+        cap = lifecycle.run_cap(session, ctx.settings, project_id)
         stored_bytes = 0
         # The gateway's record of the case's model calls, whatever became of the case: the
         # provider answered them (and the budgets counted them) either way.
         if calls:
-            stored_bytes += service.save_model_calls(
+            stored_bytes += lifecycle.save_model_calls(
                 session, job.gate_id, case_id, calls, redactor, cap=cap
             )
         written = outcome
@@ -983,7 +948,7 @@ def _store(
             try:
                 # Redacted first, then cut (in save_case_result): a cut made first could
                 # leave part of a secret behind.
-                stored_bytes += service.save_case_result(
+                stored_bytes += lifecycle.save_case_result(
                     session,
                     case_id,
                     redact_result(written.result, redactor),
@@ -997,19 +962,19 @@ def _store(
         if isinstance(written, NotJudged):
             if written.log:
                 log.error("case %s: %s", case_id, written.log)
-            service.save_case_outcome(
+            lifecycle.save_case_outcome(
                 session,
                 case_id,
                 status=written.status,
                 duration_ms=duration_ms,
                 reason=written.reason,
             )
-        service.count_case_write(session, job.gate_id, stored_bytes)
+        lifecycle.count_case_write(session, job.gate_id, stored_bytes)
         ctx.metrics.case_judged(session, written.status, duration_ms)
 
     def store_refused(refused: StorageRefused, session: Session) -> None:
-        service.lock_gate_for_case_write(session, job.gate_id)
-        service.save_case_outcome(
+        lifecycle.lock_gate_for_case_write(session, job.gate_id)
+        lifecycle.save_case_outcome(
             session,
             case_id,
             status=CaseStatus.error,
@@ -1017,7 +982,7 @@ def _store(
             reason=f"the case's result could not be stored: {refused.reason}; not retried, "
             "since the same result would be refused again",
         )
-        service.count_case_write(session, job.gate_id, 0)
+        lifecycle.count_case_write(session, job.gate_id, 0)
         ctx.metrics.case_judged(session, CaseStatus.error, duration_ms)
 
     try:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 
 from .. import jobs
 from ..db import session_scope
-from ..gates import service
+from ..gates import lifecycle
 from ..jobs import ClaimedJob
 from ..logs import bind_log_context, log_context
 from ..models import GateStatus
@@ -298,10 +298,10 @@ class Worker:
                     jobs.requeue_expired(session, expired.id, note=note)
                     continue
                 jobs.close_expired(session, expired.id, note=note)
-                gate = service.get_gate(session, expired.gate_id, for_update=True)
+                gate = lifecycle.get_gate(session, expired.gate_id, for_update=True)
                 if GateStatus(gate.status).terminal:  # e.g. cancelled meanwhile: keep it
                     continue
-                service.fail_gate(
+                lifecycle.fail_gate(
                     gate,
                     reason=f"no worker finished the gate in {expired.attempts} attempt(s); "
                     f"last: {note}" + (f" ({expired.last_error})" if expired.last_error else ""),

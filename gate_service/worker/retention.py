@@ -11,7 +11,7 @@ lets one of them do it and the others skip, and every batch takes its rows with
 ``FOR UPDATE SKIP LOCKED`` and counts only what its own DELETE removed, so even passes that
 overlapped would neither fail nor count a row twice. A queued or running gate is never
 deleted, nor a gate whose job a live worker still holds, nor a bundle any gate references:
-an upload in flight holds its bundle ``FOR KEY SHARE`` (see ``gates.service.create_gate``),
+an upload in flight holds its bundle ``FOR KEY SHARE`` (see ``gates.lifecycle.create_gate``),
 which the bundle batch skips.
 """
 

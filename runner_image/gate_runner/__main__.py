@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     import traceback
     from pathlib import Path
 
-    from .dataclass_code import compiled_dataclasses, runner_imports, write
+    from .dataclass_code import compiled_dataclasses, write
 
     # The runner's own modules, imported with their dataclass methods compiled at image build
     # (dataclass_code.py): the run-case path's all at once, here, before any user code or the
@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         from .invocations import DEFAULT_OUTPUT_LIMIT_BYTES, Isolation, make_undumpable
 
         if collecting or args_in[:1] == ["run-case"]:
+            from .case import runner_imports
+
             runner_imports()
 
     parser = argparse.ArgumentParser(prog="gate_runner")
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(measure_sdk_modules(), file)
         return 0
     if args.command == "plan":
-        from .plan import write_plan
+        from .plan_build import write_plan
 
         return write_plan(args.project, args.out, args.as_uid)
     if args.command == "record":

@@ -48,7 +48,7 @@ from .invocations import (
     Proc,
     Supervisor,
 )
-from .plan import AgentLimits, planned_case
+from .plan import AgentLimits, ConcurrencyRule, planned_case
 from .reports import BUILDER, CLEANUP, INVOCATION, checked
 from .verdict import case_failure_reason, case_passes, unjudged_reason
 
@@ -191,14 +191,6 @@ def parallelism(prepared: PreparedCase, runs: int) -> int:
         # build() has run: one at a time, no two runs can share a key's turn.
         allowed = 1
     return max(1, min(runs, allowed, MAX_PARALLEL_INVOCATIONS))
-
-
-@dataclass(frozen=True)
-class ConcurrencyRule:
-    """The agent's `concurrency: {key, on_conflict}` (SDK ConcurrencyConfig)."""
-
-    key: str  # a dot-path into the trigger payload
-    on_conflict: str  # queue | drop | coalesce
 
 
 def concurrency_rule(prepared: PreparedCase) -> ConcurrencyRule | None:
@@ -922,12 +914,18 @@ def _judged(prepared: PreparedCase, index: int, data: Mapping[str, Any]) -> Invo
     )
 
 
+def runner_imports() -> None:
+    """Import the runner's modules of the run-case path: every one an invocation uses, so
+    they are imported once before the invocations fork (_preload), and, in a case
+    container, with their dataclass code from the image (__main__, dataclass_code.py)."""
+    from . import approvals, builders, case_env, contract, invocations, mocks  # noqa: F401
+    from .runtime import orchestrator, tool_agent, triggers  # noqa: F401
+
+
 def _preload(prepared: PreparedCase, runs: int) -> None:
     """Import here, before the invocations fork, what each of them would import: once, not
     once per invocation. Only the runner's own modules and the SDK: this process still runs
     no user code."""
-    from .dataclass_code import runner_imports
-
     runner_imports()  # in a case container, __main__ has imported them already
     if prepared.light is None or prepared.imports_sdk:
         # Every invocation imports the SDK (its loader, or the project's code).

@@ -6,14 +6,15 @@ The runner defines about 23 dataclasses on its way to a case, and that compiling
 the CPU its own imports cost in every case container (8 of 16 ms, Python 3.11).
 
 So ``gate_runner dataclass-code`` (a step of the runner image's build) imports the runner's
-modules and keeps, for every source text ``dataclasses`` compiles, the compiled code,
-marshalled and keyed by the text itself. At run time ``compiled_dataclasses`` lends that
-code to ``dataclasses`` while the runner imports its own modules: a text found there runs
-its stored code, which is what compiling the same text gives; any other text is compiled as
-usual. The classes are the same either way. The file is the image's, root-owned on a
-read-only root, like the image's .pyc files; a file of another Python (its marshal format
-and bytecode differ), or none at all, is simply not used. Neither the SDK's imports nor user
-code ever run under it: it is lent for the runner's own imports and taken back after them.
+modules (the run-case path's: ``case.runner_imports``) and keeps, for every source text
+``dataclasses`` compiles, the compiled code, marshalled and keyed by the text itself. At
+run time ``compiled_dataclasses`` lends that code to ``dataclasses`` while the runner imports
+its own modules: a text found there runs its stored code, which is what compiling the same
+text gives; any other text is compiled as usual. The classes are the same either way. The
+file is the image's, root-owned on a read-only root, like the image's .pyc files; a file of
+another Python (its marshal format and bytecode differ), or none at all, is simply not used.
+Neither the SDK's imports nor user code ever run under it: it is lent for the runner's own
+imports and taken back after them.
 """
 
 from __future__ import annotations
@@ -96,11 +97,3 @@ def compiled_dataclasses(
         yield
     finally:
         del dataclasses.exec  # type: ignore[attr-defined]
-
-
-def runner_imports() -> None:
-    """Import the runner's modules of the run-case path: every one an invocation uses, so
-    they are imported once before the invocations fork (case._preload), and, in a case
-    container, with their dataclass code from the image (__main__)."""
-    from . import approvals, builders, case, case_env, contract, invocations, mocks  # noqa: F401
-    from .runtime import orchestrator, tool_agent, triggers  # noqa: F401

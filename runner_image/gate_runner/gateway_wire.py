@@ -1,8 +1,9 @@
 """The model gateway's wire: how a case's runner asks its worker's gateway for one completion.
 
 A live case has no network. Its worker serves a model gateway (gate_service/gateway), and
-gives each case a channel of its own: a Unix socket in a host folder that is bind-mounted
-read-only into that case's container alone, at ``SOCKET_DIR`` (docs/threat-model.md),
+gives each case a channel of its own: a Unix socket in a host folder that the sandbox
+delivers to that case's container alone, at ``SOCKET_DIR`` (the Docker backend bind-mounts
+it read-only; docs/threat-model.md),
 and a token that only this channel accepts, handed to the runner on its stdin
 with the case's environment (gate_runner/case_env.py). The gateway holds the provider keys,
 the budgets and the record of every call; the runner holds none of them.

@@ -22,7 +22,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -121,12 +121,24 @@ class ScriptedModel:
     """``respond()`` as the model. A request whose ``respond`` raises is asked again, at once
     (no provider to wait for), up to the request's attempts (the agent's
     ``retry_options.attempts``, else 3: runtime/retries.py), as a live request is retried;
-    a context-window refusal is not (compression repairs it). The script sees every try."""
+    a context-window refusal is not (compression repairs it). The script sees every try.
+
+    ``retries``: whether a failed request is asked again, the runtime's rule
+    (runtime/retries.py ``retries_request``, which model_choice passes in: this module
+    imports nothing of the runtime, whose modules import it); None asks none again."""
 
     mode = "scripted"
 
-    def __init__(self, path: Path, agent: str, *, attempts: int = 3) -> None:
+    def __init__(
+        self,
+        path: Path,
+        agent: str,
+        *,
+        attempts: int = 3,
+        retries: Callable[[BaseException], bool] | None = None,
+    ) -> None:
         self.attempts = max(1, attempts)
+        self._retries = retries
         self.source = f"tests/models/{path.name}"
         module = _load_module(path, f"gate_scripted_model_{agent.replace('-', '_')}")
         respond = getattr(module, "respond", None)
@@ -162,8 +174,7 @@ class ScriptedModel:
             if response_format:
                 # The agent's output_schema, as live mode sends it (a copy, as the rest).
                 asked["response_format"] = json.loads(json.dumps(response_format))
-        from .runtime.retries import retries_request  # here: it imports the runtime's parts
-
+        retries = self._retries
         tries = max(1, attempts or self.attempts)
         for number in range(1, tries + 1):
             # The script sees copies, fresh each try: it cannot rewrite the conversation the
@@ -180,7 +191,7 @@ class ScriptedModel:
                     raw = self._respond(*args, options=json.loads(json.dumps(asked)))
                 break
             except Exception as exc:
-                if number == tries or not retries_request(exc):
+                if number == tries or retries is None or not retries(exc):
                     raise
         reply = parse_reply(raw, source=f"{self.source} respond()")
         if number == 1:
@@ -926,7 +937,9 @@ def choose_model(
     *,
     attempts: int = 3,
     gateway: GatewayChannel | None = None,
+    retries: Callable[[BaseException], bool] | None = None,
 ) -> Model:
+    """``retries``: a scripted model's retry rule (see ScriptedModel)."""
     scripted = project / "tests" / "models" / f"{agent}.py"
     recordings = project / "tests" / "recordings" / agent
     if forced and forced not in MODES:
@@ -937,7 +950,7 @@ def choose_model(
     if mode == "scripted":
         if not scripted.is_file():
             raise AgentRunError(f"model mode scripted, but tests/models/{agent}.py does not exist")
-        return ScriptedModel(scripted, agent, attempts=attempts)
+        return ScriptedModel(scripted, agent, attempts=attempts, retries=retries)
     if mode == "replay":
         if not recordings.is_dir():
             raise AgentRunError(f"model mode replay, but tests/recordings/{agent}/ does not exist")

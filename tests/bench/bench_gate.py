@@ -44,6 +44,7 @@ import docker
 
 from gate_service.client.api import GateClient
 from gate_service.config import Settings
+from gate_service.sandbox import ModelChannel
 from gate_service.sandbox.docker.cases import case_container
 from gate_service.worker.handler import case_limits
 from tests.e2e.conftest import start, stop, wait_ready
@@ -186,7 +187,7 @@ def import_only_runs(
                 argv,
                 limits=limits,
                 labels={},
-                model_channel=channel if settings.model_gateway else None,
+                model_channel=ModelChannel.in_folder(channel) if settings.model_gateway else None,
             )
             # Not labelled as a case: `gate serve`'s reaper would take it for an orphan.
             create["labels"] = {"gate.bench": "import-floor"}

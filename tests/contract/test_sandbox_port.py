@@ -1,9 +1,12 @@
 """The sandbox port's contract: what every backend must do, run against each of them.
 
-Each test runs once per backend: the fake (tests/fixtures/sandbox.py, the real runner
-in-process) and the Docker backend on the real engine (marked `docker`; skipped only where no
-engine answers outside CI, see tests/fixtures/docker.py), chosen through the factory as the
-service chooses it. A new backend passes when it is added to BACKEND_NAMES and these pass.
+Each test runs once per backend: every entry of the factory's registry
+(gate_service.sandbox.BACKENDS), opened through the factory as a worker opens it, and the fake
+(tests/fixtures/sandbox.py, the real runner in-process) where the test makes sense for it. A
+new backend is under contract as soon as it has its factory entry. Its engine's fixture and
+tier mark go in ENGINES when the engine may be missing on a developer machine: the fixture
+skips there and fails in CI (tests/fixtures/docker.py for Docker); an entry without one runs
+wherever the tests run, and so fails where its engine is missing, never skips.
 
 Only the port is used, never a backend's own means: a container is seen through ``reap``
 with a ``keep`` that spares everything (the port's one way to list them), and a case run's
@@ -32,10 +35,12 @@ from gate_service import sandbox as port
 from gate_service.config import Settings
 from gate_service.runner_contract import UntrustedResult, parse_runner_output, result_blocks
 from gate_service.sandbox import (
+    BACKENDS,
     LABEL,
     CaseRunner,
     Halted,
     ImageBuilder,
+    ModelChannel,
     RunLimits,
     RunResult,
     Sandbox,
@@ -43,7 +48,7 @@ from gate_service.sandbox import (
     open_sandbox,
 )
 from gate_service.worker.handler import runner_argv
-from tests.fixtures.escape import PROBES, network_gateway
+from tests.fixtures.escape import PROBES, bridge_gateway
 from tests.fixtures.projects import write
 from tests.fixtures.sandbox import FakeSandbox
 
@@ -127,7 +132,36 @@ PROJECT = {
     """,
 }
 SETTLE_SECONDS = 60  # longest wait for a container to appear or a run to end on a busy engine
-BACKEND_NAMES = ["fake", pytest.param("docker", marks=pytest.mark.docker)]
+FAKE = "fake"  # tests/fixtures/sandbox.py, no entry of the factory
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What the suite needs of a registered backend's engine on this machine."""
+
+    # The fixture that skips a test when the engine is absent outside CI (and fails it in CI).
+    fixture: str
+    mark: pytest.MarkDecorator  # the test tier that needs the engine
+    # Addresses of this host that a case container could try (where a listener of the test
+    # waits), besides loopback: what the engine puts between its containers and the host.
+    host_addresses: Callable[[], list[str]] = list
+
+
+ENGINES = {
+    "docker": Engine("docker_engine", pytest.mark.docker, lambda: [bridge_gateway()]),
+}
+
+
+def registered(name: str) -> object:
+    """A registered backend as a test parameter, with its engine's mark."""
+    engine = ENGINES.get(name)
+    return pytest.param(name, marks=engine.mark) if engine else name
+
+
+# Every registered backend, and the fake; REGISTERED_NAMES where a test needs what only an
+# engine of its own gives (a mount namespace, a network namespace).
+REGISTERED_NAMES = [registered(name) for name in sorted(BACKENDS)]
+BACKEND_NAMES = [FAKE, *REGISTERED_NAMES]
 
 
 @dataclass
@@ -160,7 +194,7 @@ class Backend:
         wall_seconds: float = SETTLE_SECONDS,
         halt: threading.Event | None = None,
         suite: str = SUITE,
-        model_channel: Path | None = None,
+        model_channel: ModelChannel | None = None,
     ) -> RunResult:
         """One case of the contract project, as the worker starts it."""
         return self.sandbox.run(
@@ -214,16 +248,18 @@ def wait_until(condition: Callable[[], object], what: str) -> None:
 def backend(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Backend]:
-    workdir = tmp_path_factory.mktemp(f"contract-{request.param}")
-    settings = Settings(data_dir=workdir / "data")
+    name = request.param
+    workdir = tmp_path_factory.mktemp(f"contract-{name}")
+    settings = Settings(data_dir=workdir / "data", sandbox_backend=name)
     sandbox: Sandbox
-    if request.param == "docker":
-        request.getfixturevalue("docker_engine")
-        sandbox = open_sandbox(settings)
-    else:
+    if name == FAKE:
         fake = FakeSandbox()
         fake.apply_env = True  # as the real runner gives each invocation the case's environment
         sandbox = fake
+    else:
+        if name in ENGINES:
+            request.getfixturevalue(ENGINES[name].fixture)
+        sandbox = open_sandbox(settings)  # the factory's entry, as a worker opens it
     backend = Backend(request.param, sandbox, settings, workdir)
     try:
         backend.image = sandbox.build_test_image(backend.spec(**{"gate.bundle": "contract"}))
@@ -411,16 +447,17 @@ def test_a_created_container_that_is_reaped_before_its_start_fails_it(backend: B
 
 
 @contextmanager
-def channel_folder(root: Path) -> Iterator[Path]:
-    """A host folder with a Unix socket that answers each connection "pong", as a model
-    gateway channel would be laid out (a folder the invocation uid can enter, a socket it may
-    connect to)."""
+def model_channel(root: Path) -> Iterator[ModelChannel]:
+    """A model channel whose socket answers each connection "pong", laid out as the model
+    gateway lays one out (a folder of its own the invocation uid can enter, a socket in it
+    that uid may connect to)."""
     folder = root / uuid.uuid4().hex[:12]
     folder.mkdir(mode=0o755)
     folder.chmod(0o755)
+    channel = ModelChannel.in_folder(folder)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(folder / gateway_wire.SOCKET_NAME))
-    (folder / gateway_wire.SOCKET_NAME).chmod(0o666)
+    server.bind(str(channel.socket))
+    channel.socket.chmod(0o666)
     server.listen()
     server.settimeout(0.2)
     done = threading.Event()
@@ -438,52 +475,49 @@ def channel_folder(root: Path) -> Iterator[Path]:
     thread = threading.Thread(target=answer, daemon=True)
     thread.start()
     try:
-        yield folder
+        yield channel
     finally:
         done.set()
         thread.join()
         server.close()
 
 
-@pytest.mark.docker
-@pytest.mark.parametrize("backend", ["docker"], indirect=True)
+@pytest.mark.parametrize("backend", REGISTERED_NAMES, indirect=True)
 def test_a_case_reaches_its_model_channel_and_nothing_else(
     backend: Backend, tmp_path: Path
 ) -> None:
-    """Docker only: the fake runs cases in this process, which has no mount namespace.
+    """Every registered backend (not the fake, which runs cases in this process, with no
+    namespace of their own to deliver a channel into or keep a network out of).
 
-    The case connects to the socket of its channel folder; it cannot write in that folder,
-    and no TCP or UDP address answers it: cloud metadata, the engine's bridge gateway (where
-    a listener of this host waits), loopback and an outside address.
+    With no network (the default policy), the case connects to its channel's socket at
+    gateway_wire.SOCKET_PATH, however the backend delivers it there; it cannot write beside
+    it (nothing reaches the gateway's folder), and no TCP or UDP address answers it: cloud
+    metadata, this host as the engine's containers see it (where a listener of this host
+    waits), loopback and an outside address.
     """
-    import docker
-
-    client = docker.from_env()
-    try:
-        bridge = network_gateway(client)
-    finally:
-        client.close()
     listener = socket.create_server(("0.0.0.0", 0))
     listener.settimeout(0.2)
     port_number = listener.getsockname()[1]
+    engine = ENGINES.get(backend.name)
+    host_addresses = engine.host_addresses() if engine else []
     targets = [
         ("169.254.169.254", 80),
-        (bridge, port_number),
+        *((address, port_number) for address in host_addresses),
         ("127.0.0.1", port_number),
         ("1.1.1.1", 443),
         ("1.1.1.1", 53),
     ]
     nonce = secrets.token_hex(32)
     try:
-        with channel_folder(tmp_path) as folder:
+        with model_channel(tmp_path) as channel:
             result = backend.run(
                 "reaches_out",
                 suite=REACH_SUITE,
                 env={REACH_VARIABLE: json.dumps(targets)},
                 nonce=nonce,
-                model_channel=folder,
+                model_channel=channel,
             )
-            left = sorted(p.name for p in folder.iterdir())
+            left = sorted(p.name for p in channel.folder.iterdir())
         with pytest.raises(TimeoutError):
             listener.accept()  # nothing from the case ever connected to this host
     finally:

@@ -21,7 +21,7 @@ from gate_service.config import Settings
 from gate_service.db import session_scope
 from gate_service.main import create_app
 from gate_service.models import Case, Job
-from gate_service.sandbox import RunLimits, RunResult
+from gate_service.sandbox import ModelChannel, RunLimits, RunResult
 from gate_service.worker.loop import Worker
 from tests.fixtures.auth import ADMIN_TOKEN, as_token, bearer, project_token
 from tests.fixtures.projects import bundle_of, calculator_project
@@ -304,7 +304,7 @@ class RecordingSandbox(FakeSandbox):
         labels: Any,
         stdin: bytes = b"",
         halt: threading.Event | None = None,
-        model_channel: Path | None = None,
+        model_channel: ModelChannel | None = None,
     ) -> RunResult:
         self.limits.append(limits)
         result = super().run(

@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate_service.config import Settings
-from gate_service.gates import service as gates
+from gate_service.gates import lifecycle
 from gate_service.main import create_app
 from gate_service.models import BUNDLE_CHUNK_BYTES, Bundle, BundleChunk, Gate, Job
 from tests.fixtures.auth import ADMIN_TOKEN, bearer
@@ -83,7 +83,7 @@ def test_a_bundle_is_stored_in_chunks_and_read_back_whole(
             BUNDLE_CHUNK_BYTES,
             len(data) % BUNDLE_CHUNK_BYTES,
         ]
-        assert b"".join(gates.read_bundle(s, sha)) == data
+        assert b"".join(lifecycle.read_bundle(s, sha)) == data
 
 
 def test_zip_bundles_are_accepted(client: TestClient, tmp_path: Path) -> None:

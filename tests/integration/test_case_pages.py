@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gate_service.bundles.suites import CaseRef
 from gate_service.client.api import GateClient
-from gate_service.gates import service as gates
+from gate_service.gates import lifecycle, views
 from gate_service.models import Case, CaseStatus, Gate
 from tests.fixtures.auth import bearer
 from tests.fixtures.projects import bundle_of, calculator_project
@@ -30,7 +30,7 @@ def gate_with_cases(client: TestClient, sessions: sessionmaker[Session], tmp_pat
         refs = [
             CaseRef("tests/calc.yaml", "calc", f"case_{n:03}", 1, 100, 60) for n in range(CASES)
         ]
-        for n, case in enumerate(gates.save_cases(session, gate, refs)[:7]):
+        for n, case in enumerate(lifecycle.save_cases(session, gate, refs)[:7]):
             case.status = CaseStatus.passed if n < 4 else CaseStatus.failed
             case.passed = n < 4
     return str(gate_id)
@@ -44,7 +44,7 @@ def test_get_answers_a_page_of_cases_and_the_path_of_the_rest(
     # The counts are the whole gate's, whatever page the body holds.
     assert (gate["total_cases"], gate["passed_cases"], gate["failed_cases"]) == (CASES, 4, 3)
     assert gate["judged_cases"] == 7
-    assert len(gate["cases"]) == gates.CASES_PAGE
+    assert len(gate["cases"]) == views.CASES_PAGE
     names = [c["test_name"] for c in gate["cases"]]
     following = gate["next_cases"]
     while following:
@@ -100,7 +100,7 @@ def test_the_connic_routes_read_every_case(
     gate_id = gate_with_cases(client, sessions, tmp_path)
     with sessions() as session:
         project_id = session.get_one(Gate, uuid.UUID(gate_id)).project_id
-        full = gates.read_gate(session, uuid.UUID(gate_id), project_id)
+        full = views.read_gate(session, uuid.UUID(gate_id), project_id)
     assert len(full.cases) == CASES and full.next_cases is None
 
 

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate_service.db import session_scope
-from gate_service.gates import service
+from gate_service.gates import lifecycle
 from gate_service.models import Bundle, Case, Gate, GateStatus, Project
 
 
@@ -64,8 +64,8 @@ def gate_with(sessions: sessionmaker[Session], statuses: list[str]) -> uuid.UUID
 
 def finish(sessions: sessionmaker[Session], gate_id: uuid.UUID) -> Gate:
     with session_scope(sessions) as s:
-        gate = service.get_gate(s, gate_id, for_update=True)
-        service.finish_gate(s, gate)
+        gate = lifecycle.get_gate(s, gate_id, for_update=True)
+        lifecycle.finish_gate(s, gate)
         return gate
 
 

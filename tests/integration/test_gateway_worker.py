@@ -104,8 +104,8 @@ def test_a_live_case_calls_through_its_channel_and_never_gets_the_key(
     assert env["OTHER_SETTING"] == OTHER_SECRET
     assert not {"OPENAI_API_KEY", "OPENAI_API_BASE"} & env.keys()
     # Its channel was its own, and is gone with the case.
-    (folder,) = sandbox.model_channels
-    assert folder is not None and not folder.exists()
+    (channel,) = sandbox.model_channels
+    assert channel is not None and not channel.folder.exists()
 
 
 def test_two_projects_gates_at_once_each_call_with_their_own_key(

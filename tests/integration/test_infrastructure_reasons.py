@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gate_service.config import Settings
 from gate_service.models import Job
-from gate_service.sandbox import RunLimits, RunResult
+from gate_service.sandbox import ModelChannel, RunLimits, RunResult
 from tests.fixtures.projects import bundle_of, calculator_project
 from tests.fixtures.sandbox import FakeSandbox, fake_worker
 
@@ -38,7 +38,7 @@ class CrashingRunner(FakeSandbox):
         labels: Mapping[str, str],
         stdin: bytes = b"",
         halt: threading.Event | None = None,
-        model_channel: Path | None = None,
+        model_channel: ModelChannel | None = None,
     ) -> RunResult:
         self.runs.append(list(argv))
         return RunResult(

@@ -23,6 +23,7 @@ from gate_service.app_state import state_of
 from gate_service.auth.tokens import token_digest
 from gate_service.db import session_scope
 from gate_service.gates.notify import GateChanges, _change
+from gate_service.gates.status_reads import StatusReads
 from gate_service.models import ApiToken, Gate, utcnow
 from tests.fixtures.auth import as_token, project_token
 from tests.fixtures.projects import bundle_of, calculator_project
@@ -34,7 +35,7 @@ WAIT = 60  # longer than any test waits for an answer: a 304 means nobody woke t
 
 @pytest.fixture
 def changes(client: TestClient) -> GateChanges:
-    hub: GateChanges = state_of(client.app).gate_changes
+    hub = state_of(client.app).part(GateChanges)
     # Only a notification (or a reconnect) can wake a waiter within these tests.
     hub.recheck_seconds = 3600
     wait_until(lambda: hub.listening, "the listener listens")
@@ -199,7 +200,7 @@ def test_shutdown_stops_the_listener_and_closes_its_connection(
     from tests.fixtures.auth import ADMIN_TOKEN, bearer
 
     with TestClient(create_app(settings), headers=bearer(ADMIN_TOKEN)) as c:
-        hub: GateChanges = state_of(c.app).gate_changes
+        hub = state_of(c.app).part(GateChanges)
         wait_until(lambda: hub.listening, "the listener listens")
         pid = hub.backend_pid
     assert not hub.listening
@@ -408,7 +409,7 @@ def test_a_told_change_costs_a_long_poll_no_query_and_a_bare_id_one(
     # Postgres twice a case. A notification with the id alone (a trigger from before 0015)
     # is still answered, by asking.
     monkeypatch.setattr(state_of(client.app).settings, "long_poll_settle_seconds", 3600)
-    reads = state_of(client.app).status_reads
+    reads = state_of(client.app).part(StatusReads)
     gate_id, etag = gate
     waiting = long_poll(pool, client, gate_id, etag)
     wait_until(lambda: changes.sleeping == 1, "the long-poll waits")

@@ -21,7 +21,7 @@ from gate_runner.models import ReplayModel, request_key
 from gate_service.cli import main
 from gate_service.config import Settings
 from gate_service.db import session_scope
-from gate_service.gates import service
+from gate_service.gates import lifecycle
 from gate_service.gates.model_calls import MAX_STORED_REQUEST_BYTES
 from gate_service.gateway import CallRecord
 from gate_service.models import Bundle, Case, Gate, GateStatus, ModelCall, Project
@@ -122,12 +122,12 @@ def save(
     """As the worker's store does: in one transaction, the gate locked."""
     with session_scope(sessions) as s:
         gate = uuid.UUID(gate_id)
-        service.lock_gate_for_case_write(s, gate)
+        lifecycle.lock_gate_for_case_write(s, gate)
         case = s.scalars(
             select(Case.id).where(Case.gate_id == gate).where(Case.test_name == case_name)
         ).one()
-        stored_bytes = service.save_model_calls(s, gate, case, records, redact, cap=cap)
-        service.count_case_write(s, gate, stored_bytes)
+        stored_bytes = lifecycle.save_model_calls(s, gate, case, records, redact, cap=cap)
+        lifecycle.count_case_write(s, gate, stored_bytes)
 
 
 def stored(sessions: sessionmaker[Session], gate_id: str) -> tuple[list[dict[str, Any]], int]:

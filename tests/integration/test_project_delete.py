@@ -28,11 +28,11 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate_service import sandbox as port
-from gate_service.auth import deletion
 from gate_service.auth.service import Principal, authenticate
 from gate_service.config import Settings
 from gate_service.db import session_scope
 from gate_service.models import Base, ModelCall, ProjectModelSpend
+from gate_service.projects import deletion
 from gate_service.sandbox import Halted
 from gate_service.worker.loop import Worker
 from tests.fixtures.auth import ADMIN_TOKEN, as_token, bearer, project_token

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gate_service.bundles.archive import read_archive
 from gate_service.config import Settings
 from gate_service.db import session_scope
-from gate_service.gates import service as gates
+from gate_service.gates import lifecycle
 from gate_service.worker.handler import WorkerContext
 from gate_service.worker.loop import Worker
 from gate_service.worker.retention import (
@@ -373,7 +373,7 @@ def test_a_bundle_of_an_upload_in_flight_is_kept(
     # a pass deletes the only gate that referenced them.
     upload = sessions()
     try:
-        gate, created = gates.create_gate(
+        gate, created = lifecycle.create_gate(
             upload,
             settings,
             project_id=long_id,

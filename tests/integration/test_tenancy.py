@@ -18,6 +18,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from gate_service.app_state import state_of
+from gate_service.auth.brakes import FailureLimiter
 from gate_service.auth.tokens import token_digest
 from gate_service.config import Settings
 from gate_service.db import session_scope
@@ -238,7 +239,7 @@ def test_bad_project_names_are_refused(client: TestClient, body: dict[str, Any])
 def test_repeated_failures_from_one_client_get_429(
     client: TestClient, sessions: sessionmaker[Session]
 ) -> None:
-    limit = state_of(client.app).auth_failures.limit
+    limit = state_of(client.app).part(FailureLimiter).limit
     bad = as_token(client, "gate_guess")
     for _ in range(limit):
         assert bad.get("/v1/gates").status_code == 401

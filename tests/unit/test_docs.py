@@ -6,7 +6,7 @@ from pathlib import Path
 
 from gate_runner.contract import BEGIN_MARKER, END_MARKER
 from gate_runner.contract import SCHEMA_VERSION as RUNNER_SCHEMA_VERSION
-from gate_service import runner_contract
+from gate_service import docs_tables, runner_contract
 from gate_service.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,3 +57,17 @@ def test_no_page_links_a_file_that_is_not_there() -> None:
             if "://" in target:
                 continue
             assert (page.parent / target).exists(), f"{page.name} links {target}"
+
+
+def test_the_generated_tables_are_what_the_code_says() -> None:
+    # docs/settings.md from Settings, docs/support.md from bundles/support.py: a setting or a
+    # support row changed without `python -m gate_service.docs_tables` fails here.
+    assert docs_tables.stale() == []
+
+
+def test_the_check_fails_when_a_page_differs(tmp_path: Path) -> None:
+    for page in docs_tables.TABLES:
+        (tmp_path / page).write_text((ROOT / "docs" / page).read_text())
+    settings = tmp_path / docs_tables.SETTINGS_PAGE
+    settings.write_text(settings.read_text().replace("`GATE_PORT` | `8080`", "`GATE_PORT` | `80`"))
+    assert docs_tables.stale(tmp_path) == [docs_tables.SETTINGS_PAGE]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gate_runner.__main__ import main as runner_main
-from gate_service.auth.schemas import MAX_MODEL_NAME, model_name_problem
 from gate_service.config import Settings
+from gate_service.projects.schemas import MAX_MODEL_NAME, model_name_problem
 from gate_service.runner_contract import parse_runner_output
 from gate_service.worker.handler import runner_argv
 from tests.fixtures.projects import calculator_project

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from gate_runner.light import pydantic_plugin
-from gate_runner.plan import build_plan
+from gate_runner.plan_build import build_plan
 from gate_runner.reports import BUILDER, CLEANUP, INVOCATION, SPAN, Shape, checked
 from tests.fixtures.projects import write
 from tests.fixtures.runner import judged

@@ -31,7 +31,6 @@ from gate_runner.predefined import page_text
 from gate_service import endpoints
 from gate_service.api_specs import convert, tool_name
 from gate_service.auth.routes import AUDIT_ACTION
-from gate_service.auth.schemas import EgressPut, GuardrailModelPut, ModelRouteSpec
 from gate_service.auth.service import PROJECT_NAME
 from gate_service.connic_api.body import TestRunBody
 from gate_service.connic_api.routes import bounds_its_own_body
@@ -49,6 +48,7 @@ from gate_service.gateway.channel import (
 from gate_service.gateway.mcp import fill_secrets
 from gate_service.gateway.records import safe_agent
 from gate_service.incidents import scrub
+from gate_service.projects.schemas import EgressPut, GuardrailModelPut, ModelRouteSpec
 from gate_service.secrets.schemas import SecretPut
 from gate_service.secrets.service import check_name
 

@@ -1,6 +1,6 @@
 """The model mode is always visible (issue 38, item 7): each LLM agent's mode as the runner
 chooses it and why (bundles/live_models.py ``agent_modes``, ``mode_reason``), the gate's
-effective mode that REST answers (gates/service.py ``effective_model_mode``), and how the
+effective mode that REST answers (gates/views.py ``effective_model_mode``), and how the
 results page and `gate submit` show it, with the model calls a provider answered.
 
 The worker's part (stored when the gate enters building, answered by REST) is
@@ -26,7 +26,7 @@ from gate_service.client.render import (
     render_results,
 )
 from gate_service.gates.schemas import BundleRead, GateRead, ModelCallTotals
-from gate_service.gates.service import effective_model_mode
+from gate_service.gates.views import effective_model_mode
 from gate_service.models import Gate, utcnow
 from gate_service.ui.routes import make_templates
 from tests.fixtures.projects import write

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from gate_runner.case import run_case
-from gate_runner.plan import build_plan, planned_case, read_plan, write_plan
+from gate_runner.plan import planned_case, read_plan
+from gate_runner.plan_build import build_plan, write_plan
 from tests.fixtures.projects import AGENTS, write
 from tests.fixtures.runner import prepared_view
 

@@ -33,8 +33,8 @@ from gate_runner.contract import (
     framed,
 )
 from gate_runner.report_models import SpanReport
+from gate_service.gates.lifecycle import _run_row
 from gate_service.gates.schemas import RunRead
-from gate_service.gates.service import _run_row
 from gate_service.models import Run
 from gate_service.runner_contract import RunnerOutputError, parse_runner_output
 from gate_service.stored_runs import MARK, RunCap, pack_run, unpack

@@ -10,7 +10,6 @@ import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from docker.types import LogConfig, Mount, Ulimit
@@ -18,7 +17,7 @@ from docker.types import LogConfig, Mount, Ulimit
 from gate_runner import gateway_wire
 from gate_runner.contract import END_MARKER
 
-from ..port import LABEL, Halted, RunLimits, RunResult, SandboxError
+from ..port import LABEL, Halted, ModelChannel, RunLimits, RunResult, SandboxError
 from .engine import HALT_POLL_SECONDS, MIB, DockerEngine, docker_errors
 from .wire import EngineCallError, EngineNotFound, EngineTimeout, Wire, demultiplex, path_of
 
@@ -73,11 +72,21 @@ def case_container(
     *,
     limits: RunLimits,
     labels: Mapping[str, str],
-    model_channel: Path | None,
+    model_channel: ModelChannel | None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """A case container's host config and create parameters, as `CaseContainers.run` makes
     them (and tests/bench/bench_gate.py its import-only floor, so that floor pays the same
-    isolation a case does)."""
+    isolation a case does).
+
+    The port's policies, the Docker way: ``limits.network`` is the container's network mode
+    (``none``, or the operator's named network), and the model channel's folder is
+    bind-mounted read-only at gateway_wire.SOCKET_DIR, so its socket is at SOCKET_PATH.
+    """
+    if model_channel is not None and model_channel.socket.name != gateway_wire.SOCKET_NAME:
+        raise ValueError(
+            f"the Docker backend mounts a model channel's folder at {gateway_wire.SOCKET_DIR}, "
+            f"so its socket must be named {gateway_wire.SOCKET_NAME}: {model_channel.socket}"
+        )
     # The host side of the container (HostConfig): its limits and what it may do.
     host: dict[str, Any] = {
         # The runner starts as root with only what it needs to run each invocation under
@@ -97,13 +106,14 @@ def case_container(
         "mem_limit": f"{limits.memory_mb}m",
         "memswap_limit": f"{limits.memory_mb}m",
         "nano_cpus": int(limits.cpus * 1e9),
-        "network_mode": limits.network,
+        # No network, or the operator's named one (the port refuses "host" and "container:").
+        "network_mode": limits.network.name or "none",
         # The case's model gateway socket, and nothing else of the host: read-only, so
         # the case can connect to the socket but not replace it or leave files beside it.
         "mounts": [
             Mount(
                 target=gateway_wire.SOCKET_DIR,
-                source=str(model_channel),
+                source=str(model_channel.folder),
                 type="bind",
                 read_only=True,
             )
@@ -123,7 +133,7 @@ def case_container(
         # container a fresh namespace with only loopback, as "none" does, but skips
         # libnetwork's sandbox and the prestart hook that re-executes dockerd once per
         # container, which was half the CPU of a case container's start (Docker 20.10).
-        "network_disabled": limits.network == "none",
+        "network_disabled": limits.network.isolated,
         "labels": {LABEL: "case", **labels},
         # No environment of ours: the image's alone reaches the runner's process. What a
         # case needs (its environment, the nonce) goes to the runner's stdin, read once.
@@ -147,7 +157,7 @@ class CaseContainers(DockerEngine):
         limits: RunLimits,
         labels: Mapping[str, str],
         halt: threading.Event | None = None,
-        model_channel: Path | None = None,
+        model_channel: ModelChannel | None = None,
     ) -> DockerCaseContainer:
         """A case container, created and not started (see CaseRunner.create).
 
@@ -182,7 +192,7 @@ class CaseContainers(DockerEngine):
         labels: Mapping[str, str],
         stdin: bytes = b"",
         halt: threading.Event | None = None,
-        model_channel: Path | None = None,
+        model_channel: ModelChannel | None = None,
     ) -> RunResult:
         """One case container, created, run to its end or its wall deadline, and removed
         (see CaseRunner.run).

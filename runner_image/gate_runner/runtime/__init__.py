@@ -7,10 +7,13 @@ plain attributes and patch ``connic.tools`` for the user code it imports.
 One module per concern, so that a change to one of them has one place to go:
 
 - ``orchestrator``: the Runtime of one invocation, a run from start to outcome, dispatch
+- ``port``: what the other modules see of that Runtime (``RuntimePort``, a Protocol) and a
+  run's outcome: they import it, never the orchestrator, which imports them
 - ``tool_agent``, ``sequential``, ``llm``: one agent kind each (``operation`` is what tool
   and sequential agents share: middleware around retried attempts)
 - ``toolset``: which tools an LLM agent offers its model, and their schemas
 - ``tool_calls``: one tool call: approval, hooks, the tool itself or its mock
+- ``mcp``: an LLM agent's MCP servers; ``mcp_tools``: the tools found on them
 - ``middleware``, ``guardrails``, ``triggers``, ``output_schema``: one call phase each
 - ``mocking``: mock-or-real for a phase, and strict-flag violations
 - ``model_choice``: an agent's model for the invocation; ``sessions``: session history and
@@ -26,9 +29,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..runtime_errors import AgentNotFound, AgentRunError
     from .llm import render_prompt
-    from .orchestrator import RunOutcome, Runtime
+    from .orchestrator import Runtime
     from .output_schema import schema_problem
     from .payloads import as_payload, content_to_message, jsonable, stage_input, user_content
+    from .port import RunOutcome
     from .tool_calls import ApprovalRejected
     from .toolset import PREDEFINED_SCHEMAS, predefined_stubs, tool_schema
     from .trace import Span, Trace, error_text, timed
@@ -41,7 +45,7 @@ _HOMES = {
     "AgentNotFound": "..runtime_errors",
     "AgentRunError": "..runtime_errors",
     "render_prompt": ".llm",
-    "RunOutcome": ".orchestrator",
+    "RunOutcome": ".port",
     "Runtime": ".orchestrator",
     "schema_problem": ".output_schema",
     "as_payload": ".payloads",

@@ -18,11 +18,11 @@ from .trace import Span, Trace
 from .usercode import call_user_function
 
 if TYPE_CHECKING:
-    from .orchestrator import Runtime
+    from .port import RuntimePort
 
 
 def run_guardrails(
-    rt: Runtime,
+    rt: RuntimePort,
     agent: str,
     rules: list[Any],
     direction: str,
@@ -75,7 +75,7 @@ def run_guardrails(
     )
 
 
-def judging(rt: Runtime, agent: str, rules: list[Any], context: dict[str, Any]) -> Judging:
+def judging(rt: RuntimePort, agent: str, rules: list[Any], context: dict[str, Any]) -> Judging:
     """How this agent's judged guardrails (judge.py) are checked: by the rule's own ``model``
     or else the project's guardrail model, asked through the agent's own model (its gateway
     in live and record mode, its recordings in replay). Skipped in scripted mode, which
@@ -123,7 +123,7 @@ def _request_text(payload: Any) -> str:
 
 
 def guard_input(
-    rt: Runtime,
+    rt: RuntimePort,
     config: Any,
     middleware: Any,
     content: dict[str, Any],
@@ -168,7 +168,7 @@ def guard_input(
 
 
 def guard_output(
-    rt: Runtime, config: Any, output: Any, context: dict[str, Any], trace: Trace, span: Span
+    rt: RuntimePort, config: Any, output: Any, context: dict[str, Any], trace: Trace, span: Span
 ) -> Any:
     """The agent's output guardrails on its output as text, after `after` (spec 4.1); a
     redacted structured output keeps its structure when the redacted text is still JSON."""

@@ -26,7 +26,7 @@ from .toolset import approval_inputs, input_schema, tool_schemas, visible_tools
 from .trace import Span, Trace, timed
 
 if TYPE_CHECKING:
-    from .orchestrator import Runtime
+    from .port import RuntimePort
 
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -42,7 +42,7 @@ def render_prompt(template: str, context: Mapping[str, Any]) -> str:
 
 
 def run_llm_agent(
-    rt: Runtime,
+    rt: RuntimePort,
     agent: Any,
     payload: dict[str, Any],
     context: dict[str, Any],
@@ -77,7 +77,7 @@ def run_llm_agent(
 
 
 def llm_loop(
-    rt: Runtime,
+    rt: RuntimePort,
     agent: Any,
     content: dict[str, Any],
     context: dict[str, Any],

@@ -28,45 +28,22 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import gateway_wire as wire
 from ..models import GatewayModel, ReplayModel
 from ..runtime_errors import AgentRunError
+from .mcp_tools import McpTool, McpTools
 from .model_choice import model_for
 from .payloads import jsonable
 from .trace import Span, Trace, error_text
 from .usercode import call_user_function
 
 if TYPE_CHECKING:
-    from .orchestrator import Runtime
+    from .port import RuntimePort
 
 CONTEXT_REF = re.compile(r"\$\{(context\.[^}]*)\}")
 OPEN_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": True}
-
-
-@dataclass(frozen=True)
-class McpTool:
-    """One MCP server's tool as the agent's tool loop sees a tool."""
-
-    name: str
-    server: str
-    url: str
-    description: str
-    parameters: dict[str, Any]
-    headers: dict[str, str] = field(default_factory=dict)
-    context_values: dict[str, str] = field(default_factory=dict)
-    is_predefined: bool = False
-    condition: None = None
-    # The OAuth app of a server skipped for want of a token, for its connect_<server> tool.
-    connect_app: str = ""
-
-    @property
-    def ref(self) -> str:
-        return self.name if self.connect_app else f"mcp:{self.server}.{self.name}"
-
-
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
@@ -83,17 +60,11 @@ def connect_answer(tool: McpTool) -> dict[str, Any]:
     }
 
 
-@dataclass
-class McpTools:
-    listed: dict[str, McpTool] = field(default_factory=dict)
-    discoverable: list[McpTool] = field(default_factory=list)
-
-
 class McpUnavailable(AgentRunError):
     """A server that is not optional could not be reached or listed: the run fails."""
 
 
-def _door(rt: Runtime, agent: str) -> ReplayModel | GatewayModel | None:
+def _door(rt: RuntimePort, agent: str) -> ReplayModel | GatewayModel | None:
     """Where an MCP or api: request goes: the recordings in replay mode, else the case's
     gateway. A gate in replay mode never goes live: no recordings is an error."""
     if rt.project is not None:
@@ -112,7 +83,7 @@ def _door(rt: Runtime, agent: str) -> ReplayModel | GatewayModel | None:
     return None
 
 
-def ask(rt: Runtime, agent: str, request: wire.McpRequest) -> dict[str, Any]:
+def ask(rt: RuntimePort, agent: str, request: wire.McpRequest) -> dict[str, Any]:
     door = _door(rt, agent)
     if door is None:
         raise AgentRunError(
@@ -122,7 +93,7 @@ def ask(rt: Runtime, agent: str, request: wire.McpRequest) -> dict[str, Any]:
     return door.mcp(request)
 
 
-def call_api_tool(rt: Runtime, agent: str, ref: str, params: dict[str, Any]) -> dict[str, Any]:
+def call_api_tool(rt: RuntimePort, agent: str, ref: str, params: dict[str, Any]) -> dict[str, Any]:
     """An `api:<prefix>.<tool>` call through the same door as MCP: the gateway builds it from
     the project's spec; the answer is ``{"status", "body"}``."""
     prefix, _, name = ref.removeprefix("api:").rpartition(".")
@@ -170,7 +141,7 @@ def _condition_holds(condition: str | None, context: dict[str, Any]) -> bool:
 
 
 def connect(
-    rt: Runtime, agent: Any, context: dict[str, Any], trace: Trace, parent: Span
+    rt: RuntimePort, agent: Any, context: dict[str, Any], trace: Trace, parent: Span
 ) -> McpTools:
     """The tools of the agent's MCP servers for this run (see the module's docstring)."""
     found = McpTools()
@@ -263,7 +234,7 @@ def _named(template: McpTool, name: str, description: str, schema: dict[str, Any
 
 
 def call(
-    rt: Runtime, agent: str, tool: McpTool, params: dict[str, Any], context: dict[str, Any],
+    rt: RuntimePort, agent: str, tool: McpTool, params: dict[str, Any], context: dict[str, Any],
     span: Span,
 ) -> Any:  # fmt: skip
     """One MCP tool call: its mock (the mcp ladder, mocks.py) or the server through the

@@ -14,10 +14,10 @@ from .trace import Span, Trace, timed
 from .usercode import call_user_function
 
 if TYPE_CHECKING:
-    from .orchestrator import Runtime
+    from .port import RuntimePort
 
 
-def middleware_of(rt: Runtime, name: str) -> Any:
+def middleware_of(rt: RuntimePort, name: str) -> Any:
     """The agent's `middleware/<agent>.py` as the SDK loads it, or None."""
     if rt.loader is None:
         return None

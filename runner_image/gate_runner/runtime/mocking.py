@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any
 from ..mocks import StrictViolation
 
 if TYPE_CHECKING:
-    from .orchestrator import Runtime
+    from .port import RuntimePort
 
 
-def violate(rt: Runtime, message: str) -> None:
+def violate(rt: RuntimePort, message: str) -> None:
     rt.violations.append(message)
     raise StrictViolation(message)
 
 
-def guard(rt: Runtime, check: Callable[[], None]) -> None:
+def guard(rt: RuntimePort, check: Callable[[], None]) -> None:
     try:
         check()
     except StrictViolation as exc:
@@ -29,7 +29,7 @@ def guard(rt: Runtime, check: Callable[[], None]) -> None:
 
 
 def resolve_phase(
-    rt: Runtime, kind: str, real: Callable[..., Any] | None, key: str, phase: str
+    rt: RuntimePort, kind: str, real: Callable[..., Any] | None, key: str, phase: str
 ) -> Callable[..., Any] | None:
     """The function that runs a configured phase: its mock if one matches, else the real
     one (unless the phase's strict flag forbids it). A mock never adds a missing phase."""

@@ -8,14 +8,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..runtime_errors import AgentRunError
-from .retries import model_request_attempts
+from .retries import model_request_attempts, retries_request
 
 if TYPE_CHECKING:
     from ..models import Model
-    from .orchestrator import Runtime
+    from .port import RuntimePort
 
 
-def model_for(rt: Runtime, name: str) -> Model:
+def model_for(rt: RuntimePort, name: str) -> Model:
     """The agent's model, chosen once per invocation (scripted, replay or live)."""
     if name not in rt.models:
         from ..models import choose_model  # here: agents without a model never load it
@@ -29,5 +29,6 @@ def model_for(rt: Runtime, name: str) -> Model:
             # retry_options.attempts, else 3 (decided, issue 39: the rule is in retries.py).
             attempts=model_request_attempts(rt.agents[name].config),
             gateway=rt.gateway,
+            retries=retries_request,  # a scripted model's rule, which models.py cannot import
         )
     return rt.models[name]

@@ -17,11 +17,11 @@ from .sdk import stop_processing
 from .trace import Span, Trace
 
 if TYPE_CHECKING:
-    from .orchestrator import Runtime
+    from .port import RuntimePort
 
 
 def operation(
-    rt: Runtime,
+    rt: RuntimePort,
     agent: Any,
     payload: Any,
     context: dict[str, Any],

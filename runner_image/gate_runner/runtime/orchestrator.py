@@ -26,6 +26,7 @@ from .middleware import middleware_of
 from .mocking import resolve_phase
 from .model_choice import model_for
 from .payloads import as_payload, jsonable
+from .port import Frame, RunOutcome
 from .sdk import stop_processing
 from .sequential import run_sequential
 from .tool_agent import run_tool_agent
@@ -34,37 +35,11 @@ from .usercode import call_user_function
 
 if TYPE_CHECKING:
     from ..models import GatewayChannel, Model
-    from .mcp import McpTools
-
-Frame = tuple["Trace", "Span | None", dict[str, Any]]
+    from .mcp_tools import McpTools
 
 
 class RunTimedOut(AgentRunError):
     """A child's or a stage's own `timeout` passed: its run fails (spec 13.19)."""
-
-
-@dataclass
-class RunOutcome:
-    """What one agent run ended with, before any assertion looks at it."""
-
-    status: str  # completed | failed | cancelled | blocked | awaiting_approval
-    output: Any
-    error: str | None
-    run_context: dict[str, Any]
-    # The run failed because a model call failed outside the agent (ModelCallError
-    # .outside_the_agent): its reason. The case is then not judged on it (case.py).
-    provider_failure: str | None = None
-
-    @property
-    def ended_as(self) -> str:
-        """The status a run's middleware cleanup is told (SDK Middleware: "completed",
-        "failed" or "cancelled"): a blocked run as it is stored. (A run left waiting for an
-        approval gets no cleanup: see Runtime.run.)"""
-        if self.status == "blocked":
-            return str(self.run_context.get("stored_status") or "completed")
-        if self.status == "awaiting_approval":
-            return "cancelled"
-        return self.status
 
 
 @dataclass

@@ -8,11 +8,11 @@ from .operation import operation
 from .trace import Span, Trace
 
 if TYPE_CHECKING:
-    from .orchestrator import Runtime
+    from .port import RuntimePort
 
 
 def run_sequential(
-    rt: Runtime,
+    rt: RuntimePort,
     agent: Any,
     payload: Any,
     context: dict[str, Any],

@@ -26,7 +26,7 @@ from ..models import Model
 from .trace import Span, Trace, timed
 
 if TYPE_CHECKING:
-    from .orchestrator import Runtime
+    from .port import RuntimePort
 
 SUMMARY_PROMPT = (
     "Summarise the conversation below for the assistant that continues it: keep every fact, "
@@ -98,7 +98,7 @@ def is_context_window_error(exc: BaseException) -> bool:
 
 
 def compress(
-    rt: Runtime,
+    rt: RuntimePort,
     model: Model,
     config: Any,
     compression: Any,

@@ -12,11 +12,11 @@ from .tool_calls import aborted, after_hook, before_hook, call_custom_tool, hook
 from .trace import Span, Trace, timed
 
 if TYPE_CHECKING:
-    from .orchestrator import Runtime
+    from .port import RuntimePort
 
 
 def run_tool_agent(
-    rt: Runtime,
+    rt: RuntimePort,
     agent: Any,
     payload: Any,
     context: dict[str, Any],
@@ -35,7 +35,7 @@ def run_tool_agent(
 
 
 def _call_tool(
-    rt: Runtime,
+    rt: RuntimePort,
     agent: Any,
     payload: dict[str, Any],
     context: dict[str, Any],

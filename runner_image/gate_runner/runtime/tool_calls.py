@@ -25,14 +25,14 @@ from .trace import Span, Trace, error_text, timed
 from .usercode import accepts, call_user_function
 
 if TYPE_CHECKING:
-    from .orchestrator import Runtime
+    from .port import RuntimePort
 
 
 class ApprovalRejected(AgentRunError):
     """A rejected (or timed-out) approval with on_rejection: fail ends the run failed."""
 
 
-def hooks_of(rt: Runtime, name: str) -> Any:
+def hooks_of(rt: RuntimePort, name: str) -> Any:
     """The agent's `hooks/<agent>.py` as the SDK loads it, or None."""
     if rt.loader is None:
         return None
@@ -40,7 +40,7 @@ def hooks_of(rt: Runtime, name: str) -> Any:
 
 
 def run_tool_call(
-    rt: Runtime,
+    rt: RuntimePort,
     agent: Any,
     tools: Mapping[str, Any],
     name: str,
@@ -95,8 +95,8 @@ def run_tool_call(
                 executed=False, not_executed="refused by approval", result=jsonable(refused)
             )
             return refused
-        from .mcp import McpTool
         from .mcp import call as call_mcp
+        from .mcp_tools import McpTool
 
         if isinstance(tool, McpTool):
             # No agent hook fires for an MCP tool (spec 4.2), and so no hook mock.
@@ -143,7 +143,7 @@ def run_tool_call(
 
 
 def before_hook(
-    rt: Runtime,
+    rt: RuntimePort,
     hooks: Any,
     ref: str,
     name: str,
@@ -170,7 +170,7 @@ def before_hook(
 
 
 def after_hook(
-    rt: Runtime,
+    rt: RuntimePort,
     hooks: Any,
     ref: str,
     name: str,
@@ -223,7 +223,7 @@ def call_hook(
 
 
 def execute_tool(
-    rt: Runtime,
+    rt: RuntimePort,
     tool: Any,
     params: dict[str, Any],
     context: dict[str, Any],
@@ -251,7 +251,7 @@ def execute_tool(
 
 
 def approval(
-    rt: Runtime,
+    rt: RuntimePort,
     agent: Any,
     tool: Any,
     ref: str,
@@ -294,7 +294,7 @@ def approval(
 
 
 def use_discoverable(
-    rt: Runtime, agent: Any, arguments: Mapping[str, Any], context: dict[str, Any], span: Span
+    rt: RuntimePort, agent: Any, arguments: Mapping[str, Any], context: dict[str, Any], span: Span
 ) -> tuple[Any, dict[str, Any]] | dict[str, Any]:
     """`use_tool(tool_name, arguments)`: the discoverable tool it names (by name or
     canonical ref) and the arguments for it; or the error the model gets when it names
@@ -329,7 +329,7 @@ WORD = re.compile(r"[a-z0-9]+")
 
 
 def search_discoverable(
-    rt: Runtime, agent: Any, arguments: Mapping[str, Any], context: dict[str, Any]
+    rt: RuntimePort, agent: Any, arguments: Mapping[str, Any], context: dict[str, Any]
 ) -> dict[str, Any]:
     """`search_tools(query)`: the agent's discoverable tools whose name, ref or description
     shares a word with the query, most shared words first (then by name), at most
@@ -352,7 +352,7 @@ SENSITIVE = "[sensitive]"
 
 
 def ask_for_input(
-    rt: Runtime, agent: Any, name: str, params: dict[str, Any], trace: Trace, span: Span
+    rt: RuntimePort, agent: Any, name: str, params: dict[str, Any], trace: Trace, span: Span
 ) -> Any:
     """An approval input (SDK ApprovalInput, spec 8.5): a generated tool whose result is
     the text a person types. The run pauses until it is answered: an `approve` decision's
@@ -399,7 +399,7 @@ def ask_for_input(
 
 
 def call_custom_tool(
-    rt: Runtime, tool: Any, params: dict[str, Any], context: dict[str, Any], span: Span
+    rt: RuntimePort, tool: Any, params: dict[str, Any], context: dict[str, Any], span: Span
 ) -> Any:
     """A custom file tool, or its mock: mocks replace the call, strict_mocks forbid it."""
     ref = tool.ref or tool.name

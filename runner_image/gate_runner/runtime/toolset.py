@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .orchestrator import Runtime
+    from .port import RuntimePort
 
 
 def is_api_tool(tool: Any) -> bool:
@@ -72,7 +72,7 @@ PREDEFINED_SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 
-def predefined_schema(rt: Runtime, name: str) -> dict[str, Any]:
+def predefined_schema(rt: RuntimePort, name: str) -> dict[str, Any]:
     """The JSON schema the SDK's own stub declares (its signature and docstring)."""
     stub = predefined_stubs().get(name)
     if stub is not None and rt.loader is not None:
@@ -140,7 +140,7 @@ def visible_tools(agent: Any, context: dict[str, Any], *, discoverable: bool = F
     return visible
 
 
-def discoverable(rt: Runtime, agent: Any, context: dict[str, Any]) -> list[Any]:
+def discoverable(rt: RuntimePort, agent: Any, context: dict[str, Any]) -> list[Any]:
     """What search_tools and use_tool reach in this run: the agent's discoverable tools whose
     condition holds, then the tools of its MCP servers marked ``discoverable``."""
     servers = rt.mcp_tools.get((id(context), agent.config.name))
@@ -148,7 +148,7 @@ def discoverable(rt: Runtime, agent: Any, context: dict[str, Any]) -> list[Any]:
     return [*found, *(servers.discoverable if servers is not None else [])]
 
 
-def tool_schemas(rt: Runtime, tools: Mapping[str, Any]) -> list[dict[str, Any]]:
+def tool_schemas(rt: RuntimePort, tools: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The function schemas the model is offered, one per visible tool."""
     schemas = []
     for tool in tools.values():

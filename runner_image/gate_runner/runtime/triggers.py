@@ -15,11 +15,11 @@ from .payloads import as_payload, jsonable
 from .toolset import predefined_stubs
 
 if TYPE_CHECKING:
-    from .orchestrator import RunOutcome, Runtime
+    from .port import RunOutcome, RuntimePort
 
 
 def trigger(
-    rt: Runtime,
+    rt: RuntimePort,
     agent_name: str,
     payload: Any,
     wait_for_response: bool = True,
@@ -100,7 +100,7 @@ def trigger(
 
 
 def trigger_at(
-    rt: Runtime, agent_name: str, payload: Any, delay: Any = None, unix_timestamp: Any = None
+    rt: RuntimePort, agent_name: str, payload: Any, delay: Any = None, unix_timestamp: Any = None
 ) -> dict[str, Any]:
     """trigger_agent_at is always fire-and-forget in a gate: recorded, never run."""
     rt.check_deadline()
@@ -123,7 +123,7 @@ def trigger_at(
     }
 
 
-def install_predefined(runtime: Runtime) -> None:
+def install_predefined(runtime: RuntimePort) -> None:
     """Make `from connic.tools import trigger_agent` reach this runtime.
 
     Must run before user modules are imported: they bind the name at import time.

@@ -1,4 +1,10 @@
-"""Gate lifecycle: creation with its job, reads, cancellation, and the worker's state changes.
+"""Every write of a gate's and its cases' state, from creation to the verdict.
+
+The worker's only way into ``gates``: starting, phases, failing, cancelling, its cases'
+rows, each case's mark and stored outcome, the verdict; and the few reads it needs (the
+bundle's bytes, the gate it locks, its cases still to judge, a run's storage cap). The API
+creates and cancels gates here through ``submission``; its HTTP modules never import this
+module (an import-linter contract), and ``views`` answers every read.
 
 Functions take the session first and never commit: the request or the job owns the
 transaction. Every visible change bumps ``Gate.revision``, which the ETag and long-poll use.
@@ -8,7 +14,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from typing import IO, Any, cast
+from datetime import datetime
+from typing import IO, Any, NamedTuple, cast
 
 from sqlalchemy import Table, bindparam, delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert
@@ -22,7 +29,6 @@ from ..bundles.archive import Manifest
 from ..bundles.suites import CaseRef
 from ..config import Settings
 from ..errors import Conflict, NotFound
-from ..links import gate_html_url
 from ..models import (
     BUNDLE_CHUNK_BYTES,
     Bundle,
@@ -45,20 +51,8 @@ from ..stored_runs import (
     pack_run,
     storable,
     storable_text,
-    unpack,
 )
-from .model_calls import model_call_totals, read_recordings
 from .model_calls import save_model_calls as save_model_calls  # the worker stores calls here
-from .schemas import (
-    BundleRead,
-    CaseRead,
-    GateList,
-    GateRead,
-    GateSummary,
-    ModelCallTotals,
-    RecordingsRead,
-    RunRead,
-)
 
 # A case's own failure_reason (the runner's sentence on its first failed run) is kept to this;
 # the runs hold the rest, under their own cap.
@@ -203,268 +197,6 @@ def get_gate(
     return gate
 
 
-def gate_revision(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> int:
-    rev = session.scalar(
-        select(Gate.revision).where(Gate.id == gate_id).where(Gate.project_id == project_id)
-    )
-    if rev is None:
-        raise NotFound(f"no gate with id {gate_id}")
-    return rev
-
-
-def read_gate(
-    session: Session,
-    gate_id: uuid.UUID,
-    project_id: uuid.UUID,
-    *,
-    public_url: str = "",
-    cases_limit: int | None = None,
-) -> GateRead:
-    """``public_url``: GATE_PUBLIC_URL, which html_url is absolute under (a path when empty).
-    ``cases_limit``: at most this many cases, the rest a page away (None: all of them)."""
-    return read_gate_view(
-        session, gate_id, project_id, public_url=public_url, cases_limit=cases_limit
-    )[1]
-
-
-def read_gate_body(
-    session: Session,
-    gate_id: uuid.UUID,
-    project_id: uuid.UUID,
-    *,
-    public_url: str = "",
-    cases_limit: int | None = None,
-) -> tuple[int, bytes]:
-    """The gate's revision and its JSON body (what GET answers), from five queries."""
-    revision, view = read_gate_view(
-        session, gate_id, project_id, public_url=public_url, cases_limit=cases_limit
-    )
-    return revision, view.model_dump_json().encode()
-
-
-# GET /v1/gates/{id} answers this many cases by default (?cases_limit), the rest a page away
-# (GET /v1/gates/{id}/cases): what a poll reads and serialises stays the same at 500 cases.
-CASES_PAGE = 100
-MAX_CASES_PAGE = 1000
-
-
-def cases_path(gate_id: uuid.UUID, after: int, limit: int) -> str:
-    """The REST path of the gate's cases after position ``after`` (a page's `next`)."""
-    return f"/v1/gates/{gate_id}/cases?after={after}&limit={limit}"
-
-
-def read_case_views(
-    session: Session,
-    gate_id: uuid.UUID,
-    *,
-    after: int = -1,
-    limit: int | None = None,
-    calls_by_case: Mapping[uuid.UUID, ModelCallTotals] | None = None,
-) -> tuple[list[CaseRead], str | None]:
-    """The gate's cases after position ``after`` in order, at most ``limit`` (None: all), and
-    the path of the page after them (None when these are the last). Three queries, whatever
-    the gate's size: a page costs what its own cases cost."""
-    query = (
-        select(Case).where(Case.gate_id == gate_id, Case.position > after).order_by(Case.position)
-    )
-    cases = list(session.scalars(query if limit is None else query.limit(limit + 1)).all())
-    following = None
-    if limit is not None and len(cases) > limit:
-        cases = cases[:limit]
-        # A body with no cases (cases_limit=0) points at the first page of the default size.
-        following = cases_path(gate_id, cases[-1].position if cases else after, limit or CASES_PAGE)
-    runs_by_case: dict[uuid.UUID, list[tuple[uuid.UUID, bool]]] = {c.id: [] for c in cases}
-    if cases:
-        rows = session.execute(
-            select(Run.case_id, Run.id, Run.passed)
-            .where(Run.case_id.in_([c.id for c in cases]))
-            .order_by(Run.case_id, Run.index)
-        ).all()
-        for case_id, run_id, passed in rows:
-            runs_by_case[case_id].append((run_id, passed))
-    if calls_by_case is None:  # a page alone: its own cases' calls
-        ids = [c.id for c in cases]
-        calls_by_case = model_call_totals(session, gate_id, ids)[1] if cases else {}
-    none = ModelCallTotals()
-    views = [
-        CaseRead(
-            id=c.id,
-            suite=c.suite,
-            agent_name=c.agent_name,
-            test_name=c.test_name,
-            status=c.status,
-            passed=c.passed,
-            successes=c.successes,
-            runs=c.runs,
-            success_threshold=c.success_threshold,
-            duration_ms=c.duration_ms,
-            failure_reason=c.failure_reason,
-            agent_run_ids=[r for r, _ in runs_by_case[c.id]],
-            agent_run_passed=[p for _, p in runs_by_case[c.id]],
-            model_calls=calls_by_case.get(c.id, none),
-        )
-        for c in cases
-    ]
-    return views, following
-
-
-def read_gate_view(
-    session: Session,
-    gate_id: uuid.UUID,
-    project_id: uuid.UUID,
-    *,
-    public_url: str = "",
-    cases_limit: int | None = None,
-) -> tuple[int, GateRead]:
-    """The gate's revision and its view, read in one go (the results page's ETag and body).
-
-    With ``cases_limit``, the view holds the first cases only and ``next_cases`` the path of
-    the rest: a poll of a 500-case gate then costs what a poll of a small one does. The
-    counts are always the whole gate's.
-    """
-    # The gate and its bundle in one query, then the case counts, then a page of cases (see
-    # read_case_views), then the model calls' totals.
-    row = session.execute(
-        select(Gate, Bundle)
-        .join(Bundle, Bundle.sha256 == Gate.bundle_sha256)
-        .where(Gate.id == gate_id)
-        .where(Gate.project_id == project_id)
-    ).first()
-    if row is None:
-        raise NotFound(f"no gate with id {gate_id}")
-    gate, bundle = row
-    total, passed, failed, judged = session.execute(
-        select(
-            func.count(),
-            func.count().filter(Case.passed.is_(True)),
-            func.count().filter(Case.status == CaseStatus.failed),
-            func.count().filter(Case.status.not_in([CaseStatus.queued, CaseStatus.running])),
-        ).where(Case.gate_id == gate.id)
-    ).one()
-    calls, calls_by_case = model_call_totals(session, gate.id)
-    case_views, following = read_case_views(
-        session, gate.id, limit=cases_limit, calls_by_case=calls_by_case
-    )
-    return gate.revision, GateRead(
-        id=gate.id,
-        status=gate.status,
-        phase=gate.phase,
-        created_at=gate.created_at,
-        started_at=gate.started_at,
-        finished_at=gate.finished_at,
-        filter=gate.filter,
-        model_mode=effective_model_mode(gate),
-        requested_model_mode=gate.model_mode,
-        model_modes=gate.model_modes or {},
-        model_mode_reason=gate.model_mode_reason,
-        labels=gate.labels,
-        bundle=BundleRead.model_validate(bundle),
-        total_cases=total,
-        passed_cases=passed,
-        failed_cases=failed,
-        judged_cases=judged,
-        error=gate.error,
-        failure_reason=gate.failure_reason,
-        problems=gate.problems,
-        warnings=gate.warnings,
-        model_calls=calls,
-        cases=case_views,
-        next_cases=following,
-        html_url=gate_html_url(public_url, gate.id),
-    )
-
-
-def gate_recordings(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> RecordingsRead:
-    """The gate's answered model calls as replay recordings; another project's gate is 404."""
-    return read_recordings(session, get_gate(session, gate_id, project_id=project_id))
-
-
-def list_gates(
-    session: Session,
-    *,
-    project_id: uuid.UUID,
-    status: str | None,
-    label: dict[str, str] | None,
-    limit: int,
-    offset: int,
-    public_url: str = "",
-) -> GateList:
-    stmt = select(Gate).where(Gate.project_id == project_id)
-    if status:
-        stmt = stmt.where(Gate.status == status)
-    if label:
-        stmt = stmt.where(Gate.labels.contains(label))
-    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
-    gates = session.scalars(stmt.order_by(Gate.created_at.desc()).limit(limit).offset(offset)).all()
-    return GateList(
-        items=[
-            GateSummary.model_validate(g).model_copy(
-                update={"html_url": gate_html_url(public_url, g.id)}
-            )
-            for g in gates
-        ],
-        total=total,
-        limit=limit,
-        offset=offset,
-    )
-
-
-def get_run(session: Session, run_id: uuid.UUID, project_id: uuid.UUID) -> Run:
-    run = session.scalar(
-        select(Run)
-        .join(Case, Case.id == Run.case_id)
-        .join(Gate, Gate.id == Case.gate_id)
-        .where(Run.id == run_id)
-        .where(Gate.project_id == project_id)
-    )
-    if run is None:
-        raise NotFound(f"no run with id {run_id}")
-    return run
-
-
-def read_run(session: Session, run_id: uuid.UUID, project_id: uuid.UUID) -> RunRead:
-    """The run as the API answers it: every shared value back in each place it stood."""
-    return _run_view(get_run(session, run_id, project_id))
-
-
-def get_case(session: Session, case_id: uuid.UUID, project_id: uuid.UUID) -> Case:
-    """The case; another project's is 404."""
-    case = session.scalar(
-        select(Case)
-        .join(Gate, Gate.id == Case.gate_id)
-        .where(Case.id == case_id)
-        .where(Gate.project_id == project_id)
-    )
-    if case is None:
-        raise NotFound(f"no case with id {case_id}")
-    return case
-
-
-def read_case_runs(session: Session, case: Case) -> list[RunRead]:
-    """Every invocation of the case, in order, as read_run answers each."""
-    runs = session.scalars(select(Run).where(Run.case_id == case.id).order_by(Run.index)).all()
-    return [_run_view(run) for run in runs]
-
-
-def _run_view(run: Run) -> RunRead:
-    shared = run.shared_values or {}
-    return RunRead(
-        id=run.id,
-        case_id=run.case_id,
-        index=run.index,
-        status=run.status,
-        passed=run.passed,
-        input=unpack(run.input, shared),
-        output=unpack(run.output, shared),
-        error=run.error,
-        failure_reason=run.failure_reason,
-        failed_assertions=unpack(run.failed_assertions, shared),
-        run_context=unpack(run.run_context, shared),
-        duration_ms=run.duration_ms,
-        traces=unpack(run.traces, shared),
-    )
-
-
 def request_cancel(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> Gate:
     """Cancel a queued gate at once; a running one stops before its next case."""
     gate = get_gate(session, gate_id, project_id=project_id, for_update=True)
@@ -530,29 +262,16 @@ def record_model_modes(gate: Gate, modes: Mapping[str, str], reason: str | None)
     gate.model_mode_reason = storable_text(reason) if reason is not None else None
 
 
-# The gate's model_mode before validating worked its agents' modes out (none forced).
-PENDING_MODE = "pending"
-# No LLM agent ran in any mode: the selected cases reach none, or the gate ended before its
-# agents' modes were worked out.
-NO_MODE = "none"
-# LLM agents that ran in different modes.
-MIXED_MODE = "mixed"
-
-
-def effective_model_mode(gate: Gate) -> str:
-    """The mode the gate's LLM agents ran in, never null: the forced one; else the one mode
-    of every agent in ``model_modes``, or ``mixed``; else ``none`` once validating is over
-    (a reason is stored) or the gate has ended, ``pending`` before."""
-    if gate.model_mode:
-        return gate.model_mode
-    modes = set((gate.model_modes or {}).values())
-    if len(modes) == 1:
-        return modes.pop()
-    if modes:
-        return MIXED_MODE
-    if gate.model_mode_reason is not None or GateStatus(gate.status).terminal:
-        return NO_MODE
-    return PENDING_MODE
+def close_unjudged(session: Session, gate: Gate, reason: str) -> None:
+    """Cases that never ran (the gate ended first) say so instead of staying queued."""
+    for case in session.scalars(
+        select(Case)
+        .where(Case.gate_id == gate.id)
+        .where(Case.status.in_([CaseStatus.queued, CaseStatus.running]))
+    ):
+        case.status = CaseStatus.cancelled
+        case.failure_reason = reason
+    gate.revision += 1
 
 
 def save_cases(session: Session, gate: Gate, refs: Sequence[CaseRef]) -> list[Case]:
@@ -582,6 +301,31 @@ def save_cases(session: Session, gate: Gate, refs: Sequence[CaseRef]) -> list[Ca
     gate.revision += 1
     session.flush()
     return cases
+
+
+class PendingCase(NamedTuple):
+    """A case still to judge: what its container is made with and its outcome judged by."""
+
+    id: uuid.UUID
+    suite: str
+    test_name: str
+    runs: int
+    success_threshold: int
+    timeout_s: int
+
+
+def unjudged_cases(session: Session, gate_id: uuid.UUID) -> list[PendingCase]:
+    """The gate's cases still queued or running, in order: what an attempt (a retry resumes
+    where the last one stopped) has left to judge."""
+    return [
+        PendingCase(c.id, c.suite, c.test_name, c.runs, c.success_threshold, c.timeout_s)
+        for c in session.scalars(
+            select(Case)
+            .where(Case.gate_id == gate_id)
+            .where(Case.status.in_([CaseStatus.queued, CaseStatus.running]))
+            .order_by(Case.position)
+        )
+    ]
 
 
 def run_cap(session: Session, settings: Settings, project_id: uuid.UUID) -> RunCap:
@@ -630,6 +374,43 @@ _COUNT_CASE_WRITE = (
         result_bytes=func.coalesce(_GATES.c.result_bytes, 0) + bindparam("stored_bytes"),
     )
 )
+
+
+# Marking a case running is on every case's path too, in the same style.
+_MARK_GATE = (
+    update(_GATES)
+    .where(_GATES.c.id == bindparam("gate_id"), _GATES.c.cancel_requested.is_(False))
+    .values(revision=_GATES.c.revision + 1)
+    .returning(_GATES.c.started_at)
+)
+_MARK_CASE = (
+    update(_CASES)
+    .where(_CASES.c.id == bindparam("case_id"))
+    .values(status=CaseStatus.running.value)
+)
+
+
+class CaseStart(NamedTuple):
+    """What the gate said when one of its cases was about to start (``mark_gate_for_case``)."""
+
+    cancelled: bool  # asked to cancel: nothing was written, and the case must not start
+    started_at: datetime | None  # where the gate's deadline counts from
+
+
+def mark_gate_for_case(session: Session, gate_id: uuid.UUID) -> CaseStart:
+    """Bump the gate's revision for a case about to start, locking its row first as every
+    write of one of its cases does; unless the gate was asked to cancel, when nothing is
+    written. Either way, when the gate started: the caller checks its deadline before
+    ``mark_case_running`` (a raise then rolls the revision back). NotFound when it is gone."""
+    marked = session.execute(_MARK_GATE, {"gate_id": gate_id}).one_or_none()
+    if marked is None:  # cancelled: nothing is marked, the start read all the same
+        return CaseStart(cancelled=True, started_at=get_gate(session, gate_id).started_at)
+    return CaseStart(cancelled=False, started_at=marked.started_at)
+
+
+def mark_case_running(session: Session, case_id: uuid.UUID) -> None:
+    """The case is running, after ``mark_gate_for_case`` in the same transaction."""
+    session.execute(_MARK_CASE, {"case_id": case_id})
 
 
 def lock_gate_for_case_write(session: Session, gate_id: uuid.UUID) -> uuid.UUID:

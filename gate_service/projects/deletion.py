@@ -4,17 +4,17 @@
 request's session does). What goes: the project's gates with their cases, runs, model calls
 and jobs (a queued or running gate is stopped by its deletion, see below), its tokens and
 their results-page sessions, its secrets, its model spending, its audit events, the project
-row (its settings: retention, model routes, egress allowlist, API specs), and every bundle
-that only its gates referenced. What stays: one ``project.deleted`` audit event under the
-deleting admin's project (`default`, which cannot be deleted), naming the project and
-counting what went.
+row (its settings: retention, model routes, egress allowlist, API specs, guardrail model),
+and every bundle that only its gates referenced. What stays: one ``project.deleted`` audit
+event under the deleting admin's project (`default`, which cannot be deleted), naming the
+project and counting what went.
 
 Stored bytes: a project's quotas are sums over its own rows (``admission``: its gates'
 ``result_bytes``, the bundles its gates reference), so they go with them. A bundle is stored
 once per sha256 and may be shared by other projects' gates: only one no remaining gate
 references is deleted, under the retention pass's protocol (locked ``SKIP LOCKED`` and
 checked again in the deleting statement): one an upload holds (``FOR KEY SHARE``, see
-``gates.service.create_gate``) is skipped, and the next retention pass deletes it if no gate
+``gates.lifecycle.create_gate``) is skipped, and the next retention pass deletes it if no gate
 references it by then. Test images on the workers' engines are not the database's: image
 GC (``worker/gc.py``) removes them as it removes any image no queued or running gate needs.
 
@@ -44,9 +44,9 @@ from sqlalchemy import CursorResult, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
+from ..auth.service import Principal, record, visible_project
 from ..errors import Conflict, Forbidden, NotFound, ServiceUnavailable
 from ..models import DEFAULT_PROJECT, GateStatus
-from .service import Principal, record, visible_project
 
 log = logging.getLogger(__name__)
 
