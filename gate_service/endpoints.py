@@ -318,8 +318,8 @@ def host_allowed(host: str, allowlist: Iterable[str]) -> bool:
     return False
 
 
-# Headers no tenant value sets on a request the gateway sends (decided; README, threat
-# model): the request's authority is its URL's alone, its framing and connection are
+# Headers no tenant value sets on a request the gateway sends (decided; docs/threat-model.md):
+# the request's authority is its URL's alone, its framing and connection are
 # httpx's, and nothing may name another host, client or method to a server or proxy that
 # believes such headers. Compared case-insensitively; refused, never dropped, so the agent
 # or admin learns which header and why.

@@ -1,6 +1,6 @@
 """What a gate does with each agent field, predefined tool and guardrail type of the format
 (issue 21): supported as the platform runs it, partial (it runs, and what differs), or not
-in a gate (and why). The README's support table is this table; a bundle whose agents use a
+in a gate (and why). docs/support.md's table is this table; a bundle whose agents use a
 partial or not-in-a-gate item gets a warning naming file, agent and key, so a pass is never
 silently partial.
 
@@ -659,7 +659,7 @@ def _row(kind: str, name: str, support: Support) -> str:
 
 
 def markdown_table() -> str:
-    """The README's support table: every agent field, predefined tool and guardrail type."""
+    """docs/support.md's table: every agent field, predefined tool and guardrail type."""
     lines = ["| Kind | Name | In a gate | What differs, or why not |", "|---|---|---|---|"]
     for kind, rows in (
         ("agent field", AGENT_FIELDS),

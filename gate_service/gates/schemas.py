@@ -103,9 +103,9 @@ class GateRead(Schema):
     problems: list[dict[str, Any]]
     warnings: list[dict[str, Any]] = Field(
         description="What the gate does not honour as the platform would: one item per agent "
-        "and key ({file, agent, key, support: partial|not_in_gate, message}); see the README's "
-        "support table. Key guardrails.judged (an agent's judged guardrails the gate skips) "
-        "also has guardrails, cases (the first 10 it could change) and more_cases"
+        "and key ({file, agent, key, support: partial|not_in_gate, message}); see the support "
+        "table in docs/support.md. Key guardrails.judged (an agent's judged guardrails the "
+        "gate skips) also has guardrails, cases (the first 10 it could change) and more_cases"
     )
     model_calls: ModelCallTotals
     cases: list[CaseRead] = Field(

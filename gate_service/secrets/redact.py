@@ -2,7 +2,7 @@
 
 One function does it for everything stored or returned for a case (the runner's result,
 stored failure reasons). It matches values exactly; a bundle that encodes or splits a value
-gets it past this, which the README says plainly. Where two values overlap in a text (one
+gets it past this, which docs/threat-model.md says plainly. Where two values overlap in a text (one
 ends with what the other starts with), the leftmost is replaced whole and the other from
 where it ends.
 """

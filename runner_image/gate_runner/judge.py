@@ -131,8 +131,8 @@ def judge_messages(
 
 def parse_verdict(kind: str, model: str, content: str | None) -> JudgeVerdict:
     """The judge's answer as a verdict. One that is not the verdict's JSON is the judge's
-    failure, not the agent's: a ModelCallError the case is not judged on (README
-    "Verdicts")."""
+    failure, not the agent's: a ModelCallError the case is not judged on (docs/semantics.md,
+    "Provider failures are not agent failures")."""
 
     def broken(why: str) -> ModelCallError:
         return ModelCallError(

@@ -29,12 +29,13 @@ class ModelCallError(AgentRunError):
 
     @property
     def outside_the_agent(self) -> bool:
-        """Whether the call failed for a reason outside the bundle (README "Verdicts"): the
-        provider refused the credentials or does not know the model, could not be reached,
-        failed or rate-limited after the retries, or the gate's budget, deadline or gateway
-        stopped it. A run that fails so says nothing of the agent. A request the provider
-        rejected as such (a 400 or 422: a prompt over the context window, an option or schema
-        the model does not take) is the agent's configuration, and stays a failure."""
+        """Whether the call failed for a reason outside the bundle (docs/semantics.md,
+        "Provider failures are not agent failures"): the provider refused the credentials or
+        does not know the model, could not be reached, failed or rate-limited after the
+        retries, or the gate's budget, deadline or gateway stopped it. A run that fails so
+        says nothing of the agent. A request the provider rejected as such (a 400 or 422: a
+        prompt over the context window, an option or schema the model does not take) is the
+        agent's configuration, and stays a failure."""
         kind = self.span_metadata.get("error_kind")
         if kind in OUTSIDE_KINDS:
             return True

@@ -50,7 +50,8 @@ def unjudged_reason(
     successes: int,
     provider_failures: Sequence[tuple[int, str]],
 ) -> str | None:
-    """Why the case cannot be judged, or None (README "Verdicts").
+    """Why the case cannot be judged, or None (docs/semantics.md, "Provider failures
+    are not agent failures").
 
     ``provider_failures`` holds (index, reason) of each failed invocation whose run failed
     because a model call failed outside the agent (models: ModelCallError

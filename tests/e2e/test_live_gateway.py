@@ -180,7 +180,7 @@ def test_a_429_then_success_a_budget_reached_and_two_projects_with_their_own_key
 
         # Two calls per gate: of three cases, the third call fails naming the budget. A
         # budget is no behaviour of the agent's: that case is not judged, and the gate is
-        # error (README "Provider failures are not agent failures").
+        # error (docs/semantics.md, "Provider failures are not agent failures").
         capped = alpha.wait(alpha.submit(three)["id"], timeout_s=600)
         statuses = sorted(case["status"] for case in capped["cases"])
         assert statuses == ["error", "passed", "passed"], capped

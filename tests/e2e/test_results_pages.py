@@ -3,7 +3,7 @@ against `gate serve` with a real engine and Postgres, judging a real bundle.
 
 One gate is submitted for the module and watched from its first moment: the first test sees
 it running and turn `failed` without a reload; the others read the finished gate. The gate
-page's screenshot is taken here (set GATE_SCREENSHOT_PATH to keep it, as the README's is).
+page's screenshot is taken here (set GATE_SCREENSHOT_PATH to keep it, as docs/results.md's is).
 """
 
 from __future__ import annotations

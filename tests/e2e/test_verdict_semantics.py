@@ -45,7 +45,7 @@ def llm_agent(name: str, tools: str = "[]", extra: str = "") -> str:
     """
 
 
-# Rule 10: the README's own respond() example, a tool call then an answer.
+# Rule 10: docs/runtime.md's own respond() example, a tool call then an answer.
 RESPOND_EXAMPLE = readme_example()
 
 WIPE_MODEL = """

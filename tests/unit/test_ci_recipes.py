@@ -1,4 +1,4 @@
-"""The CI recipes under docs/ci/ gate a pipeline the way the README says they do.
+"""The CI recipes under docs/ci/ gate a pipeline the way docs/results.md says they do.
 
 Each recipe is parsed with yaml.safe_load and held to the same rules: it installs the client
 from something real (a checkout path or a documented variable, never a made-up host), runs

@@ -228,7 +228,7 @@ def test_json_on_error_prints_nothing_and_says_why_on_stderr(
 def test_an_error_gates_unjudged_case_shows_its_failed_runs(
     use_api: Callable[[FakeGate], None], project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A case a provider failure left unjudged (README "Provider failures are not agent
+    """A case a provider failure left unjudged (docs/semantics.md, "Provider failures are not agent
     failures") has runs whose traces say why: they are fetched and shown as a failed case's."""
     reason = "1 of 1 invocation(s) could not be judged, because a model call failed"
     unjudged = case("wrong_sum", passed=None, status="error", reason=reason, runs=1)

@@ -198,7 +198,7 @@ def test_a_malformed_report_fails_its_invocation_not_the_runner(tmp_path: Path) 
 
 
 def test_code_can_lie_about_its_own_invocation_only(tmp_path: Path) -> None:
-    # The documented limit (README, Threat model): the invocation process holds its own report
+    # The documented limit (docs/threat-model.md): the invocation process holds its own report
     # channel, so a well-formed report it writes is what its assertions see.
     result = reported(tmp_path, '{"status": "completed", "output": "ok"}')
     assert result.passed, result.failure_reason

@@ -1,4 +1,4 @@
-"""Provider failures are not agent failures (issue 38, item 5; README "Verdicts"): a case whose
+"""Provider failures are not agent failures (issue 38, item 5; docs/semantics.md): a case whose
 verdict hangs on runs that failed because a model call failed outside the agent (a refused key,
 an unknown model, an unreachable or failing provider, a budget) is not judged (case_error, so
 the gate ends error); a request the provider rejected as such stays the agent's failure; a

@@ -1,4 +1,4 @@
-"""One rule for attempts (decided, issue 39; README "Suite semantics", Retries): without
+"""One rule for attempts (decided, issue 39; docs/semantics.md, Retries): without
 `retry_options` a model request gets 3 attempts (the SDK's RetryOptions default) and a tool
 or sequential agent's operation gets 1; with them, their `attempts` count. A scripted
 `respond()` that raises is a failed request: it is asked again, at once, up to those

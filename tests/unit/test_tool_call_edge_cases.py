@@ -1,5 +1,5 @@
 """`expected_tool_calls` edge cases, decided (issue 39) and pinned: what an empty list, a
-count of zero, a filter nothing fits and repeated entries mean (README, "Tool-call
+count of zero, a filter nothing fits and repeated entries mean (docs/semantics.md, "Tool-call
 entries")."""
 
 from __future__ import annotations

@@ -241,7 +241,7 @@ def _ask(
         **options,
     )
     # Every request of the loop may end the run, tools offered or not: each carries the
-    # output_schema (README "Live models", structured output).
+    # output_schema (docs/live-models.md, structured output).
     answer_format = response_format(config)
     # Recorded before the call: a failed request shows what was asked too.
     record_request(trace, span, messages, schemas, answer_format, sensitive_inputs(config))

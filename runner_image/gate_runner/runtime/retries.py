@@ -1,5 +1,5 @@
 """How many attempts an agent's work gets: its ``retry_options``, and one rule for an agent
-without them (decided, issue 39; README "Suite semantics", Retries).
+without them (decided, issue 39; docs/semantics.md, Retries).
 
 The rule. Without ``retry_options``, a model request (an LLM agent's turn, its compression
 summary, a moderation check) gets 3 attempts, the SDK's ``RetryOptions().attempts``, and
