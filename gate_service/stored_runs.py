@@ -22,8 +22,15 @@ first: a cut made before it could leave part of a secret behind), ``pack_run`` m
    object under the key ``…``, the spans as a last span of type ``cut``). The run's
    ``failure_reason`` then says how many bytes were cut and which limit cut them.
 
+The fields are the runner's ``Invocation``'s, sorted by their type (``gate_service.results``):
+a scalar (int, bool, str) is a column of its own (``SCALAR_FIELDS``), optional text is cut
+with the document (``TEXT_FIELDS``), anything else is storable JSON (``JSON_FIELDS``); a list
+holds at least ``[]`` and an object ``{}``. A field added to the contract is stored, cut and
+read back (``stored_fields``, ``read_back``) with no change here.
+
 Plain values in, plain values out: of the project it imports only the runner's contract
-(``gate_runner.contract``: the span shape a cut span takes, and the cut mark).
+(``gate_runner.contract``: the fields, the span shape a cut span takes, and the cut mark) and
+the leaf that reads its fields.
 """
 
 from __future__ import annotations
@@ -37,9 +44,11 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_origin
 
-from gate_runner.contract import Span, cut_mark
+from gate_runner.contract import Invocation, Span, cut_mark
+
+from .results import contract_types
 
 REF = "$gate.value"
 ESCAPED = "$gate.escaped"
@@ -53,8 +62,19 @@ MIN_STORED_RUN_BYTES = 4096
 NOTE_BYTES = 400
 # When the structure is cut as well, strings first keep at most this much of their head.
 STRUCTURE_STRING_BYTES = 64
-TEXT_FIELDS = ("failure_reason", "error")
-JSON_FIELDS = ("failed_assertions", "output", "input", "run_context", "traces")
+# The stored run's fields: the contract's Invocation's, by their type (see the docstring).
+FIELD_TYPES: dict[str, Any] = contract_types(Invocation)
+SCALAR_FIELDS = tuple(n for n, kind in FIELD_TYPES.items() if kind in (int, bool, str))
+# A cut keeps these first, in this order, then the contract's other fields in its order.
+CUT_ORDER = ("failure_reason", "error", "failed_assertions", "output", "input", "run_context")
+_CUT = sorted(
+    (n for n in FIELD_TYPES if n not in SCALAR_FIELDS),
+    key=lambda n: CUT_ORDER.index(n) if n in CUT_ORDER else len(CUT_ORDER),
+)
+TEXT_FIELDS = tuple(n for n in _CUT if FIELD_TYPES[n] == str | None)
+JSON_FIELDS = tuple(n for n in _CUT if n not in TEXT_FIELDS)
+# Lists of spans (the trace): cut span by span, the rest standing as one span of type `cut`.
+SPAN_FIELDS = frozenset(n for n in JSON_FIELDS if FIELD_TYPES[n] == list[Span])
 MARK_KEY = "…"
 # Deeper containers are cut: every walk here recurses, and outputs nest far less than this.
 MAX_STORED_DEPTH = 100
@@ -527,13 +547,10 @@ def _fit_structure(doc: dict[str, Any], budget: int, total: int) -> dict[str, An
     smallest form of everything after it. A reference is kept whole or not at all."""
     fitter = _Fitter(total)
     smallest = {
-        "failure_reason": fitter.slot,
-        "error": fitter.slot,
-        "failed_assertions": fitter.slot + 2,
-        "output": fitter.slot,
-        "input": fitter.slot,
-        "run_context": fitter.slot + 8,
-        "traces": json_bytes([_cut_span(10**12, 10**9)]),
+        name: json_bytes([_cut_span(10**12, 10**9)])
+        if name in SPAN_FIELDS
+        else fitter.slot + _BRACKETS.get(_container(name), 0)
+        for name in (*TEXT_FIELDS, *JSON_FIELDS)
     }
     order = [*TEXT_FIELDS, *JSON_FIELDS]
     skeleton = dict.fromkeys(order) | {SHARED: {}}
@@ -545,9 +562,9 @@ def _fit_structure(doc: dict[str, Any], budget: int, total: int) -> dict[str, An
         here = room - later
         if value is None:
             fitted: Any = None
-        elif name == "traces" and isinstance(value, list):
+        elif name in SPAN_FIELDS and isinstance(value, list):
             fitted = fitter.spans(value, here)
-        elif name == "run_context" and isinstance(value, dict):
+        elif _container(name) is dict and isinstance(value, dict):
             fitted = fitter.mapping(value, here)
         else:
             fitted = fitter.fit(value, here)
@@ -603,16 +620,27 @@ def _marks(doc: dict[str, Any]) -> tuple[int, int]:
 
 def _smallest(fields: dict[str, Any]) -> dict[str, Any]:
     """Every field at its smallest: what a cap too small for anything else still holds."""
-    size = {name: json_bytes(fields[name]) for name in (*TEXT_FIELDS, *JSON_FIELDS)}
-    return {
-        **{name: None if fields[name] is None else mark(size[name]) for name in TEXT_FIELDS},
-        "failed_assertions": [mark(size["failed_assertions"])],
-        "output": mark(size["output"]),
-        "input": mark(size["input"]),
-        "run_context": {MARK_KEY: mark(size["run_context"])},
-        "traces": [_cut_span(size["traces"], len(fields["traces"]))],
-        SHARED: {},
-    }
+    out: dict[str, Any] = {}
+    for name in (*TEXT_FIELDS, *JSON_FIELDS):
+        cut = mark(json_bytes(fields[name]))
+        if name in TEXT_FIELDS:
+            out[name] = None if fields[name] is None else cut
+        elif name in SPAN_FIELDS:
+            out[name] = [_cut_span(json_bytes(fields[name]), len(fields[name]))]
+        else:
+            container = _container(name)
+            out[name] = [cut] if container is list else {MARK_KEY: cut} if container else cut
+    return out | {SHARED: {}}
+
+
+# What a list's or an object's smallest form adds to a mark: brackets, and the object's key.
+_BRACKETS: dict[type | None, int] = {list: 2, dict: 8}
+
+
+def _container(name: str) -> type | None:
+    """list or dict when the field is one (it is stored as at least [] or {}), else None."""
+    origin = get_origin(FIELD_TYPES[name])
+    return origin if origin in (list, dict) else None
 
 
 def _cut(fields: dict[str, Any], budget: int) -> dict[str, Any]:
@@ -647,9 +675,10 @@ def pack_run(run: dict[str, Any], cap: RunCap) -> PackedRun:
     """
     limit = max(cap.limit, MIN_STORED_RUN_BYTES)
     fields = {name: _storable(run.get(name), 0, escape=True) for name in JSON_FIELDS}
-    fields["failed_assertions"] = fields["failed_assertions"] or []
-    fields["run_context"] = fields["run_context"] or {}
-    fields["traces"] = fields["traces"] or []
+    for name in JSON_FIELDS:
+        container = _container(name)
+        if container is not None:
+            fields[name] = fields[name] or container()
     for name in TEXT_FIELDS:
         text = run.get(name)
         fields[name] = None if text is None else storable_text(str(text))
@@ -667,3 +696,26 @@ def pack_run(run: dict[str, Any], cap: RunCap) -> PackedRun:
     return PackedRun(
         fields=doc, shared=shared, stored_bytes=stored, cut_bytes=cut, cut_places=places
     )
+
+
+def stored_columns(invocation: Any, run: PackedRun) -> dict[str, Any]:
+    """What the runs table stores of an invocation (anything with the contract's fields as
+    attributes) packed as ``run``: its scalars (text made storable), its packed fields, its
+    shared values and its size."""
+    scalars = {name: getattr(invocation, name) for name in SCALAR_FIELDS}
+    return {
+        **{k: storable_text(v) if isinstance(v, str) else v for k, v in scalars.items()},
+        **run.fields,
+        SHARED: run.shared,
+        "stored_bytes": run.stored_bytes,
+    }
+
+
+def read_back(row: Any) -> dict[str, Any]:
+    """A stored run's fields (a row with the contract's fields as attributes), in the
+    contract's order, as the run produced them: each shared value back where it stood."""
+    shared = getattr(row, SHARED) or {}
+    return {
+        name: unpack(getattr(row, name), shared) if name in JSON_FIELDS else getattr(row, name)
+        for name in FIELD_TYPES
+    }

@@ -8,8 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from .pack import PackError, pack_project
+from .shapes import CaseView, RunView, parsed_case
 
 __all__ = ["EXIT_CODES", "TERMINAL", "GateAPIError", "GateClient", "PackError", "pack_project"]
 
@@ -184,18 +186,17 @@ class GateClient:
     def audit(self, *, limit: int = 100) -> dict[str, Any]:
         return self._check(self._http.get("/v1/audit", params={"limit": limit}))
 
-    def run(self, run_id: str) -> dict[str, Any]:
-        return self._check(self._http.get(f"/v1/runs/{run_id}"))
+    def run(self, run_id: str) -> RunView:
+        run: RunView = RunView.model_validate(self._check(self._http.get(f"/v1/runs/{run_id}")))
+        return run
 
-    def failed_runs(self, case: dict[str, Any], limit: int = 3) -> dict[str, Any]:
+    def failed_runs(self, case: dict[str, Any] | CaseView, limit: int = 3) -> dict[str, Any]:
         """Up to ``limit`` failed runs of a case, in the shape of the format CLI's ``failed_runs``.
 
         Log spans are left out and each span's metadata travels as ``metadata_json`` text, as
         `connic test --json` prints it; a run that cannot be fetched becomes ``fetch_error``.
         """
-        run_ids = case.get("agent_run_ids") or []
-        passed = case.get("agent_run_passed") or []
-        failed_ids = [str(rid) for rid, ok in zip(run_ids, passed, strict=False) if rid and not ok]
+        failed_ids = parsed_case(case).failed_run_ids()
         shown: list[dict[str, Any]] = []
         for rid in failed_ids[:limit]:
             try:
@@ -206,25 +207,28 @@ class GateClient:
             except httpx.HTTPError as exc:
                 shown.append({"run_id": rid, "fetch_error": str(exc) or type(exc).__name__})
                 continue
+            except ValidationError as exc:  # an answer not in a run's shape
+                shown.append({"run_id": rid, "fetch_error": f"not a run ({exc.error_count()})"})
+                continue
             shown.append(
                 {
                     "run_id": rid,
-                    "input": run.get("input"),
-                    "output": run.get("output"),
-                    "error": run.get("error"),
-                    "run_context": run.get("run_context"),
+                    "input": run.input,
+                    "output": run.output,
+                    "error": run.error,
+                    "run_context": run.run_context,
                     "traces": [
                         {
-                            "name": span.get("name"),
-                            "status": span.get("status"),
-                            "duration_ms": span.get("duration_ms"),
-                            "span_id": span.get("span_id"),
-                            "parent_span_id": span.get("parent_span_id"),
-                            "span_order": span.get("span_order"),
-                            "metadata_json": json.dumps(span.get("metadata") or {}),
+                            "name": span.name,
+                            "status": span.status,
+                            "duration_ms": span.duration_ms,
+                            "span_id": span.span_id,
+                            "parent_span_id": span.parent_span_id,
+                            "span_order": span.span_order,
+                            "metadata_json": json.dumps(span.metadata or {}),
                         }
-                        for span in run.get("traces") or []
-                        if span.get("type") != "log"
+                        for span in run.traces
+                        if span.type != "log"
                     ],
                 }
             )

@@ -8,11 +8,15 @@ never mistakes one for a test class when a test imports it.
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gate_runner.contract import Invocation, Span
+
+from ..gates.schemas import CaseRead
 from ..gates.submission import MAX_TEXT_FIELD_BYTES
+from ..results import FieldDef, contract_fields, shape_model
 from ..text import StorableStr
 
 # The one environment this service has; the CLI resolves it from GET .../environments.
@@ -54,18 +58,22 @@ class ConnicTestRunSubmit(BaseModel):
     )
 
 
-class ConnicCase(BaseModel):
-    """A case as the CLI renders it and passes it through to `--json` (connic-spec §9.3)."""
+# The CLI's case: the gate's case (gates.schemas.CaseRead) without what the CLI does not
+# read, `passed` a plain flag.
+_CASE_FIELDS = {
+    name: (field.annotation, ...)
+    for name, field in CaseRead.model_fields.items()
+    if name not in {"id", "suite", "status", "duration_ms", "model_calls"}
+} | {
+    "passed": (
+        bool,
+        Field(description="False for a failed case and for one not (yet) judged"),
+    )
+}
 
-    agent_name: str
-    test_name: str
-    passed: bool = Field(description="False for a failed case and for one not (yet) judged")
-    successes: int
-    runs: int
-    success_threshold: int
-    failure_reason: str | None
-    agent_run_ids: list[uuid.UUID]
-    agent_run_passed: list[bool]
+
+class ConnicCase(shape_model("ConnicCaseFields", BaseModel, _CASE_FIELDS)):  # type: ignore[misc]
+    """A case as the CLI renders it and passes it through to `--json` (connic-spec §9.3)."""
 
 
 class ConnicTestRun(BaseModel):
@@ -85,29 +93,40 @@ class ConnicTestRun(BaseModel):
     cases: list[ConnicCase]
 
 
-class ConnicSpan(BaseModel):
+# The CLI's span: the runner's ``Span`` with its metadata as JSON text.
+_SPAN_FIELDS = contract_fields(
+    Span,
+    replace={
+        "metadata": {
+            "metadata_json": (str, Field(description="The span's metadata as a JSON text"))
+        }
+    },
+)
+
+
+class ConnicSpan(shape_model("ConnicSpanFields", BaseModel, _SPAN_FIELDS)):  # type: ignore[misc]
     """A trace span under the names the CLI keeps; `type == "log"` spans it drops itself."""
 
-    span_id: str
-    parent_span_id: str | None
-    span_order: int
-    type: str
-    name: str
-    status: str
-    duration_ms: int
-    metadata_json: str = Field(description="The span's metadata as a JSON text")
+
+# The CLI's run: the runner's ``Invocation`` under the gate's run id, without the fields the
+# CLI does not read, input and output as text, its spans as ConnicSpan.
+_RUN_FIELDS: dict[str, FieldDef] = {"id": (uuid.UUID, ...)} | contract_fields(
+    Invocation,
+    drop={"index", "failed_assertions"},
+    replace={
+        "input": {
+            "input": (
+                str | None,
+                Field(description="The invocation's input; JSON text unless a string"),
+            )
+        },
+        "output": {
+            "output": (str | None, Field(description="Its output; JSON text unless a string"))
+        },
+        "traces": {"traces": (list[ConnicSpan], ...)},
+    },
+)
 
 
-class ConnicRun(BaseModel):
+class ConnicRun(shape_model("ConnicRunFields", BaseModel, _RUN_FIELDS)):  # type: ignore[misc]
     """One invocation of a case, as the CLI's failed-run drill-down reads it."""
-
-    id: uuid.UUID
-    status: str
-    passed: bool
-    input: str | None = Field(description="The invocation's input; JSON text unless a string")
-    output: str | None = Field(description="Its output; JSON text unless a string")
-    error: str | None
-    failure_reason: str | None
-    run_context: dict[str, Any]
-    duration_ms: int
-    traces: list[ConnicSpan]

@@ -19,6 +19,7 @@ from ..errors import BadRequest, NotFound, PayloadTooLarge
 from ..gates.schemas import GateRead, RunRead
 from ..gates.submission import Upload
 from ..models import GateStatus
+from ..results import carried
 from .body import TestRunBody as TestRunBody  # the routes make one per request
 from .schemas import (
     DEFAULT_ENVIRONMENT_ID,
@@ -172,18 +173,8 @@ def as_test_run(gate: GateRead) -> ConnicTestRun:
         # worker always has one of the two.
         error=(gate.error or gate.failure_reason) if status == "error" else gate.error,
         cases=[
-            ConnicCase(
-                agent_name=c.agent_name,
-                test_name=c.test_name,
-                # The CLI tests `passed` for truth; a case not judged (None) did not pass.
-                passed=c.passed is True,
-                successes=c.successes,
-                runs=c.runs,
-                success_threshold=c.success_threshold,
-                failure_reason=c.failure_reason,
-                agent_run_ids=c.agent_run_ids,
-                agent_run_passed=c.agent_run_passed,
-            )
+            # The CLI tests `passed` for truth; a case not judged (None) did not pass.
+            ConnicCase(**carried(c, ConnicCase) | {"passed": c.passed is True})
             for c in gate.cases
         ],
     )
@@ -197,29 +188,18 @@ def _text(value: Any) -> str | None:
 
 
 def as_run(view: RunRead) -> ConnicRun:
+    """The run under Connic's names: every field both shapes hold carried as it is (a field
+    added to the contract travels without a line here), input, output and spans as text."""
+    spans = [
+        ConnicSpan(
+            **carried(s, ConnicSpan)
+            # Connic ships metadata as JSON text; the CLI json.loads it for the tool name and
+            # the inline error of a failed span.
+            | {"metadata_json": json.dumps(s.metadata, ensure_ascii=False)}
+        )
+        for s in view.traces
+    ]
     return ConnicRun(
-        id=view.id,
-        status=view.status,
-        passed=view.passed,
-        input=_text(view.input),
-        output=_text(view.output),
-        error=view.error,
-        failure_reason=view.failure_reason,
-        run_context=view.run_context,
-        duration_ms=view.duration_ms,
-        traces=[
-            ConnicSpan(
-                span_id=s.span_id,
-                parent_span_id=s.parent_span_id,
-                span_order=s.span_order,
-                type=s.type,
-                name=s.name,
-                status=s.status,
-                duration_ms=s.duration_ms,
-                # Connic ships metadata as JSON text; the CLI json.loads it for the tool name
-                # and the inline error of a failed span.
-                metadata_json=json.dumps(s.metadata, ensure_ascii=False),
-            )
-            for s in view.traces
-        ],
+        **carried(view, ConnicRun)
+        | {"input": _text(view.input), "output": _text(view.output), "traces": spans}
     )

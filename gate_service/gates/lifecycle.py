@@ -41,6 +41,7 @@ from ..models import (
     Run,
     utcnow,
 )
+from ..results import contract_types
 from ..runner_contract import UntrustedResult
 from ..stored_runs import (
     MIN_STORED_RUN_BYTES,
@@ -51,6 +52,7 @@ from ..stored_runs import (
     pack_run,
     storable,
     storable_text,
+    stored_columns,
 )
 from .model_calls import save_model_calls as save_model_calls  # the worker stores calls here
 
@@ -355,16 +357,20 @@ _DELETE_RUNS = (
     delete(_RUNS).where(_RUNS.c.case_id == bindparam("case_id")).returning(_RUNS.c.stored_bytes)
 )
 _INSERT_RUN = _RUNS.insert()
+# A judged case stores the worker's verdict and every other field of the runner's result the
+# cases table has a column for, as the result holds it (duration_ms, and a field added to the
+# contract and the table); the suite's own fields were stored when the case was created.
+_FROM_SUITE = frozenset({"suite", "test_name", "agent_name", "runs", "success_threshold"})
+_VERDICT = ("status", "passed", "successes", "failure_reason")
+FROM_RESULT = tuple(
+    name
+    for name in contract_types(CaseResult)
+    if name in _CASES.c and name not in _FROM_SUITE and name not in _VERDICT
+)
 _CASE_VERDICT = (
     update(_CASES)
     .where(_CASES.c.id == bindparam("case_id"))
-    .values(
-        status=bindparam("status"),
-        passed=bindparam("passed"),
-        successes=bindparam("successes"),
-        duration_ms=bindparam("duration_ms"),
-        failure_reason=bindparam("failure_reason"),
-    )
+    .values({name: bindparam(name) for name in (*_VERDICT, *FROM_RESULT)})
 )
 _COUNT_CASE_WRITE = (
     update(_GATES)
@@ -450,8 +456,8 @@ def save_case_result(
         status=status,
         passed=passed,
         successes=successes,
-        duration_ms=result.duration_ms,
         reason=result.failure_reason,
+        from_result={name: getattr(result, name) for name in FROM_RESULT},
     )
     if packed:
         session.execute(_INSERT_RUN, [_run_row(case_id, inv, run) for inv, run in packed])
@@ -465,17 +471,20 @@ def _set_verdict(
     status: CaseStatus,
     passed: bool | None,
     successes: int,
-    duration_ms: int | None,
     reason: str | None,
+    from_result: Mapping[str, Any],
 ) -> None:
+    """``from_result``: the FROM_RESULT fields, each None when there was no result."""
+    carried = {k: storable(v) for k, v in from_result.items()}
     session.execute(
         _CASE_VERDICT,
         {
+            **dict.fromkeys(FROM_RESULT),
+            **carried,
             "case_id": case_id,
             "status": CaseStatus(status).value,
             "passed": passed,
             "successes": successes,
-            "duration_ms": duration_ms,
             "failure_reason": _case_reason(reason),
         },
     )
@@ -494,13 +503,8 @@ def _run_row(case_id: uuid.UUID, inv: Invocation, run: PackedRun) -> dict[str, A
     return {
         "id": uuid.uuid4(),
         "case_id": case_id,
-        "index": inv.index,
+        **stored_columns(inv, run),
         "status": storable_text(inv.status)[:STATUS_CHARS],
-        "passed": inv.passed,
-        "duration_ms": inv.duration_ms,
-        "shared_values": run.shared,
-        "stored_bytes": run.stored_bytes,
-        **run.fields,
     }
 
 
@@ -520,8 +524,8 @@ def save_case_outcome(
         status=status,
         passed=False if status == CaseStatus.failed else None,
         successes=0,
-        duration_ms=duration_ms,
         reason=reason,
+        from_result={"duration_ms": duration_ms},
     )
 
 

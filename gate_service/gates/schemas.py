@@ -1,23 +1,38 @@
 """The REST shapes of gates, cases and runs (design: REST contract v1).
 
 A run's spans are answered in the runner's own shape (``gate_runner.contract.Span``); a run
-holds the fields of the runner's ``Invocation`` and its ids (a unit test holds the two to
-the same fields: tests/unit/test_result_contract.py).
+is its ids and the fields of the runner's ``Invocation``, taken from the contract
+(``gate_service.results``), not listed here.
 """
 
 from __future__ import annotations
 
+import typing
 import uuid
 from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gate_runner.contract import Span
+from gate_runner.contract import Invocation
+
+from ..models import Case
+from ..results import FieldDef, contract_fields, shape_model
 
 
 class Schema(BaseModel):
     model_config = ConfigDict(from_attributes=True)
+
+
+def column_fields(table: type[Any], *, drop: set[str]) -> dict[str, FieldDef]:
+    """A table's columns as required pydantic fields, in the table's order, each of the type
+    its ``Mapped[...]`` annotation says."""
+    hints = typing.get_type_hints(table)
+    return {
+        c.key: (typing.get_args(hints[c.key])[0], ...)
+        for c in table.__table__.columns
+        if c.key not in drop
+    }
 
 
 class BundleRead(Schema):
@@ -45,21 +60,23 @@ class ModelCallTotals(Schema):
     cost_usd: float = Field(default=0.0, description="Of the answered calls (LiteLLM's cost map)")
 
 
-class CaseRead(Schema):
-    id: uuid.UUID
-    suite: str
-    agent_name: str
-    test_name: str
-    status: str
-    passed: bool | None
-    successes: int
-    runs: int
-    success_threshold: int
-    duration_ms: int | None
-    failure_reason: str | None
-    agent_run_ids: list[uuid.UUID]
-    agent_run_passed: list[bool]
-    model_calls: ModelCallTotals
+# A case is the cases table's row as stored (its columns in order, of their types; the table
+# holds the suite's fields and the runner's result's, gates.lifecycle), less where it stands,
+# then its runs' ids and verdicts and its model calls. (No docstring: see RunRead.)
+_CASE_FIELDS: Any = shape_model(
+    "CaseFields",
+    Schema,
+    column_fields(Case, drop={"gate_id", "position", "timeout_s"})
+    | {
+        "agent_run_ids": (list[uuid.UUID], ...),
+        "agent_run_passed": (list[bool], ...),
+        "model_calls": (ModelCallTotals, ...),
+    },
+)
+
+
+class CaseRead(_CASE_FIELDS):  # type: ignore[misc]
+    pass
 
 
 class GateRead(Schema):
@@ -145,20 +162,16 @@ class GateList(Schema):
     offset: int
 
 
-class RunRead(Schema):
-    id: uuid.UUID
-    case_id: uuid.UUID
-    index: int
-    status: str
-    passed: bool
-    input: Any
-    output: Any
-    error: str | None
-    failure_reason: str | None
-    failed_assertions: list[str]
-    run_context: dict[str, Any]
-    duration_ms: int
-    traces: list[Span]
+RUN_IDS = {"id": (uuid.UUID, ...), "case_id": (uuid.UUID, ...)}
+
+
+_RUN_FIELDS: Any = shape_model("RunFields", Schema, RUN_IDS | contract_fields(Invocation))
+
+
+# A run: its ids, then every field of the runner's ``Invocation`` in its order, its spans in
+# the runner's ``Span`` shape. (No docstring: it would become the OpenAPI description.)
+class RunRead(_RUN_FIELDS):  # type: ignore[misc]
+    pass
 
 
 class RecordingContent(Schema):

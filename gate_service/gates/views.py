@@ -18,7 +18,8 @@ from sqlalchemy.orm import Session
 from ..errors import NotFound
 from ..links import gate_html_url
 from ..models import Bundle, Case, CaseStatus, Gate, GateStatus, Run
-from ..stored_runs import unpack
+from ..results import carried
+from ..stored_runs import read_back
 from .lifecycle import get_gate
 from .model_calls import model_call_totals, read_recordings
 from .schemas import (
@@ -118,20 +119,12 @@ def read_case_views(
     none = ModelCallTotals()
     views = [
         CaseRead(
-            id=c.id,
-            suite=c.suite,
-            agent_name=c.agent_name,
-            test_name=c.test_name,
-            status=c.status,
-            passed=c.passed,
-            successes=c.successes,
-            runs=c.runs,
-            success_threshold=c.success_threshold,
-            duration_ms=c.duration_ms,
-            failure_reason=c.failure_reason,
-            agent_run_ids=[r for r, _ in runs_by_case[c.id]],
-            agent_run_passed=[p for _, p in runs_by_case[c.id]],
-            model_calls=calls_by_case.get(c.id, none),
+            **carried(c, CaseRead)
+            | {
+                "agent_run_ids": [r for r, _ in runs_by_case[c.id]],
+                "agent_run_passed": [p for _, p in runs_by_case[c.id]],
+                "model_calls": calls_by_case.get(c.id, none),
+            }
         )
         for c in cases
     ]
@@ -277,22 +270,7 @@ def read_case_runs(session: Session, case: Case) -> list[RunRead]:
 
 
 def _run_view(run: Run) -> RunRead:
-    shared = run.shared_values or {}
-    return RunRead(
-        id=run.id,
-        case_id=run.case_id,
-        index=run.index,
-        status=run.status,
-        passed=run.passed,
-        input=unpack(run.input, shared),
-        output=unpack(run.output, shared),
-        error=run.error,
-        failure_reason=run.failure_reason,
-        failed_assertions=unpack(run.failed_assertions, shared),
-        run_context=unpack(run.run_context, shared),
-        duration_ms=run.duration_ms,
-        traces=unpack(run.traces, shared),
-    )
+    return RunRead(id=run.id, case_id=run.case_id, **read_back(run))
 
 
 # The gate's model_mode before validating worked its agents' modes out (none forced).

@@ -72,13 +72,14 @@ def is_short(value: Any) -> bool:
 
 def result_word(case: CaseRead) -> str:
     """Pass and fail in words, not colour alone."""
+    status = str(case.status)
     if case.passed is True:
         return "PASS"
-    if case.status == "failed":
+    if status == "failed":
         return "FAIL"
-    if case.status in ("error", "cancelled", "skipped"):
-        return case.status.upper()
-    return case.status.upper() if case.status not in ("queued", "running") else "PENDING"
+    if status in ("error", "cancelled", "skipped"):
+        return status.upper()
+    return status.upper() if status not in ("queued", "running") else "PENDING"
 
 
 def ordered_cases(cases: Sequence[CaseRead]) -> list[CaseRead]:

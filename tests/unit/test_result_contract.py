@@ -316,3 +316,31 @@ def test_the_contract_loads_without_pydantic_or_the_sdk() -> None:
         check=True,
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_every_shape_of_a_run_span_and_case_takes_its_fields_from_one_declaration() -> None:
+    # The REST, Connic and client shapes and the stored run are built from the contract (or,
+    # for a case, the cases table): a field added there reaches each without a line here.
+    from gate_service.client.shapes import RunView, SpanView
+    from gate_service.connic_api.schemas import ConnicCase, ConnicRun, ConnicSpan
+    from gate_service.gates.lifecycle import FROM_RESULT
+    from gate_service.gates.schemas import CaseRead
+    from gate_service.models import Case
+    from gate_service.stored_runs import JSON_FIELDS, SCALAR_FIELDS, TEXT_FIELDS
+
+    invocation = [f.name for f in fields(Invocation)]
+    span = [f.name for f in fields(Span)]
+    assert sorted((*SCALAR_FIELDS, *TEXT_FIELDS, *JSON_FIELDS)) == sorted(invocation)
+    assert list(RunView.model_fields) == ["id", *invocation]
+    assert list(ConnicRun.model_fields) == [
+        "id",
+        *(n for n in invocation if n not in {"index", "failed_assertions"}),
+    ]
+    assert list(SpanView.model_fields) == span
+    assert list(ConnicSpan.model_fields) == [*span[:-1], "metadata_json"]
+    columns = [
+        c.key for c in Case.__table__.columns if c.key not in {"gate_id", "position", "timeout_s"}
+    ]
+    assert list(CaseRead.model_fields)[: len(columns)] == columns
+    assert set(ConnicCase.model_fields) < set(CaseRead.model_fields)
+    assert FROM_RESULT == ("duration_ms",)
