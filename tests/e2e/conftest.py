@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -99,6 +101,13 @@ def gate_url(docker_engine: None, tmp_path_factory: pytest.TempPathFactory) -> I
     wheelhouse = Path(tmp_path_factory.mktemp("wheelhouse"))
     make_wheel(wheelhouse)
     make_wheel(wheelhouse, "gate_takeover", extra_files=RUNNER_TAKEOVER_WHEEL)
-    serve_dir = Path(tmp_path_factory.mktemp("serve"))
-    with running("serve", serve_dir, GATE_WHEELHOUSE_DIR=str(wheelhouse)) as serve:
-        yield serve.url
+    # Not under pytest's root: the embedded Postgres runs as a user of its own, and any
+    # pytest session that starts meanwhile (another run on this machine) sets that root back
+    # to 0700, which cut the server off from its data mid-run ("Permission denied", then
+    # every request 500).
+    serve_dir = Path(tempfile.mkdtemp(prefix="gate-e2e-serve-", dir="/var/tmp"))
+    try:
+        with running("serve", serve_dir, GATE_WHEELHOUSE_DIR=str(wheelhouse)) as serve:
+            yield serve.url
+    finally:
+        shutil.rmtree(serve_dir, ignore_errors=True)
