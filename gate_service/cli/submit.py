@@ -19,6 +19,8 @@ from .options import DEFAULT_URL, Token, Url
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from ..client.shapes import GateView
+
 EXIT_PASSED, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 
 
@@ -90,7 +92,7 @@ def _bundle(source: Path, console: Console, quiet: bool) -> tuple[bytes, str]:
     raise _fail(f"{source}: no such project folder or archive")
 
 
-def _write_junit(path: Path, gate: dict[str, Any]) -> None:
+def _write_junit(path: Path, gate: GateView) -> None:
     from ..client.junit import write_junit
 
     try:
@@ -154,6 +156,7 @@ def submit(
 
     from ..client.api import GateAPIError, GateClient
     from ..client.render import GateProgress, json_result, render_results
+    from ..client.shapes import FailedRuns, GateView
 
     labels = parse_labels(label)
     console = Console(highlight=False)
@@ -161,35 +164,38 @@ def submit(
     client = GateClient(url, token=token)
     try:
         try:
-            gate = client.submit(
-                bundle,
-                filename=filename,
-                name_filter=name_filter,
-                labels=labels,
-                model_mode=model_mode.value if model_mode else None,
+            queued = GateView.of(
+                client.submit(
+                    bundle,
+                    filename=filename,
+                    name_filter=name_filter,
+                    labels=labels,
+                    model_mode=model_mode.value if model_mode else None,
+                )
             )
         except GateAPIError as exc:
             raise _fail(f"gate refused the bundle: {exc}", exc.problems) from exc
         if not as_json:
-            console.print(f"  → gate {gate['id']} queued ({len(bundle):,} bytes)")
+            console.print(f"  → gate {queued.id} queued ({len(bundle):,} bytes)")
         if not wait:
             if as_json:
-                typer.echo(json.dumps(json_result(gate), indent=2))
+                typer.echo(json.dumps(json_result(queued), indent=2))
             raise typer.Exit(EXIT_PASSED)
         progress = GateProgress(console, quiet=as_json)
         try:
             with progress.running():
-                gate = client.wait(gate["id"], timeout_s=timeout, on_change=progress.update)
+                answer = client.wait(str(queued.id), timeout_s=timeout, on_change=progress.update)
         except TimeoutError as exc:
             raise _fail(f"{exc}; giving up (the gate goes on; see GET /v1/gates/{{id}})") from exc
         except GateAPIError as exc:
             raise _fail(f"lost the gate while waiting: {exc}") from exc
+        gate = GateView.of(answer)
         # An error gate's unjudged cases have runs too (a provider failed them): their
         # traces say why, as a failed case's do.
-        if gate["status"] in ("failed", "error"):
-            for case in gate.get("cases") or []:
-                if case.get("passed") is not True and case.get("agent_run_ids"):
-                    case["failed_runs"] = client.failed_runs(case)
+        if gate.status in ("failed", "error"):
+            for case in gate.cases:
+                if case.passed is not True and case.agent_run_ids:
+                    case.failed_runs = FailedRuns.of(client.failed_runs(case))
     except httpx.HTTPError as exc:
         raise _fail(f"cannot reach the gate at {url}: {exc or type(exc).__name__}") from exc
     finally:
@@ -197,12 +203,12 @@ def submit(
 
     if junit is not None:
         _write_junit(junit, gate)
-    status = gate["status"]
+    status = gate.status
     if status == "error":
         if not as_json:
             render_results(console, gate, show_requests=show_requests)
-        reason = gate.get("failure_reason") or gate.get("error") or "unknown error"
-        raise _fail(f"Gate errored: {reason}", gate.get("problems") if as_json else None)
+        reason = gate.failure_reason or gate.error or "unknown error"
+        raise _fail(f"Gate errored: {reason}", gate.problems if as_json else None)
     if as_json:
         typer.echo(json.dumps(json_result(gate), indent=2))
     else:

@@ -11,7 +11,7 @@ import httpx
 from pydantic import ValidationError
 
 from .pack import PackError, pack_project
-from .shapes import CaseView, RunView, parsed_case
+from .shapes import CaseView, RunView
 
 __all__ = ["EXIT_CODES", "TERMINAL", "GateAPIError", "GateClient", "PackError", "pack_project"]
 
@@ -196,7 +196,7 @@ class GateClient:
         Log spans are left out and each span's metadata travels as ``metadata_json`` text, as
         `connic test --json` prints it; a run that cannot be fetched becomes ``fetch_error``.
         """
-        failed_ids = parsed_case(case).failed_run_ids()
+        failed_ids = CaseView.of(case).failed_run_ids()
         shown: list[dict[str, Any]] = []
         for rid in failed_ids[:limit]:
             try:

@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from .shapes import CaseView, FailedRuns, GateView
 
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
@@ -38,27 +41,27 @@ def classname(suite: str) -> str:
     return ".".join(path.with_suffix("").parts) if path.suffix else ".".join(path.parts)
 
 
-def _failure_text(case: dict[str, Any]) -> str:
-    lines = [str(case.get("failure_reason") or "")]
-    detail = case.get("failed_runs") or {}
-    for run in detail.get("shown") or []:
-        if run.get("fetch_error"):
-            lines.append(f"run {run.get('run_id')}: could not load ({run['fetch_error']})")
-        elif run.get("error"):
-            lines.append(f"run {run.get('run_id')}: {run['error']}")
+def _failure_text(case: CaseView) -> str:
+    lines = [str(case.failure_reason or "")]
+    detail = case.failed_runs or FailedRuns()
+    for run in detail.shown:
+        if run.fetch_error:
+            lines.append(f"run {run.run_id}: could not load ({run.fetch_error})")
+        elif run.error:
+            lines.append(f"run {run.run_id}: {run.error}")
         else:
-            lines.append(f"run {run.get('run_id')}: failed")
-    remaining = int(detail.get("total_failed") or 0) - len(detail.get("shown") or [])
+            lines.append(f"run {run.run_id}: failed")
+    remaining = (detail.total_failed or 0) - len(detail.shown)
     if remaining > 0:
         lines.append(f"... and {remaining} more failed run(s)")
     return "\n".join(line for line in lines if line)
 
 
-def _outcome(case: dict[str, Any]) -> str:
-    status = case.get("status")
-    if case.get("passed") is True:
+def _outcome(case: CaseView) -> str:
+    status = case.status
+    if case.passed is True:
         return "passed"
-    if case.get("passed") is False or status == "failed":
+    if case.passed is False or status == "failed":
         return "failed"
     if status == "error":
         return "error"
@@ -76,16 +79,16 @@ def warning_line(warning: Any) -> str:
     return f"{where}: {message}" if where else message
 
 
-def _testcase(parent: ET.Element, case: dict[str, Any]) -> str:
+def _testcase(parent: ET.Element, case: CaseView) -> str:
     element = ET.SubElement(
         parent,
         "testcase",
-        name=xml_text(f"{case.get('agent_name')}::{case.get('test_name')}"),
-        classname=xml_text(classname(str(case.get("suite") or ""))),
-        time=_seconds(case.get("duration_ms")),
+        name=xml_text(f"{case.agent_name}::{case.test_name}"),
+        classname=xml_text(classname(str(case.suite or ""))),
+        time=_seconds(case.duration_ms),
     )
     outcome = _outcome(case)
-    reason = xml_text(case.get("failure_reason") or "")
+    reason = xml_text(case.failure_reason or "")
     if outcome == "failed":
         failure = ET.SubElement(element, "failure", message=reason, type="failed")
         failure.text = xml_text(_failure_text(case))
@@ -93,7 +96,7 @@ def _testcase(parent: ET.Element, case: dict[str, Any]) -> str:
         error = ET.SubElement(element, "error", message=reason, type="error")
         error.text = reason
     elif outcome == "skipped":
-        status = case.get("status") or "not judged"
+        status = case.status or "not judged"
         ET.SubElement(element, "skipped", message=xml_text(reason or f"case {status}"))
     return outcome
 
@@ -106,22 +109,23 @@ def _counts(element: ET.Element, outcomes: list[str], time_ms: int) -> None:
     element.set("time", _seconds(time_ms))
 
 
-def junit_element(gate: dict[str, Any]) -> ET.Element:
-    cases: list[dict[str, Any]] = gate.get("cases") or []
-    root = ET.Element("testsuites", name=xml_text(f"gate {gate.get('id')}"))
-    by_suite: dict[str, list[dict[str, Any]]] = {}
+def junit_element(answer: GateView | Mapping[str, Any]) -> ET.Element:
+    gate = GateView.of(answer)
+    cases = gate.cases
+    root = ET.Element("testsuites", name=xml_text(f"gate {gate.id}"))
+    by_suite: dict[str, list[CaseView]] = {}
     for case in cases:
-        by_suite.setdefault(str(case.get("suite") or "gate"), []).append(case)
+        by_suite.setdefault(str(case.suite or "gate"), []).append(case)
     all_outcomes: list[str] = []
     total_ms = 0
-    warnings: list[Any] = gate.get("warnings") or []
+    warnings = gate.warnings
     for suite, members in by_suite.items():
         element = ET.SubElement(root, "testsuite", name=xml_text(suite))
         # The gate's warnings for this suite's agents, first (the schema's order): what the
         # gate did not run as the platform would.
-        agents = {case.get("agent_name") for case in members}
-        mine = [w for w in warnings if isinstance(w, dict) and w.get("agent") in agents]
-        link = gate.get("html_url")
+        agents = {case.agent_name for case in members}
+        mine = [w for w in warnings if w.get("agent") in agents]
+        link = gate.html_url
         if mine or link:
             properties = ET.SubElement(element, "properties")
             if link:  # where a CI's test report links the person reading it
@@ -130,22 +134,21 @@ def junit_element(gate: dict[str, Any]) -> ET.Element:
                 value = xml_text(warning_line(warning))
                 ET.SubElement(properties, "property", name="gate.warning", value=value)
         outcomes = [_testcase(element, case) for case in members]
-        suite_ms = sum(int(case.get("duration_ms") or 0) for case in members)
+        suite_ms = sum(int(case.duration_ms or 0) for case in members)
         _counts(element, outcomes, suite_ms)
         all_outcomes += outcomes
         total_ms += suite_ms
-    if gate.get("status") == "error" and not cases:
+    if gate.status == "error" and not cases:
         element = ET.SubElement(root, "testsuite", name="gate")
-        if gate.get("html_url"):
+        if gate.html_url:
             properties = ET.SubElement(element, "properties")
-            value = xml_text(gate["html_url"])
+            value = xml_text(gate.html_url)
             ET.SubElement(properties, "property", name="gate.html_url", value=value)
         testcase = ET.SubElement(element, "testcase", name="gate", classname="gate", time="0.000")
-        reason = xml_text(gate.get("failure_reason") or gate.get("error") or "the gate errored")
+        reason = xml_text(gate.failure_reason or gate.error or "the gate errored")
         error = ET.SubElement(testcase, "error", message=reason, type="error")
         problems = [
-            f"{p.get('file') or ''}: {p.get('message') or p}".lstrip(": ")
-            for p in gate.get("problems") or []
+            f"{p.get('file') or ''}: {p.get('message') or p}".lstrip(": ") for p in gate.problems
         ]
         error.text = xml_text("\n".join([reason, *problems]))
         _counts(element, ["error"], 0)
@@ -155,12 +158,12 @@ def junit_element(gate: dict[str, Any]) -> ET.Element:
     return root
 
 
-def junit_xml(gate: dict[str, Any]) -> bytes:
+def junit_xml(gate: GateView | Mapping[str, Any]) -> bytes:
     root = junit_element(gate)
     ET.indent(root)
     return bytes(ET.tostring(root, encoding="utf-8", xml_declaration=True))
 
 
-def write_junit(path: Path, gate: dict[str, Any]) -> None:
+def write_junit(path: Path, gate: GateView | Mapping[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(junit_xml(gate))

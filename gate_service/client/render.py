@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -30,6 +30,7 @@ from rich.text import Text
 
 from .junit import warning_line
 from .model_requests import format_kind, message_text, request_summary
+from .shapes import CaseView, FailedRuns, GateView, ModelCalls, TraceSpan
 
 TRUNCATE_AT = 800
 SPAN_ERROR_AT = 160
@@ -66,14 +67,14 @@ def truncate(text: str | None, limit: int = TRUNCATE_AT) -> str:
     return text if len(text) <= limit else text[:limit] + " … (truncated)"
 
 
-def case_label(case: dict[str, Any]) -> str:
-    return f"{case.get('agent_name')}::{case.get('test_name')}"
+def case_label(case: CaseView) -> str:
+    return f"{case.agent_name}::{case.test_name}"
 
 
-def judged_count(gate: dict[str, Any]) -> int:
-    if isinstance(gate.get("judged_cases"), int):  # the whole gate's, whatever page it holds
-        return int(gate["judged_cases"])
-    return sum(1 for case in gate.get("cases") or [] if case.get("status") in JUDGED)
+def judged_count(gate: GateView) -> int:
+    if gate.judged_cases is not None:  # the whole gate's, whatever page it holds
+        return int(gate.judged_cases)
+    return sum(1 for case in gate.cases if case.status in JUDGED)
 
 
 def phase_label(phase: str | None) -> str:
@@ -113,11 +114,12 @@ class GateProgress:
         else:
             yield self
 
-    def update(self, gate: dict[str, Any]) -> None:
+    def update(self, answer: GateView | Mapping[str, Any]) -> None:
         if self.quiet:
             return
-        total = int(gate.get("total_cases") or 0)
-        state = (str(gate.get("status")), str(gate.get("phase")), judged_count(gate), total)
+        gate = GateView.of(answer)
+        total = gate.total_cases or 0
+        state = (str(gate.status), str(gate.phase), judged_count(gate), total)
         if state == self._last:
             return
         self._last = state
@@ -137,17 +139,17 @@ class GateProgress:
 # -- results -------------------------------------------------------------------------------
 
 
-def _result_cell(case: dict[str, Any]) -> Text:
-    if case.get("passed") is True:
+def _result_cell(case: CaseView) -> Text:
+    if case.passed is True:
         return Text(" PASS ", style="bold green")
-    if case.get("passed") is False or case.get("status") == "failed":
+    if case.passed is False or case.status == "failed":
         return Text(" FAIL ", style="bold red")
-    if case.get("status") == "error":
+    if case.status == "error":
         return Text(" ERROR ", style="bold red")
     return Text(" SKIP ", style="yellow")
 
 
-def results_table(cases: list[dict[str, Any]]) -> Table:
+def results_table(cases: list[CaseView]) -> Table:
     table = Table(box=box.SQUARE, show_lines=False)
     table.add_column("Result", no_wrap=True)
     table.add_column("Test", overflow="fold")
@@ -157,24 +159,14 @@ def results_table(cases: list[dict[str, Any]]) -> Table:
         table.add_row(
             _result_cell(case),
             Text(visible(case_label(case))),
-            Text(f"{case.get('successes', 0)}/{case.get('runs', 0)}"),
-            Text(f"{case.get('success_threshold', 0)}%"),
+            Text(f"{case.successes or 0}/{case.runs or 0}"),
+            Text(f"{case.success_threshold or 0}%"),
         )
     return table
 
 
-def _span_label(span: dict[str, Any], meta: dict[str, Any]) -> str:
-    return str(meta.get("tool_name") or meta.get("name") or span.get("name") or "span")
-
-
-def _span_meta(span: dict[str, Any]) -> dict[str, Any]:
-    if isinstance(span.get("metadata"), dict):
-        return dict(span["metadata"])
-    try:
-        meta = json.loads(span.get("metadata_json") or "{}")
-    except (TypeError, ValueError):
-        return {}
-    return meta if isinstance(meta, dict) else {}
+def _span_label(span: TraceSpan, meta: dict[str, Any]) -> str:
+    return str(meta.get("tool_name") or meta.get("name") or span.name or "span")
 
 
 def _labelled(pad: str, label: str, text: str) -> list[Text]:
@@ -219,35 +211,36 @@ def request_lines(request: dict[str, Any], indent: int, *, full: bool) -> list[T
 
 
 def trace_lines(
-    traces: list[dict[str, Any]], indent: int, *, show_requests: bool = False
+    traces: list[TraceSpan] | list[Mapping[str, Any]], indent: int, *, show_requests: bool = False
 ) -> list[Text]:
-    """The span tree: children under their parent, siblings by (span_order, start_time).
+    """The span tree: children under their parent, siblings by span_order (then as given).
     A model span's request follows it as one line, in full with ``show_requests``."""
-    ids = {span.get("span_id") for span in traces if span.get("span_id")}
-    roots: list[dict[str, Any]] = []
-    children: dict[str, list[dict[str, Any]]] = {}
-    for span in traces:
-        parent = span.get("parent_span_id")
-        if parent and parent in ids and parent != span.get("span_id"):
+    spans = [TraceSpan.of(span) for span in traces]
+    ids = {span.span_id for span in spans if span.span_id}
+    roots: list[TraceSpan] = []
+    children: dict[str, list[TraceSpan]] = {}
+    for span in spans:
+        parent = span.parent_span_id
+        if parent and parent in ids and parent != span.span_id:
             children.setdefault(parent, []).append(span)
         else:
             roots.append(span)
 
-    def order(span: dict[str, Any]) -> tuple[int, str]:
-        return (span.get("span_order") or 0, str(span.get("start_time") or ""))
+    def order(span: TraceSpan) -> int:
+        return int(span.span_order or 0)
 
     lines: list[Text] = []
     seen: set[str] = set()
 
-    def walk(spans: list[dict[str, Any]], depth: int) -> None:
+    def walk(spans: list[TraceSpan], depth: int) -> None:
         for span in sorted(spans, key=order):
-            ok = span.get("status") == "ok"
-            meta = _span_meta(span)
+            ok = span.status == "ok"
+            meta = span.meta()
             line = Text(" " * indent + "  " * depth)
             line.append("✓" if ok else "✗", style="green" if ok else "red")
             line.append(" " + visible(_span_label(span, meta)))
-            if span.get("duration_ms") is not None:
-                line.append(f" ({int(span['duration_ms'])}ms)")
+            if span.duration_ms is not None:
+                line.append(f" ({int(span.duration_ms)}ms)")
             error = meta.get("error") or meta.get("message")
             if not ok and error:
                 line.append(" — " + visible(truncate(as_text(error), SPAN_ERROR_AT)), style="red")
@@ -255,7 +248,7 @@ def trace_lines(
             if isinstance(meta.get("request"), dict):
                 pad = indent + 2 * depth + 2
                 lines.extend(request_lines(meta["request"], pad, full=show_requests))
-            span_id = span.get("span_id")
+            span_id = span.span_id
             if span_id and span_id not in seen:
                 seen.add(span_id)
                 walk(children.get(span_id, []), depth + 1)
@@ -264,62 +257,66 @@ def trace_lines(
     return lines
 
 
-def failed_run_lines(detail: dict[str, Any] | None, *, show_requests: bool = False) -> list[Text]:
+def failed_run_lines(
+    failed: FailedRuns | Mapping[str, Any] | None, *, show_requests: bool = False
+) -> list[Text]:
     """A failed case's drill-down: input, output, context, error and trace of shown runs."""
-    if not detail or not detail.get("shown"):
+    detail = FailedRuns.of(failed) if failed else None
+    if detail is None or not detail.shown:
         return []
     lines: list[Text] = []
-    for run in detail["shown"]:
-        run_id = visible(run.get("run_id"))
-        if run.get("fetch_error"):
-            lines.append(
-                Text(f"      Run {run_id} (could not load: {visible(run['fetch_error'])})")
-            )
+    for run in detail.shown:
+        run_id = visible(run.run_id)
+        if run.fetch_error:
+            lines.append(Text(f"      Run {run_id} (could not load: {visible(run.fetch_error)})"))
             continue
         lines.append(Text(f"      Run {run_id}"))
-        for label, key in (("Input:  ", "input"), ("Output: ", "output")):
-            if run.get(key) not in (None, ""):
-                lines.append(Text(f"        {label} {visible(truncate(as_text(run[key])))}"))
-        if run.get("run_context"):
-            lines.append(Text(f"        Context: {visible(truncate(as_text(run['run_context'])))}"))
-        if run.get("error"):
-            lines.append(Text(f"        Error:   {visible(truncate(run['error']))}", style="red"))
-        if run.get("traces"):
+        for label, value in (("Input:  ", run.input), ("Output: ", run.output)):
+            if value not in (None, ""):
+                lines.append(Text(f"        {label} {visible(truncate(as_text(value)))}"))
+        if run.run_context:
+            lines.append(Text(f"        Context: {visible(truncate(as_text(run.run_context)))}"))
+        if run.error:
+            lines.append(Text(f"        Error:   {visible(truncate(run.error))}", style="red"))
+        if run.traces:
             lines.append(Text("        Trace:"))
-            lines.extend(trace_lines(run["traces"], indent=10, show_requests=show_requests))
-    remaining = int(detail.get("total_failed") or 0) - len(detail["shown"])
+            lines.extend(trace_lines(run.traces, indent=10, show_requests=show_requests))
+    remaining = (detail.total_failed or 0) - len(detail.shown)
     if remaining > 0:
         lines.append(Text(f"      … and {remaining} more failed run(s) not shown"))
     return lines
 
 
-def render_results(console: Console, gate: dict[str, Any], *, show_requests: bool = False) -> None:
+def render_results(
+    console: Console, answer: GateView | Mapping[str, Any], *, show_requests: bool = False
+) -> None:
     """Results table, failure details, the gate's own reason and problems, summary line.
     ``show_requests``: each model span's request in full, not only its summary line."""
-    cases: list[dict[str, Any]] = gate.get("cases") or []
+    gate = GateView.of(answer)
+    cases = gate.cases
     if cases:
         console.print()
         console.print(results_table(cases))
-    failed = [c for c in cases if c.get("passed") is not True and c.get("failure_reason")]
+    failed = [c for c in cases if c.passed is not True and c.failure_reason]
     if failed:
         console.print()
         console.print(Text("  → Failure details:"))
         for case in failed:
             line = Text("    ✗ ", style="red")
-            line.append(visible(f"{case_label(case)}: {case['failure_reason']}"), style="red")
+            line.append(visible(f"{case_label(case)}: {case.failure_reason}"), style="red")
             console.print(line, soft_wrap=True)
-            for text in failed_run_lines(case.get("failed_runs"), show_requests=show_requests):
+            for text in failed_run_lines(case.failed_runs, show_requests=show_requests):
                 console.print(text, soft_wrap=True)
-    reason = gate.get("failure_reason") or gate.get("error")
-    if reason and gate.get("status") != "passed":
+    reason = gate.failure_reason or gate.error
+    if reason and gate.status != "passed":
         console.print()
-        console.print(Text(visible(f"  {gate.get('status')}: {reason}")), soft_wrap=True)
-        for problem in gate.get("problems") or []:
+        console.print(Text(visible(f"  {gate.status}: {reason}")), soft_wrap=True)
+        for problem in gate.problems:
             where = problem.get("file") or problem.get("suite") or ""
             message = problem.get("message") or problem.get("detail") or as_text(problem)
             item = f"    - {where}: {message}" if where else f"    - {message}"
             console.print(Text(visible(item)), soft_wrap=True)
-    warnings = gate.get("warnings") or []
+    warnings = gate.warnings
     if warnings:
         console.print()
         console.print(
@@ -332,18 +329,18 @@ def render_results(console: Console, gate: dict[str, Any], *, show_requests: boo
         )
         for warning in warnings:
             console.print(Text(visible(f"    - {warning_line(warning)}")), soft_wrap=True)
-    passed = sum(1 for c in cases if c.get("passed") is True)
+    passed = sum(1 for c in cases if c.passed is True)
     console.print()
     for mode_text in model_mode_lines(gate):
         console.print(Text(f"  {visible(mode_text)}"), soft_wrap=True)
-    calls = model_calls_line(gate.get("model_calls"))
+    calls = model_calls_line(gate.model_calls)
     if calls:
         console.print(Text(f"  {calls}"), soft_wrap=True)
     summary = Text(f"  {passed}/{len(cases)} cases passed.", style="bold")
-    summary.append(f"  gate {visible(gate.get('id'))}: {visible(gate.get('status'))}", style="")
+    summary.append(f"  gate {visible(gate.id)}: {visible(gate.status)}", style="")
     console.print(summary, soft_wrap=True)
-    if gate.get("html_url"):
-        console.print(Text(f"  {visible(gate['html_url'])}"), soft_wrap=True)
+    if gate.html_url:
+        console.print(Text(f"  {visible(gate.html_url)}"), soft_wrap=True)
 
 
 # Agents named in the model mode line; the rest are counted (GET /v1/gates/{id} has all).
@@ -352,46 +349,42 @@ SHOWN_AGENT_MODES = 10
 MODE_NOTES = {"pending": "worked out in validating", "none": "no LLM agent ran"}
 
 
-def model_mode_lines(gate: dict[str, Any]) -> list[str]:
+def model_mode_lines(answer: GateView | Mapping[str, Any]) -> list[str]:
     """The mode the gate's LLM agents ran in, each agent's, and why when it was chosen by
     default: a line, and the reason's line under it. None from a gate service too old to
     answer a mode."""
-    mode = gate.get("model_mode")
-    if not isinstance(mode, str) or not mode:
+    gate = GateView.of(answer)
+    mode = gate.model_mode
+    if not mode:
         return []
     line = f"model mode: {mode}"
-    if gate.get("requested_model_mode"):
+    if gate.requested_model_mode:
         line += " (forced by the submission's model_mode)"
     elif mode in MODE_NOTES:
         line += f" ({MODE_NOTES[mode]})"
-    modes = gate.get("model_modes")
-    if isinstance(modes, dict) and modes:
+    modes = gate.model_modes
+    if modes:
         named = sorted(modes.items())
         shown = ", ".join(f"{agent} {each}" for agent, each in named[:SHOWN_AGENT_MODES])
         if len(named) > SHOWN_AGENT_MODES:
             shown += f" and {len(named) - SHOWN_AGENT_MODES} more"
         line += f": {shown}"
     lines = [line]
-    reason = gate.get("model_mode_reason")
-    if isinstance(reason, str) and reason:
+    reason = gate.model_mode_reason
+    if reason:
         lines.append(f"  {reason}")
     return lines
 
 
-def model_calls_line(totals: Any) -> str | None:
+def model_calls_line(model_calls: ModelCalls | Mapping[str, Any] | None) -> str | None:
     """The gate's model-call totals in one line, or None when it made no call: how many a
     provider answered and how many failed, and the answered ones' tokens and cost."""
-    if not isinstance(totals, dict) or not totals.get("calls"):
+    totals = ModelCalls.of(model_calls) if model_calls is not None else None
+    if totals is None or not totals.calls:
         return None
-    try:
-        calls, cost = int(totals["calls"]), float(totals.get("cost_usd") or 0)
-        tokens_in, tokens_out = (
-            int(totals.get("tokens_in") or 0),
-            int(totals.get("tokens_out") or 0),
-        )
-        answered = int(totals["answered"]) if "answered" in totals else None
-    except (TypeError, ValueError):
-        return None
+    calls, cost = totals.calls, totals.cost_usd or 0.0
+    tokens_in, tokens_out = totals.tokens_in or 0, totals.tokens_out or 0
+    answered = totals.answered
     spent = f"tokens {tokens_in:,} in / {tokens_out:,} out, cost ${cost:.4f}"
     if answered is None:  # a gate service that does not tell answered calls apart
         return f"model calls: {calls:,}, {spent}"
@@ -402,18 +395,20 @@ def model_calls_line(totals: Any) -> str | None:
     return f"{answered:,} model call{plural} answered{failed}, {spent}"
 
 
-def json_result(gate: dict[str, Any]) -> dict[str, Any]:
-    """The format CLI's --json shape: status, test_run_id (the gate id), cases (with
-    failed_runs), plus the gate's failure_reason, results page, model modes and warnings."""
+def json_result(answer: GateView | Mapping[str, Any]) -> dict[str, Any]:
+    """The format CLI's --json shape: status, test_run_id (the gate id), cases (as the service
+    answered them, with failed_runs), plus the gate's failure_reason, results page, model
+    modes and warnings."""
+    gate = GateView.of(answer)
     return {
-        "status": gate.get("status"),
-        "test_run_id": gate.get("id"),
-        "failure_reason": gate.get("failure_reason"),
-        "html_url": gate.get("html_url"),
-        "labels": gate.get("labels") or {},
-        "model_mode": gate.get("model_mode"),
-        "model_modes": gate.get("model_modes") or {},
-        "model_mode_reason": gate.get("model_mode_reason"),
-        "warnings": gate.get("warnings") or [],
-        "cases": gate.get("cases") or [],
+        "status": gate.status,
+        "test_run_id": gate.id,
+        "failure_reason": gate.failure_reason,
+        "html_url": gate.html_url,
+        "labels": gate.labels,
+        "model_mode": gate.model_mode,
+        "model_modes": gate.model_modes,
+        "model_mode_reason": gate.model_mode_reason,
+        "warnings": gate.warnings,
+        "cases": [case.as_answered() for case in gate.cases],
     }

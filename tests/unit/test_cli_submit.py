@@ -415,6 +415,30 @@ def test_bundle_text_cannot_reach_the_terminal_as_escapes() -> None:
     assert "\\x1b[2J[bold]x[/bold]" in out  # shown literally, markup not interpreted
 
 
+def test_an_answer_not_of_its_types_reads_as_missing_and_json_keeps_it_as_sent() -> None:
+    from gate_service.client.render import json_result
+    from gate_service.client.shapes import FailedRuns, GateView
+
+    odd = case("odd", passed=None, status="error")
+    odd.update(passed="yes", runs="many", agent_run_ids=None, extra={"kept": True})
+    answer = gate("error", [odd], labels=["not", "a", "dict"], model_calls="none")
+    view = GateView.of(answer)
+    (read,) = view.cases
+    assert (read.passed, read.runs, read.agent_run_ids, read.extra) == (
+        None,
+        None,
+        [],
+        {"kept": True},
+    )
+    assert view.labels == {} and view.model_calls is None
+    buffer = io.StringIO()
+    render_results(Console(file=buffer, width=120), view)
+    assert " ERROR " in buffer.getvalue() and "1/None" not in buffer.getvalue()
+    # --json: the case as the service sent it, its failed runs (a typed attribute) added.
+    read.failed_runs = FailedRuns.of({"total_failed": 0, "shown": []})
+    assert json_result(view)["cases"] == [{**odd, "failed_runs": {"total_failed": 0, "shown": []}}]
+
+
 def test_failed_runs_that_cannot_load_say_so() -> None:
     detail = {"total_failed": 1, "shown": [{"run_id": "r9", "fetch_error": "HTTP 404"}]}
     assert plain(failed_run_lines(detail)) == ["      Run r9 (could not load: HTTP 404)"]

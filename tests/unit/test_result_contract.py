@@ -321,10 +321,10 @@ def test_the_contract_loads_without_pydantic_or_the_sdk() -> None:
 def test_every_shape_of_a_run_span_and_case_takes_its_fields_from_one_declaration() -> None:
     # The REST, Connic and client shapes and the stored run are built from the contract (or,
     # for a case, the cases table): a field added there reaches each without a line here.
-    from gate_service.client.shapes import RunView, SpanView
+    from gate_service.client.shapes import CaseView, GateView, RunView, SpanView
     from gate_service.connic_api.schemas import ConnicCase, ConnicRun, ConnicSpan
     from gate_service.gates.lifecycle import FROM_RESULT
-    from gate_service.gates.schemas import CaseRead
+    from gate_service.gates.schemas import CaseRead, GateRead
     from gate_service.models import Case
     from gate_service.stored_runs import JSON_FIELDS, SCALAR_FIELDS, TEXT_FIELDS
 
@@ -343,4 +343,8 @@ def test_every_shape_of_a_run_span_and_case_takes_its_fields_from_one_declaratio
     ]
     assert list(CaseRead.model_fields)[: len(columns)] == columns
     assert set(ConnicCase.model_fields) < set(CaseRead.model_fields)
+    # The client reads every field of a case (a kept field of the contract's CaseResult) and
+    # a gate's fields under the names GateRead answers.
+    assert set(CaseRead.model_fields) <= set(CaseView.model_fields)
+    assert set(GateView.model_fields) <= set(GateRead.model_fields)
     assert FROM_RESULT == ("duration_ms",)
