@@ -530,6 +530,7 @@ def test_a_case_reaches_its_model_channel_and_nothing_else(
     assert {k: v for k, v in found.items() if v in ("connected", "answered")} == {}
 
 
+@pytest.mark.slow
 def test_the_wall_deadline_ends_a_case_timed_out(backend: Backend) -> None:
     labels = contract_labels()
     started = time.monotonic()

@@ -127,6 +127,7 @@ def slow_index() -> Iterator[str]:
         server.server_close()
 
 
+@pytest.mark.slow
 def test_the_byte_budget_kills_pip_mid_download(
     tmp_path: Path, slow_index: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -125,6 +125,7 @@ def test_an_egress_entry_at_any_spelling_of_a_refused_address_is_refused_when_se
     assert problem is not None and "the gateway does not call it" in problem, problem
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("host", METADATA_HOSTS + OTHER_REFUSED_HOSTS)
 def test_every_spelling_is_refused_at_the_call_before_connecting(host: str) -> None:
     url = f"http://{host}/latest/meta-data/"
@@ -201,6 +202,7 @@ def fetch(channel: Any, url: str) -> tuple[int, dict[str, Any]]:
     return post(channel.folder, body, token=channel.token, path="/v1/fetch")
 
 
+@pytest.mark.slow
 def test_through_the_gateway_a_spelled_metadata_address_is_never_called(
     gateways: Gateways, provider: FakeProvider
 ) -> None:

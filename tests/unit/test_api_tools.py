@@ -147,6 +147,7 @@ def test_the_gateway_builds_the_call_from_the_stored_spec(
     assert "k-123" not in json.dumps([r.request for r in channel.records])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("egress", "secrets", "tool", "arguments", "kind", "says"),
     [
@@ -257,6 +258,7 @@ def test_an_agent_calls_an_api_tool_through_its_gateway_with_its_hook(
     assert api.seen == [("GET", "/api/v1/orders/A-42?verbose=true", "Bearer k-123", None)]
 
 
+@pytest.mark.slow
 def test_a_live_gates_api_calls_replay_with_no_api_and_no_gateway(
     gateways: Gateways, api: ApiServer, fake_provider: FakeProvider, tmp_path: Path
 ) -> None:
@@ -313,6 +315,7 @@ JSON = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     st.fixed_dictionaries(

@@ -34,6 +34,7 @@ def test_no_route_is_built_on_a_request(monkeypatch: pytest.MonkeyPatch) -> None
     assert built_late == []
 
 
+@pytest.mark.slow
 def test_an_app_builds_while_another_thread_swaps_the_warning_filters() -> None:
     """The cause of a CI failure: one thread's catch_warnings() (FastAPI's own, around its
     pydantic-v1 checks while a request is answered) restored the process-wide filters while

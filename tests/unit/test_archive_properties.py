@@ -11,6 +11,7 @@ import warnings
 import zipfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -103,6 +104,7 @@ def check(data: bytes) -> None:
     assert not Path(f"/tmp/{CANARY}").exists()
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(MEMBERS)
 def test_random_tar_archives_stay_inside_the_destination(
@@ -111,6 +113,7 @@ def test_random_tar_archives_stay_inside_the_destination(
     check(build_tar(members))
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(MEMBERS)
 def test_random_zip_archives_stay_inside_the_destination(
@@ -119,6 +122,7 @@ def test_random_zip_archives_stay_inside_the_destination(
     check(build_zip(members))
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(MEMBERS, st.data())
 def test_corrupted_archives_raise_only_gate_errors(

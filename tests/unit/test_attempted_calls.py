@@ -46,6 +46,7 @@ WIPER = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "hook",
     [

@@ -57,6 +57,7 @@ def test_cleanup_return_contract(project: Path, case: str, reason: str) -> None:
     assert reason in (result.invocations[0].failure_reason or "")
 
 
+@pytest.mark.slow
 def test_cleanup_runs_after_a_timeout_with_the_built_context(project: Path, tmp_path: Path) -> None:
     suite = project / "tests" / "late.yaml"
     suite.write_text(

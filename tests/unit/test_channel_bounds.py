@@ -320,6 +320,7 @@ def test_the_runner_s_call_waits_out_a_full_listen_backlog(
             sock.close()
 
 
+@pytest.mark.slow
 def test_a_head_trickled_a_byte_a_second_is_cut_at_its_deadline(
     open_channel: Open, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -376,6 +377,7 @@ def volume() -> Iterator[Volume]:
         root.setLevel(level)
 
 
+@pytest.mark.slow
 def test_ten_thousand_malformed_or_refused_requests_log_a_few_lines_and_no_traceback(
     open_channel: Open, volume: Volume
 ) -> None:

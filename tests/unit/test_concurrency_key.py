@@ -88,24 +88,28 @@ def project(tmp_path_factory: pytest.TempPathFactory, marks: Path) -> Path:
     return write(tmp_path_factory.mktemp("keyed") / "p", project_files(marks))
 
 
+@pytest.mark.slow
 def test_queue_never_overlaps_equal_keys(project: Path, marks: Path) -> None:
     case = judged(project, "tests/queued.yaml", "one_tenant_waits_for_the_other")
     assert case.passed, case.failure_reason
     assert overlaps(marks, "q") == 0
 
 
+@pytest.mark.slow
 def test_max_concurrent_runs_still_bounds_the_rest(project: Path, marks: Path) -> None:
     case = judged(project, "tests/queued.yaml", "no_key_value_runs_up_to_max_concurrent_runs")
     assert case.passed, case.failure_reason
     assert overlaps(marks, "n") >= 1
 
 
+@pytest.mark.slow
 def test_a_builder_case_runs_one_at_a_time(project: Path, marks: Path) -> None:
     case = judged(project, "tests/queued.yaml", "a_builders_key_is_known_too_late_so_one_at_a_time")
     assert case.passed, case.failure_reason
     assert overlaps(marks, "b") == 0
 
 
+@pytest.mark.slow
 def test_drop_cancels_a_run_that_arrives_on_a_held_key(project: Path) -> None:
     case = judged(project, "tests/dropping.yaml", "a_run_arriving_on_a_held_key_is_dropped")
     assert [i.status for i in case.invocations] == ["completed", "cancelled", "cancelled"]
@@ -115,6 +119,7 @@ def test_drop_cancels_a_run_that_arrives_on_a_held_key(project: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_coalesce_keeps_the_newest_waiting_run(project: Path) -> None:
     case = judged(project, "tests/coalescing.yaml", "one_waiting_run_per_key_the_newest")
     assert case.passed, case.failure_reason

@@ -136,6 +136,7 @@ def test_every_fixture_project_builder_is_compared() -> None:
 ALL_PROJECTS: list[str | Path] = [*sorted(BUILDERS), *on_disk_projects()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "project",
     ALL_PROJECTS,
@@ -600,6 +601,7 @@ def gate_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mixed", "parse-errors", "unknown-agent-broken-suite"])
 def test_gate_coverage_json_prints_what_the_format_prints(name: str, tmp_path: Path) -> None:
     root = write(tmp_path / name, EDGE_PROJECTS[name])
@@ -613,6 +615,7 @@ def test_gate_coverage_json_prints_what_the_format_prints(name: str, tmp_path: P
     assert done.returncode == theirs.returncode, done.stderr
 
 
+@pytest.mark.slow
 def test_gate_coverage_table_and_exit_codes(tmp_path: Path) -> None:
     good = write(tmp_path / "good", MIXED)
     done = gate_cli(str(good), cwd=tmp_path)

@@ -160,6 +160,7 @@ def test_losing_the_engine_mid_case_is_a_sandbox_error_not_a_timeout(error: Exce
     assert wire.removed  # tried, at least; the reaper removes it otherwise
 
 
+@pytest.mark.slow
 def test_only_a_wait_of_the_whole_deadline_is_a_timeout() -> None:
     def slow(timeout: float) -> dict[str, Any]:
         time.sleep(timeout)

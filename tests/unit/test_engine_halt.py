@@ -115,6 +115,7 @@ def pip_processes(dest: Path) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_a_halt_kills_a_running_pip_download(silent_index: str, tmp_path: Path) -> None:
     settings = Settings(
         data_dir=tmp_path / "data", pip_index_url=silent_index, pip_download_timeout_seconds=120

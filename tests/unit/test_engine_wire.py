@@ -231,6 +231,7 @@ def test_a_wait_answered_when_the_container_ends(
     assert make(engine).call("POST", "/containers/c0ffee/wait", timeout=5) == {"StatusCode": 3}
 
 
+@pytest.mark.slow
 @WIRES
 def test_a_wait_with_nothing_for_its_whole_timeout_is_a_timeout(
     engine: ScriptedEngine, make: Callable[..., Wire]

@@ -42,6 +42,7 @@ def error(answer: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+@pytest.mark.slow
 def test_a_call_reaches_the_provider_with_the_projects_key_and_is_recorded(
     gateways: Gateways, fake_provider: FakeProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -254,6 +255,7 @@ def test_a_route_or_a_base_secret_at_a_link_local_address_is_never_called(
     assert fake_provider.calls == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("limits", "answered", "limit", "allowed", "used"),
     [
@@ -359,6 +361,7 @@ def test_a_call_over_the_concurrent_limit_waits_for_the_one_in_flight(
     assert len(fake_provider.calls) == 2
 
 
+@pytest.mark.slow
 def test_a_call_waiting_for_a_concurrent_place_ends_at_the_gates_deadline(
     gateways: Gateways, fake_provider: FakeProvider
 ) -> None:
@@ -485,6 +488,7 @@ def test_a_gate_s_budget_is_forgotten_when_it_ends(
     assert ask(gateways.open(openai(fake_provider), case="c3", budgets=budgets))[0] == 200
 
 
+@pytest.mark.slow
 def test_an_attempt_is_cut_at_the_deadline_and_not_retried(
     gateways: Gateways, fake_provider: FakeProvider
 ) -> None:

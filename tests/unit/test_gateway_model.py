@@ -156,6 +156,7 @@ def ask(model: GatewayModel, content: str = "hi") -> ModelReply:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", [bytes, Undeclared], ids=["declared", "undeclared"])
 def test_an_oversized_reply_is_refused(fake_gateway: FakeGateway, step: type[bytes]) -> None:
     fake_gateway.script = [step(b" " * (wire.MAX_REPLY_BYTES + 1))]
@@ -238,6 +239,7 @@ TOKEN_PROJECT = {
 }
 
 
+@pytest.mark.slow
 def test_the_token_is_not_in_the_invocations_environment(
     fake_gateway: FakeGateway, tmp_path: Path
 ) -> None:
@@ -277,6 +279,7 @@ def test_without_a_gateway_live_mode_is_litellm_as_before(
     assert isinstance(choose_model(project, "live-bot", "live"), LiveModel)
 
 
+@pytest.mark.slow
 def test_the_runner_takes_the_token_from_its_handoff_to_the_model_call(
     fake_gateway: FakeGateway, tmp_path: Path
 ) -> None:

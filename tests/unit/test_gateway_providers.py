@@ -141,6 +141,7 @@ def _channel(gateways: Gateways, model: str, prefix: str | None, base: str, **kw
     return gateways.open(secrets, **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "prefix", "who"), [*FAMILIES, ROUTED])
 def test_no_model_call_follows_a_redirect_whatever_the_provider(
     gateways: Gateways,
@@ -185,6 +186,7 @@ ANSWERS = {
 INTERNALS = ("Traceback", "litellm", "site-packages", ".py", "Exception", "Error:", "File ")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("answered", list(ANSWERS))
 @pytest.mark.parametrize(("model", "prefix", "who"), [*FAMILIES, ROUTED])
 def test_a_provider_failure_is_a_readable_reason_with_nothing_internal(
@@ -265,6 +267,7 @@ def _chat_or_responses(handler: BaseHTTPRequestHandler) -> None:
     send(200, CHAT)(handler)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["gpt-5-pro", "o1-pro", "gpt-5.6-sol"])
 def test_a_route_speaks_chat_completions_whatever_the_model_s_name(
     gateways: Gateways, listeners: Callable[[Answer], Listener], model: str

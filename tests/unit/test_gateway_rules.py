@@ -156,6 +156,7 @@ def test_the_settings_make_the_gateway_s_budgets() -> None:
     assert gateway.budgets.project_window_s == 0
 
 
+@pytest.mark.slow
 def test_importing_the_gateway_loads_no_litellm() -> None:
     # LiteLLM costs seconds to import: a worker pays it when it builds its gateway, and
     # nothing that merely imports the package (the API, the CLI) pays it at all.

@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from gate_runner.case import run_case
 from gate_runner.contract import CaseResult
 from gate_runner.invocations import Isolation
@@ -169,6 +171,7 @@ def test_a_result_file_left_behind_is_never_read(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_a_slow_cleanup_does_not_hide_another_invocations_timeout(tmp_path: Path) -> None:
     # Both invocations run at once and sleep past timeout_s; the first one's late cleanup
     # (8 s) must not keep the loop from killing the second one at its own deadline.

@@ -95,6 +95,7 @@ def script(kind: str, violation: bool) -> list[object]:
     return [reply("Your balance is 0."), judge]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(RULE_OF))
 def test_each_judged_guardrail_blocks_on_the_judges_violation(
     kind: str, fake_gateway: FakeGateway, tmp_path: Path
@@ -116,6 +117,7 @@ def test_each_judged_guardrail_blocks_on_the_judges_violation(
         assert result.invocations[0].output == "Off."
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(RULE_OF))
 def test_each_judged_guardrail_passes_when_the_judge_sees_no_violation(
     kind: str, fake_gateway: FakeGateway, tmp_path: Path

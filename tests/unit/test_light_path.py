@@ -176,6 +176,7 @@ HANDED_OVER = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(HANDED_OVER))
 def test_what_the_light_path_cannot_tell_the_sdk_decides(tmp_path: Path, variant: str) -> None:
     project = project_with(tmp_path / "p", HANDED_OVER[variant], expect="output.sdk == true")

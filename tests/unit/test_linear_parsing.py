@@ -247,6 +247,7 @@ def _no_name_server(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket, "getaddrinfo", unresolvable)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_no_parse_of_tenant_text_takes_more_than_linear_time(name: str) -> None:
     parse = CASES[name]

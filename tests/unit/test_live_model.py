@@ -19,6 +19,7 @@ def _litellm_imported_once() -> None:
     import litellm  # noqa: F401
 
 
+@pytest.mark.slow
 def test_a_429_is_retried_by_the_library_then_succeeds(
     fake_provider: FakeProvider, tmp_path: Path
 ) -> None:
@@ -33,6 +34,7 @@ def test_a_429_is_retried_by_the_library_then_succeeds(
     assert model_span.metadata["mode"] == "live"
 
 
+@pytest.mark.slow
 def test_a_hang_past_the_timeout_fails_the_invocation(
     fake_provider: FakeProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -48,6 +50,7 @@ def test_a_hang_past_the_timeout_fails_the_invocation(
     assert "timed out after 60 s" not in error
 
 
+@pytest.mark.slow
 def test_record_then_replay_without_the_provider(
     fake_provider: FakeProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -66,6 +69,7 @@ def test_record_then_replay_without_the_provider(
     assert len(fake_provider.requests) == before
 
 
+@pytest.mark.slow
 def test_gate_record_writes_recordings_that_replay(
     fake_provider: FakeProvider, tmp_path: Path
 ) -> None:

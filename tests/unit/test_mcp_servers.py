@@ -98,6 +98,7 @@ def project(root: Path, url: str, **server: Any) -> Path:
     )
 
 
+@pytest.mark.slow
 def test_an_agent_lists_and_calls_an_mcp_server_through_its_gateway(
     gateways: Gateways, mcp_server: McpServer, tmp_path: Path
 ) -> None:
@@ -308,6 +309,7 @@ def test_an_oauth_servers_connect_tool_is_offered_and_says_a_gate_has_no_sign_in
     assert "connect_tool" in warning["message"]
 
 
+@pytest.mark.slow
 def test_a_live_gates_mcp_calls_replay_with_no_server(
     gateways: Gateways, fake_provider: FakeProvider, tmp_path: Path
 ) -> None:

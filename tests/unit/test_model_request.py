@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gate_runner.case import MAX_STORED_STRING_CHARS, compact
 from gate_runner.runtime.model_request import (
     MAX_REQUEST_BYTES,
@@ -112,6 +114,7 @@ def test_one_huge_last_message_is_cut_shorter_rather_than_dropped() -> None:
     assert record["system_prompt"] == "You are terse."
 
 
+@pytest.mark.slow
 def test_a_request_whose_structure_alone_is_too_large_keeps_names_then_counts() -> None:
     tools = [{**TOOL, "function": {**TOOL["function"], "name": f"t{i}"}} for i in range(2000)]
     names = valid(request_record([SYSTEM, user(1)], tools, FORMAT))

@@ -88,6 +88,7 @@ def ordinary_cpu() -> dict[str, float]:
     return {name: _cpu(read, ORDINARY.encode()) for name, read in TIMED.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reader", TIMED)
 @pytest.mark.parametrize("case", WORST)
 def test_each_worst_case_of_2_mib_is_read_in_linear_time(

@@ -63,6 +63,7 @@ def mcp(channel: Any, url: str, headers: dict[str, str]) -> tuple[int, dict[str,
     return post(channel.folder, body, token=channel.token, path=MCP_PATH)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", REFUSED_NAMES)
 def test_an_mcp_header_no_tenant_may_set_is_refused_and_never_arrives(
     gateways: Gateways, listener: Listener, name: str
@@ -74,6 +75,7 @@ def test_an_mcp_header_no_tenant_may_set_is_refused_and_never_arrives(
     assert listener.received == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", REFUSED_VALUES)
 def test_an_mcp_header_value_with_a_line_break_or_control_is_refused(
     gateways: Gateways, listener: Listener, value: str
@@ -89,6 +91,7 @@ def test_an_mcp_header_value_with_a_line_break_or_control_is_refused(
     assert listener.received == []
 
 
+@pytest.mark.slow
 def test_an_allowed_mcp_header_arrives_with_the_urls_own_host(
     gateways: Gateways, listener: Listener
 ) -> None:
@@ -132,6 +135,7 @@ def api(channel: Any, **arguments: Any) -> tuple[int, dict[str, Any]]:
     return post(channel.folder, body, token=channel.token, path=API_PATH)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", REFUSED_NAMES)
 def test_a_stored_spec_header_no_tenant_may_set_is_refused_when_stored_and_at_a_call(
     gateways: Gateways, listener: Listener, name: str

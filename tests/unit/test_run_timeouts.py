@@ -126,6 +126,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write(tmp_path_factory.mktemp("timeouts") / "p", TIMED)
 
 
+@pytest.mark.slow
 def test_a_triggered_childs_own_timeout_fails_its_run(project: Path) -> None:
     case = judged(project, "tests/dispatcher.yaml", "the_childs_timeout_is_kept")
     (reason,) = case.invocations[0].failed_assertions
@@ -140,6 +141,7 @@ def test_a_triggered_childs_own_timeout_fails_its_run(project: Path) -> None:
     }
 
 
+@pytest.mark.slow
 def test_a_sequential_stages_own_timeout_fails_the_chain(project: Path) -> None:
     case = judged(project, "tests/chain.yaml", "the_stages_timeout_is_kept")
     assert case.invocations[0].failed_assertions == [
@@ -149,6 +151,7 @@ def test_a_sequential_stages_own_timeout_fails_the_chain(project: Path) -> None:
     assert stages == ["chain", "slowpoke"]  # echo never started
 
 
+@pytest.mark.slow
 def test_a_timed_out_child_makes_no_more_calls(project: Path) -> None:
     case = judged(project, "tests/boss.yaml", "a_timed_out_child_makes_no_more_calls")
     assert case.passed, case.failure_reason
@@ -158,6 +161,7 @@ def test_a_timed_out_child_makes_no_more_calls(project: Path) -> None:
     assert called == ["boss", "wait"], called
 
 
+@pytest.mark.slow
 def test_timeout_s_includes_build(tmp_path: Path) -> None:
     # Decided (issue 19, item 11): TestDefaults.timeout_s is the "per-run wall-clock timeout"
     # of an invocation, which build() is part of (builders run "once per invocation").

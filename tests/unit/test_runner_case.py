@@ -38,6 +38,7 @@ def test_failing_case_reason_names_assertion_value_and_count(project: Path) -> N
     assert "output.sum = 4" in result.failure_reason
 
 
+@pytest.mark.slow
 def test_timeout_is_a_failed_status_with_timed_out_in_error(project: Path) -> None:
     result = judged(project, "tests/calc.yaml", "slow_call_times_out")
     assert result.passed
@@ -47,6 +48,7 @@ def test_timeout_is_a_failed_status_with_timed_out_in_error(project: Path) -> No
     assert inv.error is not None and "timed out after" in inv.error and "(timeout_s)" in inv.error
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("suite", "case", "passes"),
     [
@@ -122,6 +124,7 @@ def test_large_fixtures_are_shortened_in_the_stored_result(tmp_path: Path) -> No
     assert len(result.to_json()) < 200_000
 
 
+@pytest.mark.slow
 def test_invocations_run_concurrently_up_to_max_concurrent_runs_without_sharing_state(
     tmp_path: Path,
 ) -> None:
@@ -185,6 +188,7 @@ def test_invocations_run_concurrently_up_to_max_concurrent_runs_without_sharing_
     assert overlaps(marks, "s") == 0  # max_concurrent_runs 1: never
 
 
+@pytest.mark.slow
 def test_the_agents_own_timeout_wins_when_smaller(tmp_path: Path) -> None:
     from tests.fixtures.projects import AGENTS, write
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from gate_runner.assertions import ToolCall, check_tool_calls, compile_assertions
 from gate_runner.expr import accessor_values, compile_expression
 from tests.fixtures.projects import AGENTS, write
@@ -148,6 +150,7 @@ def test_an_attempted_call_still_occurred(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_a_hanging_cleanup_runs_once_and_keeps_the_agents_result(tmp_path: Path) -> None:
     marks = tmp_path / "marks"
     marks.mkdir()
@@ -228,6 +231,7 @@ def test_no_strict_middleware_violation_for_an_after_that_will_not_run(tmp_path:
     assert result.passed, result.failure_reason
 
 
+@pytest.mark.slow
 def test_a_waited_child_past_timeout_seconds_answers_timeout(tmp_path: Path) -> None:
     project = write(
         tmp_path / "p",

@@ -90,6 +90,7 @@ def test_a_model_channel_is_the_gateways_socket_in_a_folder_of_its_own(tmp_path:
     assert channel.folder == tmp_path
 
 
+@pytest.mark.slow
 def test_the_worker_imports_the_port_and_no_engine_library() -> None:
     # A fresh interpreter: this test process may have imported the Docker backend already.
     probe = textwrap.dedent(

@@ -26,6 +26,7 @@ def test_every_example_is_covered(project: Path) -> None:
     assert set(cases(project)) == set(EXPECTED)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_seed_example_verdict(project: Path, name: str) -> None:
     result = judged(project, cases(project)[name], name)

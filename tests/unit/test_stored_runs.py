@@ -161,6 +161,7 @@ def test_keys_count_and_a_huge_key_is_cut() -> None:
     assert MARK.search(key) and got.output["small"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "output",
     [
@@ -182,6 +183,7 @@ def test_a_structure_too_large_for_the_cap_keeps_its_head_and_its_shape(output: 
     assert got.traces[0].metadata["result"] == got.output  # still one value, shared
 
 
+@pytest.mark.slow
 def test_thirty_thousand_spans_end_in_one_span_that_counts_the_rest() -> None:
     run = tool_run({"sum": 4})
     run["traces"] += [
@@ -256,6 +258,7 @@ def runs(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(run=runs(), limit=st.integers(MIN_STORED_RUN_BYTES, 20_000))
 def test_any_run_is_stored_within_its_cap_and_answered_in_its_shape(

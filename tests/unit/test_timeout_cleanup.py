@@ -15,6 +15,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.fixtures.projects import write
 from tests.fixtures.runner import judged
 
@@ -79,6 +81,7 @@ def project(tmp_path: Path, suite: str, files: dict[str, str] | None = None) -> 
     return write(tmp_path / "p", merged)
 
 
+@pytest.mark.slow
 def test_middleware_cleanup_runs_when_timeout_s_ends_the_run(tmp_path: Path) -> None:
     root = project(
         tmp_path,
@@ -102,6 +105,7 @@ def test_middleware_cleanup_runs_when_timeout_s_ends_the_run(tmp_path: Path) -> 
     assert ("middleware", "middleware.cleanup") in spans, spans
 
 
+@pytest.mark.slow
 def test_strict_middleware_mocks_fails_a_run_timeout_s_ended(tmp_path: Path) -> None:
     root = project(
         tmp_path,
@@ -121,6 +125,7 @@ def test_strict_middleware_mocks_fails_a_run_timeout_s_ended(tmp_path: Path) -> 
     assert "strict_middleware_mocks" in reason and "cleanup" in reason, reason
 
 
+@pytest.mark.slow
 def test_a_builders_late_cleanup_gets_the_run_context(tmp_path: Path) -> None:
     root = project(
         tmp_path,
@@ -175,6 +180,7 @@ def test_a_builders_cleanup_after_a_crash_gets_the_run_context(tmp_path: Path) -
     assert context["run_id"] and context["payload"] == {"seconds": 30}
 
 
+@pytest.mark.slow
 def test_a_run_that_will_not_end_is_still_killed(tmp_path: Path) -> None:
     root = project(
         tmp_path,

@@ -104,6 +104,7 @@ def test_an_eocd_that_understates_its_count_is_caught_by_the_header_walk(
     )
 
 
+@pytest.mark.slow
 def test_a_zip_at_the_cap_passes_the_count_and_is_read_normally() -> None:
     data = real_zip(MAX_ENTRIES)
     check_entry_count(data, MAX_ENTRIES)  # no refusal
