@@ -30,6 +30,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy import delete, select
 
 from gate_service.client.api import GateClient
+from gate_service.client.shapes import RunView
 from gate_service.db import make_engine, make_sessionmaker, session_scope
 from gate_service.models import DEFAULT_PROJECT, Project, ProjectSecret
 from gate_service.secrets.crypto import SecretBox
@@ -267,7 +268,7 @@ def judge(url: str, data: bytes) -> dict[str, Any]:
         client.close()
 
 
-def run_of(url: str, gate: dict[str, Any]) -> dict[str, Any]:
+def run_of(url: str, gate: dict[str, Any]) -> RunView:
     client = GateClient(url, token=ADMIN_TOKEN)
     try:
         return client.run(gate["cases"][0]["agent_run_ids"][0])
@@ -291,7 +292,7 @@ def test_a_preloaded_library_cannot_forge_a_pass(
     assert "this tool always fails" in case["failure_reason"], case
     # The attack was real: the loader did run the object, in the invocation's subprocess,
     # under the invocation uid, and found no nonce there.
-    logs = [s["metadata"]["message"] for s in run["traces"] if s["type"] == "log"]
+    logs = [s.metadata["message"] for s in run.traces or [] if s.type == "log"]
     assert "preload ran without a nonce: uid 10001" in logs, logs
 
 
@@ -336,7 +337,7 @@ def test_project_values_are_in_the_invocations_environment_only(
 
     assert gate["status"] == "passed", gate
     assert "processes" in seen, "the test never saw the invocation running"
-    output = run["output"]
+    output = run.output
     # The invocation has both values (redacted in what is stored for it).
     assert output["secret"] == "[REDACTED:PROJECT_TOKEN]"
     assert output["operator"] == "[REDACTED:OPERATOR_KEY]"
