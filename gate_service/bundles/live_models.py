@@ -58,8 +58,10 @@ def agent_mode(root: Path, agent: str, forced: str | None) -> str:
     return "live"
 
 
-def _triggers_agents(root: Path) -> bool:
-    """Whether anything of the bundle outside tests/ names trigger_agent."""
+def triggers_agents(root: Path) -> bool:
+    """Whether anything of the bundle outside tests/ names trigger_agent: a read of every
+    file, so a caller that asks more than once (the worker in validating) asks once and
+    hands the answer on as ``triggers``."""
     for path in root.rglob("*"):
         rel = path.relative_to(root)
         if rel.parts[0] == "tests" or not path.is_file():
@@ -72,9 +74,12 @@ def _triggers_agents(root: Path) -> bool:
     return False
 
 
-def reachable_agents(root: Path, configs: Mapping[str, Any], start: Iterable[str]) -> set[str]:
-    """The agents the cases of ``start`` can run (see the module's note)."""
-    if _triggers_agents(root):
+def reachable_agents(
+    root: Path, configs: Mapping[str, Any], start: Iterable[str], triggers: bool | None = None
+) -> set[str]:
+    """The agents the cases of ``start`` can run (see the module's note); ``triggers``:
+    ``triggers_agents(root)`` when the caller has it already."""
+    if triggers_agents(root) if triggers is None else triggers:
         return set(configs)
     return _members(configs, start)
 
@@ -98,12 +103,16 @@ def _type(config: Any) -> str:
 
 
 def agent_modes(
-    root: Path, configs: Mapping[str, Any], case_agents: Iterable[str], forced: str | None
+    root: Path,
+    configs: Mapping[str, Any],
+    case_agents: Iterable[str],
+    forced: str | None,
+    triggers: bool | None = None,
 ) -> dict[str, str]:
     """Each LLM agent the selected cases can run, with its model mode (``agent_mode``)."""
     return {
         name: agent_mode(root, name, forced)
-        for name in sorted(reachable_agents(root, configs, case_agents))
+        for name in sorted(reachable_agents(root, configs, case_agents, triggers))
         if _type(configs[name]) == "llm"
     }
 
@@ -142,6 +151,7 @@ def live_models(
     case_agents: Iterable[str],
     forced: str | None,
     guardrail_model: str | None = None,
+    triggers: bool | None = None,
 ) -> list[LiveModel]:
     """Every model an agent the selected cases can run would call live, in agent order: an
     LLM agent's own, and the judge model of each judged guardrail of an agent of any kind
@@ -150,7 +160,7 @@ def live_models(
     if forced in ("scripted", "replay"):
         return []  # a forced scripted or replay gate calls no provider
     found: list[LiveModel] = []
-    for name in sorted(reachable_agents(root, configs, case_agents)):
+    for name in sorted(reachable_agents(root, configs, case_agents, triggers)):
         config = configs[name]
         if agent_mode(root, name, forced) not in ("live", "record"):
             continue
@@ -227,6 +237,7 @@ def unjudged_warnings(
     forced: str | None,
     guardrail_model: str | None,
     project: str,
+    triggers: bool | None = None,
 ) -> list[dict[str, Any]]:
     """A gate warning for each agent the selected ``cases`` can run whose judged guardrails
     the gate will skip, so they never block: a rule names no judge model of its own and the
@@ -238,7 +249,7 @@ def unjudged_warnings(
     }
     if not judged:
         return []
-    everyone = _triggers_agents(root)
+    everyone = triggers_agents(root) if triggers is None else triggers
     reach: dict[str, set[str]] = {}
     for case in cases:
         if case.agent_name not in reach:

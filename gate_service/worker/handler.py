@@ -38,6 +38,7 @@ from ..bundles.live_models import (
     agent_modes,
     live_models,
     mode_reason,
+    triggers_agents,
     unjudged_warnings,
 )
 from ..bundles.requirements import FILE as REQUIREMENTS_FILE
@@ -412,17 +413,27 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
             raise BundleRejected(message, [count])
         # Before anything is built: every model a selected case would call live has a key or
         # a route (the gateway's per-call lookup stays the backstop).
-        _check_live_models(ctx, job, bundle_dir, report, model_mode, guardrail_model)
+        # The bundle is read once for trigger_agent; the three questions below share it.
+        triggers = triggers_agents(bundle_dir)
+        _check_live_models(
+            ctx, job, bundle_dir, report, model_mode, guardrail_model, triggers=triggers
+        )
         # First among the warnings: judged guardrails the gate will skip, never blocking.
         report.warnings = [
             *unjudged_warnings(
-                bundle_dir, report.configs, report.cases, model_mode, guardrail_model, project_name
+                bundle_dir,
+                report.configs,
+                report.cases,
+                model_mode,
+                guardrail_model,
+                project_name,
+                triggers=triggers,
             ),
             *report.warnings,
         ][:MAX_WARNINGS]
 
         case_agents = {case.agent_name for case in report.cases}
-        modes = agent_modes(bundle_dir, report.configs, case_agents, model_mode)
+        modes = agent_modes(bundle_dir, report.configs, case_agents, model_mode, triggers)
 
         def enter_building(session: Session, gate: Gate) -> None:
             lifecycle.save_cases(session, gate, report.cases)
@@ -460,6 +471,8 @@ def _check_live_models(
     report: ProjectReport,
     model_mode: str | None,
     guardrail_model: str | None = None,
+    *,
+    triggers: bool | None = None,
 ) -> None:
     """BundleRejected naming each agent, model and fix when a model that a selected case
     would call live (an LLM agent's own, or the project's ``guardrail_model`` judging an
@@ -468,7 +481,9 @@ def _check_live_models(
     live at all (a case's container has no other way to a provider)."""
     gateway = ctx.gateway
     case_agents = {case.agent_name for case in report.cases}
-    needed = live_models(bundle_dir, report.configs, case_agents, model_mode, guardrail_model)
+    needed = live_models(
+        bundle_dir, report.configs, case_agents, model_mode, guardrail_model, triggers
+    )
     if not needed:
         return  # no live agent: the project's secrets are not even read
     if gateway is None:
