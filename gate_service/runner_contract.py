@@ -20,7 +20,8 @@ from pydantic import TypeAdapter
 
 from gate_runner import contract
 from gate_runner.contract import SCHEMA_VERSION, CaseResult
-from gate_runner.verdict import case_passes
+from gate_runner.sequential import wilson_applies, wilson_final, wilson_stop_ok
+from gate_runner.verdict import case_passes, verdict_decided
 
 # The runner's markers as the lines of its stdout, which is read as bytes.
 BEGIN_MARKER: Final = contract.BEGIN_MARKER.encode()
@@ -111,16 +112,62 @@ def result_blocks(stdout: bytes) -> int:
     return sum(1 for line in stdout.split(b"\n") if line.rstrip(b"\r") == BEGIN_MARKER)
 
 
-def trusted_verdict(result: CaseResult, *, runs: int, success_threshold: int) -> tuple[int, bool]:
+def trusted_verdict(
+    result: CaseResult,
+    *,
+    runs: int,
+    success_threshold: int,
+    stop_early: str | None = None,
+    wilson_max_runs: int | None = None,
+) -> tuple[int, bool]:
     """(successes, passed) from the validated suite's runs and threshold, not the runner's.
 
     The runner's own `runs`, `success_threshold`, `successes` and `passed` are not taken:
-    there must be one invocation for each run, and the verdict is recomputed here.
+    there must be one invocation for each run, and the verdict is recomputed here, always
+    against the suite's full `runs`. With ``stop_early`` (the mode the worker asked the
+    runner for) the result may hold only the first invocations, and only when those already
+    decide the verdict by that mode (``verdict_decided``, counting every failure as the
+    agent's): a short result that decides nothing is not the runner's early stop.
     """
     indices = sorted(inv.index for inv in result.invocations)
-    if indices != list(range(runs)):
-        raise UntrustedResult(
-            f"the result holds invocations {indices}, but the suite asks for {runs} run(s)"
-        )
     successes = sum(1 for inv in result.invocations if inv.passed)
+    if wilson_max_runs is not None and wilson_applies(runs, success_threshold):
+        return _wilson_verdict(result, indices, runs, success_threshold, wilson_max_runs)
+    if indices == list(range(runs)):
+        return successes, case_passes(successes, runs, success_threshold)
+    short = 0 < len(indices) < runs and indices == list(range(len(indices)))
+    if (
+        stop_early is None
+        or not short
+        or not verdict_decided(
+            stop_early,
+            runs=runs,
+            success_threshold=success_threshold,
+            successes=successes,
+            agent_failures=len(indices) - successes,
+        )
+    ):
+        early = ""
+        if stop_early is not None and short:
+            early = f", which do not decide its verdict (early stop: {stop_early})"
+        raise UntrustedResult(
+            f"the result holds invocations {indices}{early}, but the suite asks for {runs} run(s)"
+        )
     return successes, case_passes(successes, runs, success_threshold)
+
+
+def _wilson_verdict(
+    result: CaseResult, indices: list[int], runs: int, success_threshold: int, max_runs: int
+) -> tuple[int, bool]:
+    """``trusted_verdict`` under the Wilson rule: the invocations are 0..m-1, and m is where
+    the rule stops on their passes in index order (gate_runner/sequential.py); the verdict is
+    the rule's there. Anything else was not the runner's stopping point."""
+    ran = len(indices)
+    passes = [inv.passed for inv in sorted(result.invocations, key=lambda inv: inv.index)]
+    if indices != list(range(ran)) or not wilson_stop_ok(passes, runs, success_threshold, max_runs):
+        raise UntrustedResult(
+            f"the result holds invocations {indices[:50]}, which is not where the Wilson rule "
+            f"stops for {runs} run(s) at {success_threshold}% (at most {max(max_runs, runs)})"
+        )
+    successes = sum(passes)
+    return successes, wilson_final(successes, ran, success_threshold)

@@ -49,6 +49,12 @@ class CaseFacts:
     memory_mb: int
     output_limit_bytes: int
     reference: str  # names this case's incident in the worker log, if the runner broke
+    # The runner's --stop-early mode the worker asked for (None: every invocation must be
+    # there); a shorter result is believed only when its invocations decide the verdict so.
+    stop_early: str | None = None
+    # The runner's --wilson-max-runs (the project's verdict_rule: wilson), None: the
+    # platform's rule; the result must then stop where the Wilson rule stops.
+    wilson_max_runs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -122,7 +128,11 @@ def case_outcome(run: RunResult, facts: CaseFacts, redact: Callable[[str], str] 
         if result.case_error:
             return Judged(result, CaseStatus.error, 0, None)
         successes, passed = trusted_verdict(
-            result, runs=facts.runs, success_threshold=facts.success_threshold
+            result,
+            runs=facts.runs,
+            success_threshold=facts.success_threshold,
+            stop_early=facts.stop_early,
+            wilson_max_runs=facts.wilson_max_runs,
         )
     except UntrustedResult as exc:
         return untrusted(redact(str(exc)))

@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
 
             runner_imports()
 
+    from .verdict import STOP_MODES
+
     parser = argparse.ArgumentParser(prog="gate_runner")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run-case", help="run one test case and print its result")
@@ -86,6 +88,18 @@ def main(argv: list[str] | None = None) -> int:
         "--model-socket",
         help="the model gateway's socket, when the handoff gives a gateway token (default: "
         "gateway_wire.SOCKET_PATH, where the worker mounts it)",
+    )
+    run.add_argument(
+        "--stop-early",
+        choices=STOP_MODES,
+        help="start no more invocations once those judged decide the verdict: 'failing' once "
+        "the case can no longer pass, 'decided' also once it has passed (default: run all)",
+    )
+    run.add_argument(
+        "--wilson-max-runs",
+        type=int,
+        help="judge by the Wilson rule (the project's verdict_rule: wilson): while the "
+        "case's interval holds its threshold, run one more invocation, up to this many in all",
     )
     record = sub.add_parser(
         "record", help="run suites with live models and write tests/recordings/ for replay"
@@ -158,7 +172,16 @@ def main(argv: list[str] | None = None) -> int:
 
         # The test image's plan is of /bundle: another --project is prepared from its suites.
         plan = read_plan() if args.project.resolve() == Path(PLANNED_PROJECT) else None
-        result = run_case(args.project, args.suite, args.case, isolation, args.model_mode, plan)
+        result = run_case(
+            args.project,
+            args.suite,
+            args.case,
+            isolation,
+            args.model_mode,
+            plan,
+            args.stop_early,
+            args.wilson_max_runs,
+        )
         nonce = case_env.read_nonce() if args.handoff else None
         text = dataclasses.replace(result, nonce=nonce).to_json()
     except Exception:

@@ -8,12 +8,15 @@ assertion itself.
 
 What a child reports, and what the parent adds to it (durations, limits, the builder's
 context), stays plain data checked against reports.py: it is the runner's own channel. The
-result of the case is built from it as the typed document of contract.py.
+result of the case is built from it as the typed document of contract.py. Each invocation is
+judged as it settles; with an early stop (``EarlyStop``, --stop-early) no other starts once
+those judged decide the verdict.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -50,7 +53,14 @@ from .invocations import (
 )
 from .plan import AgentLimits, ConcurrencyRule, planned_case
 from .reports import BUILDER, CLEANUP, INVOCATION, checked
-from .verdict import case_failure_reason, case_passes, unjudged_reason
+from .sequential import wilson_applies, wilson_decision, wilson_final, wilson_reason
+from .verdict import (
+    STOP_MODES,
+    case_failure_reason,
+    case_passes,
+    unjudged_reason,
+    verdict_decided,
+)
 
 if TYPE_CHECKING:
     from connic.test_schema import TestFile
@@ -666,15 +676,25 @@ def _run_invocations(
     parallel: int,
     isolation: Isolation,
     model_mode: str | None,
-) -> list[dict[str, Any]]:
-    """All invocations, at most ``parallel`` at once, each in its own process group.
+    stop: EarlyStop | None = None,
+) -> list[JudgedInvocation]:
+    """The invocations, at most ``parallel`` at once, each in its own process group, each
+    judged as it settles: all ``runs`` of them, or, once ``stop`` is reached, those started
+    (or cancelled by the concurrency rule) by then, which are the first ones (admission goes
+    in index order: ``Admission``).
 
     One loop reads every pipe and enforces every deadline; nothing in it blocks on one
     invocation, so a slow cleanup never delays another invocation's timeout.
     """
+    early = stop if stop is not None else EarlyStop(None, runs, 100)
     with contextlib.closing(Supervisor(isolation)) as supervisor:
         results: dict[int, dict[str, Any]] = {}
         in_flight: dict[Proc, _Invocation] = {}
+
+        def settle(index: int, data: dict[str, Any]) -> None:
+            results[index] = data
+            early.settle(judge_settled(prepared, index, data))
+
         builder = bool(prepared.resolved.get("builder"))
         timeout_s = effective_timeout(prepared)[0]
         unswept: list[int] = []  # invocations that ended since the last sweep
@@ -692,14 +712,25 @@ def _run_invocations(
                     results[index].setdefault("limit_failures", []).append(
                         "the invocation left processes behind that could not be killed"
                     )
+                    settle(index, results[index])  # judged again: it fails now
             unswept.clear()
 
-        while admission.waiting() or in_flight:
+        while True:
             if not supervisor.active:
                 sweep()
-            while len(running := {inv.index for inv in in_flight.values()}) < parallel:
+            # Once the invocations settled decide the verdict (--stop-early), no other one
+            # starts and those in flight finish; asked again after each sweep, which may fail
+            # an invocation judged a pass.
+            if not in_flight and not (admission.waiting() and not early.reached()):
+                break
+            while (
+                len(running := {inv.index for inv in in_flight.values()}) < parallel
+                and admission.waiting()
+                and not early.reached()
+            ):
                 started = admission.next(running)
-                results.update((i, _not_run(why)) for i, why in admission.take_cancelled())
+                for cancelled, why in admission.take_cancelled():
+                    settle(cancelled, _not_run(why))
                 if started is None:
                     break
                 index = started
@@ -719,7 +750,7 @@ def _run_invocations(
                         stop_grace_seconds=STOP_GRACE_SECONDS,
                     )
                 except OSError as exc:  # the pids limit, say: this invocation cannot start
-                    results[index] = _not_started(exc)
+                    settle(index, _not_started(exc))
                     continue
                 in_flight[proc] = _Invocation(index, proc)
             for proc in supervisor.wait():
@@ -737,7 +768,7 @@ def _run_invocations(
                     else:
                         failure = "builder cleanup could not run after the invocation ended"
                     inv.data["cleanup_failure"] = failure
-                    results[inv.index] = inv.data
+                    settle(inv.index, inv.data)
                     unswept.append(inv.index)
                     continue
                 reports = proc.messages()
@@ -789,10 +820,11 @@ def _run_invocations(
                     else:
                         in_flight[inv.cleanup] = inv
                         continue
-                results[inv.index] = data
+                settle(inv.index, data)
                 unswept.append(inv.index)
-        sweep()
-        return [results[i] for i in range(runs)]
+        # The first invocations, all of them without an early stop (a gap, which admission in
+        # index order never leaves, would be refused by the worker, not hidden here).
+        return [early.judged[i] for i in sorted(results)]
 
 
 def _last_run_context(
@@ -914,6 +946,129 @@ def _judged(prepared: PreparedCase, index: int, data: Mapping[str, Any]) -> Invo
     )
 
 
+@dataclass(frozen=True)
+class JudgedInvocation:
+    """One invocation of the result, judged, and what the verdict reads beside it."""
+
+    invocation: Invocation
+    # The provider's reason when the invocation failed because a model call failed outside
+    # the agent (verdict.unjudged_reason); None for a pass or the agent's own failure.
+    provider_failure: str | None = None
+
+
+def judge_settled(prepared: PreparedCase, index: int, data: Mapping[str, Any]) -> JudgedInvocation:
+    """``_judged``, and a report that fits its shape and still breaks judging failed as a
+    broken setup (whatever expected_result says)."""
+    try:
+        invocation = _judged(prepared, index, data)
+    except Exception as exc:
+        why = (
+            "the runner could not judge this invocation's report: "
+            f"{type(exc).__name__}: {str(exc)[:300]}"
+        )
+        invocation = _judged(
+            prepared,
+            index,
+            {
+                "status": "failed",
+                "error": why,
+                "setup_error": why,
+                "traces": [],
+                "duration_ms": data.get("duration_ms", 0),
+            },
+        )
+    provider = data.get("provider_failure")
+    failed_outside = invocation.failure_reason is not None and bool(provider)
+    return JudgedInvocation(invocation, str(provider) if failed_outside else None)
+
+
+class EarlyStop:
+    """Whether a case's invocations judged so far decide its verdict by ``mode`` (the
+    runner's --stop-early; verdict.verdict_decided), so that no other may start.
+
+    Fed each invocation as it settles, in any order: the counts only grow, except when the
+    sweep after an invocation adds a failure to one judged a pass, which re-settles it.
+    Without a mode, or with one run, it never stops.
+    """
+
+    def __init__(self, mode: str | None, runs: int, success_threshold: int) -> None:
+        if mode is not None and mode not in STOP_MODES:
+            raise ValueError(f"the stop mode must be one of {', '.join(STOP_MODES)}, got {mode!r}")
+        self.mode = mode if runs > 1 else None
+        self.runs = runs
+        self.success_threshold = success_threshold
+        self.judged: dict[int, JudgedInvocation] = {}
+
+    def settle(self, judged: JudgedInvocation) -> None:
+        self.judged[judged.invocation.index] = judged
+
+    def reached(self) -> bool:
+        if self.mode is None:
+            return False
+        successes = sum(1 for j in self.judged.values() if j.invocation.passed)
+        agent_failures = sum(
+            1
+            for j in self.judged.values()
+            if not j.invocation.passed and j.provider_failure is None
+        )
+        return verdict_decided(
+            self.mode,
+            runs=self.runs,
+            success_threshold=self.success_threshold,
+            successes=successes,
+            agent_failures=agent_failures,
+        )
+
+
+def case_verdict(
+    runs: int, success_threshold: int, judged: list[JudgedInvocation]
+) -> tuple[int, bool, str | None, str | None]:
+    """(successes, passed, case_error, failure_reason) of the case from its invocations
+    (all of its ``runs``, or the first of them after an early stop): always against the full
+    ``runs``."""
+    reasons = [j.invocation.failure_reason for j in judged]
+    successes = sum(1 for r in reasons if r is None)
+    unjudged = unjudged_reason(
+        runs=runs,
+        success_threshold=success_threshold,
+        successes=successes,
+        provider_failures=[
+            (j.invocation.index, j.provider_failure)
+            for j in judged
+            if j.provider_failure is not None
+        ],
+    )
+    reason = unjudged or case_failure_reason(
+        runs=runs, success_threshold=success_threshold, invocation_reasons=reasons
+    )
+    return successes, case_passes(successes, runs, success_threshold), unjudged, reason
+
+
+def wilson_verdict(
+    runs: int, success_threshold: int, max_runs: int, judged: list[JudgedInvocation]
+) -> tuple[int, bool, str | None, str | None]:
+    """``case_verdict`` under the Wilson rule (sequential.py), over every invocation run: a
+    case whose verdict its provider failures decide (it fails, and would pass were they
+    passes) is not judged, as under the platform's rule."""
+    ran = len(judged)
+    successes = sum(1 for j in judged if j.invocation.passed)
+    passed = wilson_final(successes, ran, success_threshold)
+    provider = [(j.invocation.index, j.provider_failure) for j in judged if j.provider_failure]
+    unjudged = None
+    if provider and not passed and wilson_final(successes + len(provider), ran, success_threshold):
+        index, why = provider[0]
+        unjudged = (
+            f"{len(provider)} of {ran} invocation(s) could not be judged, because a model call "
+            f"failed for a reason that is not the agent's (invocation {index + 1}: {why}); fix "
+            "the project's keys, routes or budgets (or the provider) and submit again"
+        )
+    reason = unjudged or wilson_reason(successes, ran, runs, success_threshold, max_runs)
+    if reason is not None and unjudged is None:
+        first = next(j.invocation for j in judged if j.invocation.failure_reason is not None)
+        reason += f"; first failure (invocation {first.index + 1}): {first.failure_reason}"
+    return successes, passed, unjudged, reason
+
+
 def runner_imports() -> None:
     """Import the runner's modules of the run-case path: every one an invocation uses, so
     they are imported once before the invocations fork (_preload), and, in a case
@@ -945,12 +1100,21 @@ def run_case(
     isolation: Isolation | None = None,
     model_mode: str | None = None,
     plan: Mapping[str, Any] | None = None,
+    stop_early: str | None = None,
+    wilson_max_runs: int | None = None,
 ) -> CaseResult:
     """Run a case and return its result document (contract.py), without the worker's nonce.
 
     ``model_mode`` forces one mode on every LLM agent (the gate's); unset, GATE_MODEL_MODE of
     this process decides (`gate record`, in-process tests), else each agent's own.
     ``plan``: the project's plan (plan.py; a test image has one), if any.
+    ``stop_early``: a mode of verdict.STOP_MODES (--stop-early): no invocation starts once
+    those judged decide the verdict that way, and the result holds the first invocations
+    only (those in flight then finish); None runs every invocation.
+    ``wilson_max_runs``: the project's ``verdict_rule: wilson`` (--wilson-max-runs): a case it
+    applies to (sequential.wilson_applies) runs more invocations, one at a time, while its
+    interval holds its threshold, up to this many in all, and is judged by the interval (no
+    early stop then).
     """
     started = time.monotonic()
     try:
@@ -972,49 +1136,39 @@ def run_case(
         )
     runs = int(prepared.resolved["runs"])
     threshold = int(prepared.resolved["success_threshold"])
-    invocations: list[Invocation] = []
     _preload(prepared, runs)
-    all_data = _run_invocations(
+    wilson_max = wilson_max_runs if wilson_max_runs and wilson_applies(runs, threshold) else None
+    isolation = isolation or Isolation()
+    model_mode = model_mode or os.environ.get("GATE_MODEL_MODE") or None
+    judged = _run_invocations(
         project,
         prepared,
         runs,
         parallelism(prepared, runs),
-        isolation or Isolation(),
-        model_mode or os.environ.get("GATE_MODEL_MODE") or None,
+        isolation,
+        model_mode,
+        EarlyStop(None if wilson_max else stop_early, runs, threshold),
     )
-    for index, data in enumerate(all_data):
-        try:
-            invocation = _judged(prepared, index, data)
-        except Exception as exc:  # a report that fits its shape and still breaks judging
-            why = (
-                "the runner could not judge this invocation's report: "
-                f"{type(exc).__name__}: {str(exc)[:300]}"
+    if wilson_max is None:
+        successes, passed, unjudged, reason = case_verdict(runs, threshold, judged)
+    else:
+        while (
+            wilson_decision(
+                sum(1 for j in judged if j.invocation.passed),
+                len(judged),
+                runs,
+                threshold,
+                wilson_max,
             )
-            invocation = _judged(
-                prepared,
-                index,
-                # setup_error: it fails whatever expected_result says
-                {
-                    "status": "failed",
-                    "error": why,
-                    "setup_error": why,
-                    "traces": [],
-                    "duration_ms": data.get("duration_ms", 0),
-                },
+            == "more"
+        ):
+            (more,) = _run_invocations(
+                project, prepared, 1, 1, isolation, model_mode, EarlyStop(None, 1, threshold)
             )
-        invocations.append(invocation)
-    reasons = [inv.failure_reason for inv in invocations]
-    successes = sum(1 for r in reasons if r is None)
-    unjudged = unjudged_reason(
-        runs=runs,
-        success_threshold=threshold,
-        successes=successes,
-        provider_failures=[
-            (inv.index, str(data["provider_failure"]))
-            for inv, data in zip(invocations, all_data, strict=True)
-            if inv.failure_reason is not None and data.get("provider_failure")
-        ],
-    )
+            # Run alone, it is invocation 0 of its own; it is the next of the case's.
+            numbered = dataclasses.replace(more.invocation, index=len(judged))
+            judged.append(JudgedInvocation(numbered, more.provider_failure))
+        successes, passed, unjudged, reason = wilson_verdict(runs, threshold, wilson_max, judged)
     return CaseResult(
         schema_version=SCHEMA_VERSION,
         suite=suite,
@@ -1023,10 +1177,9 @@ def run_case(
         runs=runs,
         success_threshold=threshold,
         successes=successes,
-        passed=case_passes(successes, runs, threshold),
+        passed=passed,
         case_error=unjudged,
-        failure_reason=unjudged
-        or case_failure_reason(runs=runs, success_threshold=threshold, invocation_reasons=reasons),
+        failure_reason=reason,
         duration_ms=int((time.monotonic() - started) * 1000),
-        invocations=invocations,
+        invocations=[j.invocation for j in judged],
     )

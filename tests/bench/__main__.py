@@ -59,6 +59,11 @@ BENCHES: list[tuple[str, str]] = [
         "LiteLLM left the runner",
     ),
     (
+        "bench_early_stop",
+        "early stop, the runner in-process: a failing 10-run case's time against the same "
+        "case with every invocation run, and the model calls a failing live 10-run case saves",
+    ),
+    (
         "bench_noisy_pages",
         "a project's one-case gate while another project's cases make the gateway read 2 MiB "
         "hostile pages through web_read_page, against the same gate on the idle service: "
