@@ -618,6 +618,82 @@ class Settings(BaseSettings):
         ),
     )
 
+    # Baselines (gate_service/baselines): history, regressions, flakiness, early stop.
+    history_gates: int = Field(
+        default=20,
+        ge=1,
+        le=200,
+        description=(
+            "a case's history is read over its last this many judged gates with the same "
+            "closure hash (its pass rate, Wilson interval and flakiness)"
+        ),
+    )
+    regression_p: float = Field(
+        default=0.05,
+        gt=0,
+        lt=1,
+        description=(
+            "a case regressed against the baseline when the one-sided Fisher exact test's "
+            "p-value is below this, and the next two hold too"
+        ),
+    )
+    regression_min_drop: float = Field(
+        default=30,
+        ge=0,
+        le=100,
+        description="a regression's least drop of the pass rate, in percentage points",
+    )
+    regression_min_baseline: float = Field(
+        default=70,
+        ge=0,
+        le=100,
+        description="a regression's least baseline pass rate, in percent",
+    )
+    likely_regression_p: float = Field(
+        default=0.20,
+        gt=0,
+        lt=1,
+        description=(
+            "a likely regression (a warning, never a failure): a p-value below this and a drop "
+            "of at least `GATE_LIKELY_REGRESSION_MIN_DROP` points"
+        ),
+    )
+    likely_regression_min_drop: float = Field(
+        default=15,
+        ge=0,
+        le=100,
+        description="a likely regression's least drop of the pass rate, in percentage points",
+    )
+    flaky_clear_passes: int = Field(
+        default=5,
+        ge=1,
+        description=(
+            "a flaky case (its verdicts differ across gates with one closure hash) clears after "
+            "this many consecutive passing gates"
+        ),
+    )
+    early_stop: bool = Field(
+        default=True,
+        description=(
+            "with `runs > 1`, a case's remaining invocations are not started once its verdict "
+            "can no longer change (see docs/baselines.md); `false` always runs every invocation"
+        ),
+    )
+    wilson_max_runs: int = Field(
+        default=30,
+        ge=1,
+        le=100,
+        description=(
+            "with a project's `verdict_rule: wilson`, a case whose interval still holds its "
+            "threshold after its runs gets more invocations, up to this many in all"
+        ),
+    )
+    max_quarantine_days: int = Field(
+        default=90,
+        ge=1,
+        description="the longest a quarantine may last; every quarantine names its end",
+    )
+
     # Observability
     log_format: LogFormat = Field(
         default=LogFormat.text,

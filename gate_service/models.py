@@ -13,6 +13,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     MetaData,
@@ -110,6 +111,11 @@ class Project(Base):
     # system_prompt_leakage, data_exfiltration and relevance guardrails; None: they are
     # skipped and the gate warns.
     guardrail_model: Mapped[str | None] = mapped_column(String(200))
+    # How a case with runs > 1 is judged (gate_service/baselines): "threshold", the
+    # platform's successes/runs against success_threshold, or "wilson", by its interval.
+    verdict_rule: Mapped[str] = mapped_column(
+        String(16), default="threshold", server_default="threshold"
+    )
 
 
 class ApiToken(Base):
@@ -208,7 +214,11 @@ class BundleChunk(Base):
 class Gate(Base):
     __tablename__ = "gates"
     # Idempotency keys are per project: another project's key reveals nothing.
-    __table_args__ = (UniqueConstraint("project_id", "idempotency_key"),)
+    __table_args__ = (
+        UniqueConstraint("project_id", "idempotency_key"),
+        # A case's history and a label's last passing gate walk a project's gates by age.
+        Index("ix_gates_project_id_created_at", "project_id", "created_at"),
+    )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
     project_id: Mapped[uuid.UUID] = mapped_column(
@@ -232,6 +242,14 @@ class Gate(Base):
     # What the gate does not honour as the platform would (bundles/support.py), per agent.
     warnings: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, default=list, server_default="[]")
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The baseline as the submission named it: a gate id, or "label:key=value" (the last
+    # passing gate of the project with that label); baseline_gate_id is the gate it named
+    # when the gate was validated (gate_service/baselines).
+    baseline: Mapped[str | None] = mapped_column(String(300))
+    baseline_gate_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    # Incremental: cases whose closure passed in the baseline (scripted or replay) are
+    # reported as reused, not run again.
+    changed_only: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
     # Stored bytes of the gate's runs and model calls (their stored_bytes): the project's
     # quota sums it.
     result_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
@@ -281,6 +299,45 @@ class Case(Base):
     timeout_s: Mapped[int] = mapped_column(Integer)
     duration_ms: Mapped[int | None] = mapped_column(Integer)
     failure_reason: Mapped[str | None] = mapped_column(Text)
+    # The case's identity across the project's gates (suite, agent, test name), hashed, and
+    # the hash of everything that can change its outcome (gate_service/baselines/closure.py);
+    # None for cases stored before history was kept.
+    case_key: Mapped[str | None] = mapped_column(String(64), index=True)
+    closure_hash: Mapped[str | None] = mapped_column(String(64))
+    # The case's own resolved YAML, hashed: a baseline's case is comparable only when equal.
+    definition_hash: Mapped[str | None] = mapped_column(String(64))
+    # Early stop: the verdict could no longer change, so only invocations_run were started.
+    stopped_early: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    invocations_run: Mapped[int | None] = mapped_column(Integer)
+    # {gate_id, case_id, successes, runs, comparable, why, p_value}: the baseline's case.
+    baseline: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True))
+    regression_level: Mapped[str | None] = mapped_column(String(16))  # none, likely, regression
+    # {successes, runs, gates, low, high}: verdicts differ across gates with its closure.
+    flaky: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True))
+    # {owner, reason, expires_at}: it ran quarantined, so its failure did not fail the gate.
+    quarantine: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True))
+    # The baseline's case an incremental gate reported instead of running this one.
+    reused_from: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+
+
+class CaseQuarantine(Base):
+    """A quarantined case of a project: it still runs and is reported, but its failure does
+    not fail a gate until ``expires_at``. Set by an admin only (never from a bundle)."""
+
+    __tablename__ = "case_quarantines"
+    __table_args__ = (UniqueConstraint("project_id", "case_key"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    project_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    case_key: Mapped[str] = mapped_column(String(64))
+    suite: Mapped[str] = mapped_column(Text)
+    agent_name: Mapped[str] = mapped_column(Text)
+    test_name: Mapped[str] = mapped_column(Text)
+    owner: Mapped[str] = mapped_column(String(200))
+    reason: Mapped[str] = mapped_column(Text)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_by: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
 
 
 class Run(Base):

@@ -7,6 +7,8 @@ connic-composer-sdk schema, and agents are read by the SDK's loader in validatio
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -81,6 +83,28 @@ class CaseRef:
     runs: int
     success_threshold: int
     timeout_s: int
+    # The sha256 of the case as resolved with its suite's defaults (canonical JSON), and the
+    # bundle files it names (fixtures, builder, mocks module): its part of the closure hash
+    # (gate_service/baselines/closure.py).
+    definition: str = ""
+    references: tuple[str, ...] = ()
+
+
+def case_definition(resolved: Mapping[str, Any]) -> str:
+    """The sha256 of a resolved case as canonical JSON (sorted keys; a value JSON has no
+    form for, a YAML date say, by its repr): equal for the same case however it is spelled."""
+    text = json.dumps(resolved, sort_keys=True, default=repr, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def case_references(resolved: Mapping[str, Any]) -> tuple[str, ...]:
+    """The bundle files a resolved case names: its fixtures, builder and mocks module."""
+    found = [f"tests/files/{f}" for f in resolved.get("files") or [] if isinstance(f, str)]
+    for key, folder in (("builder", "builders"), ("mocks", "mocks")):
+        name = resolved.get(key)
+        if isinstance(name, str) and name:
+            found.append(f"tests/{folder}/{name.removesuffix('.py')}.py")
+    return tuple(sorted(set(found)))
 
 
 @dataclass
@@ -387,6 +411,8 @@ def validate_project(
                     runs=resolved["runs"],
                     success_threshold=resolved["success_threshold"],
                     timeout_s=resolved["timeout_s"],
+                    definition=case_definition(resolved),
+                    references=case_references(resolved),
                 )
             )
     if not report.problems and not report.cases:

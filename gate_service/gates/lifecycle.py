@@ -17,7 +17,18 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import IO, Any, NamedTuple, cast
 
-from sqlalchemy import Table, bindparam, delete, func, select, update
+from sqlalchemy import (
+    Boolean,
+    Integer,
+    Table,
+    and_,
+    bindparam,
+    delete,
+    false,
+    func,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -25,6 +36,8 @@ from gate_runner.contract import CaseResult, Invocation
 
 from .. import jobs
 from ..admission import admit_submission, lock_project, stored_result_bytes
+from ..baselines.closure import case_key
+from ..baselines.judging import regression_reason
 from ..bundles.archive import Manifest
 from ..bundles.suites import CaseRef
 from ..config import Settings
@@ -99,6 +112,8 @@ def create_gate(
     model_mode: str | None = None,
     labels: dict[str, Any],
     idempotency_key: str | None,
+    baseline: str | None = None,
+    changed_only: bool = False,
 ) -> tuple[Gate, bool]:
     """Store the bundle (once per hash), the gate and its job; returns (gate, created).
 
@@ -167,6 +182,8 @@ def create_gate(
         model_mode=model_mode or None,
         labels=labels,
         idempotency_key=idempotency_key,
+        baseline=baseline,
+        changed_only=changed_only,
         status=GateStatus.queued,
         phase=Phase.queued,
         problems=[],
@@ -276,8 +293,14 @@ def close_unjudged(session: Session, gate: Gate, reason: str) -> None:
     gate.revision += 1
 
 
-def save_cases(session: Session, gate: Gate, refs: Sequence[CaseRef]) -> list[Case]:
-    """Create the gate's case rows once; a retried job finds and keeps them."""
+def save_cases(
+    session: Session,
+    gate: Gate,
+    refs: Sequence[CaseRef],
+    closures: Sequence[str] | None = None,
+) -> list[Case]:
+    """Create the gate's case rows once; a retried job finds and keeps them. ``closures``:
+    each case's closure hash (baselines/closure.py), in the order of ``refs``."""
     existing = {
         (c.suite, c.test_name): c
         for c in session.scalars(select(Case).where(Case.gate_id == gate.id))
@@ -297,12 +320,40 @@ def save_cases(session: Session, gate: Gate, refs: Sequence[CaseRef]) -> list[Ca
                 success_threshold=ref.success_threshold,
                 timeout_s=ref.timeout_s,
                 successes=0,
+                case_key=case_key(ref.suite, ref.agent_name, ref.test_name),
+                closure_hash=closures[position] if closures is not None else None,
+                definition_hash=ref.definition or None,
             )
             session.add(case)
         cases.append(case)
     gate.revision += 1
     session.flush()
     return cases
+
+
+def reuse_case(case: Case, base: Case, why: str) -> None:
+    """Report ``case`` as its baseline's passing ``base`` instead of running it (an
+    incremental gate, baselines/judging.py ``reusable_cases``): its counts, a link, why."""
+    ran = base.invocations_run if base.invocations_run is not None else base.runs
+    case.status = CaseStatus.passed
+    case.passed = True
+    case.successes = base.successes
+    case.invocations_run = ran
+    case.stopped_early = base.stopped_early
+    case.duration_ms = 0
+    case.failure_reason = None
+    case.reused_from = base.id
+    case.regression_level = "none"
+    case.baseline = {
+        "gate_id": str(base.gate_id),
+        "case_id": str(base.id),
+        "successes": base.successes,
+        "runs": ran,
+        "comparable": True,
+        "why": why,
+        "p_value": None,
+        "drop_points": 0.0,
+    }
 
 
 class PendingCase(NamedTuple):
@@ -370,7 +421,22 @@ FROM_RESULT = tuple(
 _CASE_VERDICT = (
     update(_CASES)
     .where(_CASES.c.id == bindparam("case_id"))
-    .values({name: bindparam(name) for name in (*_VERDICT, *FROM_RESULT)})
+    .values(
+        {
+            **{name: bindparam(name) for name in (*_VERDICT, *FROM_RESULT)},
+            # No contract's fields: the invocations the result holds, and whether that is
+            # fewer than the case's runs (as the suite the worker validated says) because the
+            # runner stopped early; a case left unjudged (error) never stopped early.
+            "invocations_run": bindparam("invocations_run", type_=Integer),
+            "stopped_early": func.coalesce(
+                and_(
+                    bindparam("judged", type_=Boolean),
+                    bindparam("invocations_run", type_=Integer) < _CASES.c.runs,
+                ),
+                false(),
+            ),
+        }
+    )
 )
 _COUNT_CASE_WRITE = (
     update(_GATES)
@@ -458,6 +524,7 @@ def save_case_result(
         successes=successes,
         reason=result.failure_reason,
         from_result={name: getattr(result, name) for name in FROM_RESULT},
+        invocations_run=len(result.invocations),
     )
     if packed:
         session.execute(_INSERT_RUN, [_run_row(case_id, inv, run) for inv, run in packed])
@@ -473,8 +540,11 @@ def _set_verdict(
     successes: int,
     reason: str | None,
     from_result: Mapping[str, Any],
+    invocations_run: int | None = None,
 ) -> None:
-    """``from_result``: the FROM_RESULT fields, each None when there was no result."""
+    """``from_result``: the FROM_RESULT fields, each None when there was no result;
+    ``invocations_run``: the invocations the result holds (None: no result), from which the
+    statement decides ``stopped_early`` for a judged case."""
     carried = {k: storable(v) for k, v in from_result.items()}
     session.execute(
         _CASE_VERDICT,
@@ -486,6 +556,8 @@ def _set_verdict(
             "passed": passed,
             "successes": successes,
             "failure_reason": _case_reason(reason),
+            "invocations_run": invocations_run,
+            "judged": passed is not None,
         },
     )
 
@@ -541,7 +613,9 @@ def finish_gate(session: Session, gate: Gate) -> None:
     A gate passes only when it has at least one case and every case passed. A case that
     could not be judged (`error`), or one in any state but passed or failed (`queued`,
     `running`, `cancelled`, or a status this code does not know) ends the gate `error`,
-    naming the first such case; else a failed case ends it `failed`.
+    naming the first such case; else a failed case ends it `failed`, unless it ran under a
+    quarantine, and so does a case that regressed against the gate's baseline (even when
+    every threshold held; baselines/judging.py stored both on the cases).
     """
     cases = session.scalars(
         select(Case).where(Case.gate_id == gate.id).order_by(Case.position)
@@ -554,6 +628,9 @@ def finish_gate(session: Session, gate: Gate) -> None:
     errored = [c for c in cases if c.status == CaseStatus.error]
     unsettled = [c for c in cases if c.status not in JUDGED_CASE_STATUSES]
     failed = [c for c in cases if c.status == CaseStatus.failed]
+    # A quarantined case's failure or regression is reported, and does not fail the gate.
+    failing = [c for c in failed if not c.quarantine]
+    regressed = [c for c in cases if c.regression_level == "regression" and not c.quarantine]
     if errored or unsettled:
         first = errored[0] if errored else unsettled[0]
         count = len(errored) + len(unsettled)
@@ -568,12 +645,19 @@ def finish_gate(session: Session, gate: Gate) -> None:
         )
         _end(gate, GateStatus.error, phase=Phase.done, reason=reason)
         gate.error = reason
-    elif failed:
-        first = failed[0]
-        reason = (
-            f"{len(failed)} of {len(cases)} case(s) failed; "
-            f"{first.agent_name}::{first.test_name}: {first.failure_reason}"
-        )
-        _end(gate, GateStatus.failed, phase=Phase.done, reason=reason)
+    elif failing or regressed:
+        parts = []
+        if failing:
+            first = failing[0]
+            parts.append(
+                f"{len(failing)} of {len(cases)} case(s) failed; "
+                f"{first.agent_name}::{first.test_name}: {first.failure_reason}"
+            )
+        if regressed:
+            parts.append(
+                f"{len(regressed)} case(s) regressed against the baseline; "
+                + regression_reason(regressed[0])
+            )
+        _end(gate, GateStatus.failed, phase=Phase.done, reason="; and ".join(parts))
     else:
         _end(gate, GateStatus.passed, phase=Phase.done, reason=None)

@@ -20,6 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..auth.service import Principal, record_by
+from ..baselines.spec import parse_baseline
 from ..bundles.archive import read_archive
 from ..config import Settings
 from ..db import session_scope
@@ -31,7 +32,7 @@ from .schemas import GateRead
 
 MODEL_MODES = ("scripted", "replay", "live")
 # The text fields a submission may carry beside the bundle, each at most this long.
-TEXT_FIELDS = ("filter", "labels", "model_mode")
+TEXT_FIELDS = ("filter", "labels", "model_mode", "baseline", "changed_only")
 MAX_TEXT_FIELD_BYTES = 16 * 1024
 # An upload is kept in memory up to this size, then in a file on disk.
 SPOOL_MEMORY_BYTES = 1024 * 1024
@@ -66,6 +67,20 @@ def submit_bundle(
     model_mode = upload.fields.get("model_mode") or None
     if model_mode not in (None, *MODEL_MODES):
         raise BadRequest(f"model_mode must be one of {', '.join(MODEL_MODES)}, got {model_mode!r}")
+    baseline = upload.fields.get("baseline") or None
+    if baseline is not None:
+        parse_baseline(baseline)  # its form now; which gate it names, in validating
+    changed_only = _flag(upload.fields.get("changed_only"), "changed_only")
+    if changed_only and baseline is None:
+        raise BadRequest(
+            "changed_only needs a baseline: the cases it skips are those that passed there "
+            "(e.g. baseline=label:branch=main)"
+        )
+    if changed_only and model_mode == "live":
+        raise BadRequest(
+            "changed_only never reuses a live case (a live model's answer is not "
+            "deterministic): submit it without model_mode=live"
+        )
     # Read from the spooled file, never loaded whole (the upload may be 25 MiB).
     manifest = read_archive(upload.file)
 
@@ -84,6 +99,8 @@ def submit_bundle(
                 model_mode=model_mode,
                 labels=labels,
                 idempotency_key=idempotency_key,
+                baseline=baseline,
+                changed_only=changed_only,
             )
             if created:
                 record_by(session, who, "gate.submitted", gate=str(gate.id), sha256=upload.sha256)
@@ -99,6 +116,14 @@ def submit_bundle(
         if not idempotency_key:
             raise
         return create()
+
+
+def _flag(raw: str | None, name: str) -> bool:
+    if raw in (None, "", "false", "0"):
+        return False
+    if raw in ("true", "1"):
+        return True
+    raise BadRequest(f"{name} must be true or false, got {raw[:20]!r}")
 
 
 def request_cancel(session: Session, gate_id: uuid.UUID, project_id: uuid.UUID) -> Gate:

@@ -1,6 +1,6 @@
 """Projects and their settings: the one owner of every write to the projects table (creation,
-retention, model routes, egress hosts, the guardrail model, API specs) with its audit event,
-and of what the worker reads of them. Functions take the session and never commit.
+retention, model routes, egress hosts, the guardrail model, the verdict rule, API specs) with
+its audit event, and of what the worker reads of them. Functions take the session and never commit.
 
 Who may touch which project is auth's rule (``visible_project``); each write here asks it
 first, so a project the caller does not administer answers 404 before anything is checked.
@@ -132,6 +132,16 @@ def clear_guardrail_model(session: Session, who: Principal, name: str) -> Projec
     return project
 
 
+def set_verdict_rule(session: Session, who: Principal, name: str, rule: str) -> Project:
+    """Set how the project's cases with runs > 1 are judged (threshold or wilson); audited
+    even when it was that rule already."""
+    project = visible_project(session, who, name)
+    before = project.verdict_rule
+    project.verdict_rule = rule
+    _audit(session, who, project, "project.verdict_rule_set", verdict_rule=[before, rule])
+    return project
+
+
 def put_api_spec(
     session: Session,
     who: Principal,
@@ -198,6 +208,8 @@ class ProjectSettings:
     egress: tuple[str, ...]  # the hosts a case's web_read_page may reach
     api_specs: dict[str, Any]  # prefix -> {base_url, headers, tools} (api_specs.ApiSpec)
     guardrail_model: str | None  # None: judged guardrails are skipped
+    # How a case with runs > 1 is judged: "threshold" (the platform's) or "wilson".
+    verdict_rule: str = "threshold"
 
 
 def settings_of(session: Session, project_id: uuid.UUID) -> ProjectSettings:
@@ -209,4 +221,5 @@ def settings_of(session: Session, project_id: uuid.UUID) -> ProjectSettings:
         egress=tuple(str(host) for host in project.egress_hosts),
         api_specs=dict(project.api_specs or {}),
         guardrail_model=project.guardrail_model,
+        verdict_rule=project.verdict_rule or "threshold",
     )

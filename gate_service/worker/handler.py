@@ -28,9 +28,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gate_runner import case_env as handoff
 from gate_runner.contract import MAX_CLEANUP_SECONDS
+from gate_runner.sequential import wilson_applies
+from gate_runner.verdict import STOP_DECIDED, STOP_FAILING
 
 from .. import incidents
 from ..api_specs import loader_tools
+from ..baselines import judging
+from ..baselines.closure import closure_hashes, why_not_reusable
 from ..bundles.archive import read_archive
 from ..bundles.live_models import (
     GUARDRAIL_FIELD,
@@ -209,13 +213,16 @@ def runner_argv(
     test_name: str,
     model_mode: str | None = None,
     guardrail_model: str | None = None,
+    stop_early: str | None = None,
+    wilson_max_runs: int | None = None,
 ) -> list[str]:
     """The runner's command line for one case (runner contract v2).
 
     `--case=NAME`: a case name is the bundle's text, and one that starts with '-' must stay
     the option's value. `--handoff`: the case's environment and nonce arrive on stdin.
     `--guardrail-model=NAME`: the project's judge model, when it names one (a model name as
-    the API took it: letters, digits and ``._-/:@+``).
+    the API took it: letters, digits and ``._-/:@+``). `--stop-early=MODE`: the early stop
+    the gate allows (``early_stop_mode``), when it allows one.
     """
     argv = [
         "run-case",
@@ -231,7 +238,27 @@ def runner_argv(
         argv.append(f"--model-mode={model_mode}")
     if guardrail_model:
         argv.append(f"--guardrail-model={guardrail_model}")
+    if stop_early:
+        argv.append(f"--stop-early={stop_early}")
+    if wilson_max_runs:
+        argv.append(f"--wilson-max-runs={wilson_max_runs}")
     return argv
+
+
+def early_stop_mode(
+    settings: Settings, baseline: str | None, verdict_rule: str, labelled: bool = False
+) -> str | None:
+    """The runner's --stop-early for a gate's cases (docs/baselines.md, "Early stop"): none
+    with GATE_EARLY_STOP off, or under the Wilson rule (which decides when to stop itself);
+    "decided" (a case stops once its verdict is known either way) only when nothing needs a
+    passing case's full rate: the gate names no baseline (its regression test compares
+    rates) and carries no labels (a labelled gate may be a later gate's baseline, named by
+    its label); else "failing" (only once it can no longer pass)."""
+    if not settings.early_stop or verdict_rule == "wilson":
+        return None
+    if baseline is None and not labelled:
+        return STOP_DECIDED
+    return STOP_FAILING
 
 
 def test_image_tag(sha256: str, runner_tag: str) -> str:
@@ -435,9 +462,37 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
         case_agents = {case.agent_name for case in report.cases}
         modes = agent_modes(bundle_dir, report.configs, case_agents, model_mode, triggers)
 
+        # Each case's closure hash: what its history is compared and reused by.
+        closures = closure_hashes(
+            bundle_dir,
+            report.configs,
+            report.cases,
+            modes,
+            guardrail_model=guardrail_model,
+            triggers=triggers,
+        )
+
+        # By agent: why its cases may not be reused by an incremental gate (None: they may).
+        reusable = {
+            agent: why_not_reusable(
+                bundle_dir, report.configs, agent, model_mode, guardrail_model, triggers
+            )
+            for agent in case_agents
+        }
+
         def enter_building(session: Session, gate: Gate) -> None:
-            lifecycle.save_cases(session, gate, report.cases)
-            lifecycle.record_warnings(gate, report.warnings)
+            lifecycle.save_cases(session, gate, report.cases, closures)
+            baseline_id, no_baseline = judging.resolve_baseline(session, gate)
+            gate.baseline_gate_id = baseline_id
+            if no_baseline is not None:  # a branch's first gate, say: nothing is compared
+                report.warnings.insert(0, judging.no_baseline_warning(gate, no_baseline))
+            reuses, not_reused = judging.reusable_cases(session, gate, reusable)
+            for reuse in reuses:
+                lifecycle.reuse_case(reuse.case, reuse.base, reuse.why)
+            if gate.changed_only and gate.baseline_gate_id is not None:
+                note = judging.reuse_note(gate, len(reuses), len(report.cases), not_reused)
+                report.warnings.insert(0, note)
+            lifecycle.record_warnings(gate, report.warnings[:MAX_WARNINGS])
             lifecycle.record_model_modes(gate, modes, mode_reason(modes, model_mode))
             lifecycle.set_phase(gate, Phase.building)
 
@@ -452,6 +507,11 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
         if gate.cancel_requested:
             lifecycle.cancel_gate(gate)
         else:
+            # Quarantines, the baseline and the case's history, stored on each case first:
+            # the verdict reads them.
+            more = judging.annotate_cases(session, gate, ctx.settings)
+            if more:
+                lifecycle.record_warnings(gate, [*more, *gate.warnings][:MAX_WARNINGS])
             lifecycle.finish_gate(session, gate)
         job.finish(session)
         ctx.metrics.gate_finished(session, gate)
@@ -655,7 +715,8 @@ def _run_cases(
         gate = session.get_one(Gate, job.gate_id)
         # Fixed at submission, so read once: each case's container is made with it.
         model_mode = gate.model_mode
-        inputs = _case_inputs(ctx, session, gate.project_id)
+        # The early stop too (the gate's baseline and labels, the project's verdict rule).
+        inputs = _case_inputs(ctx, session, gate.project_id, gate.baseline, bool(gate.labels))
         pending = lifecycle.unjudged_cases(session, job.gate_id)
     with ThreadPoolExecutor(max_workers=slots.containers.size) as pool:
         # Each case in its own copy of this thread's log context (gate_id, worker).
@@ -710,7 +771,15 @@ def _run_case_in_slot(
         try:
             container = ctx.sandbox.create(
                 image,
-                runner_argv(ctx.settings, suite, test_name, model_mode, guardrail_model),
+                runner_argv(
+                    ctx.settings,
+                    suite,
+                    test_name,
+                    model_mode,
+                    guardrail_model,
+                    stop_early=inputs.stop_early,
+                    wilson_max_runs=inputs.wilson_max_runs,
+                ),
                 # Its wall deadline is the start's (see _run_case), not the container's.
                 limits=case_limits(ctx.settings, 0),
                 labels={
@@ -751,10 +820,22 @@ class _CaseInputs:
     egress: tuple[str, ...]  # the project's egress allowlist
     # The project's API specs (prefix -> {base_url, headers, tools}).
     api_specs: dict[str, Any]
+    # The runner's --stop-early for the gate's cases (early_stop_mode), None: run them all.
+    stop_early: str | None = None
+    # The runner's --wilson-max-runs under the project's verdict_rule: wilson, else None.
+    wilson_max_runs: int | None = None
 
 
-def _case_inputs(ctx: WorkerContext, session: Session, project_id: uuid.UUID) -> _CaseInputs:
-    """The project's part of its cases' inputs (see _CaseInputs), its secrets decrypted."""
+def _case_inputs(
+    ctx: WorkerContext,
+    session: Session,
+    project_id: uuid.UUID,
+    baseline: str | None = None,
+    labelled: bool = False,
+) -> _CaseInputs:
+    """The project's part of its cases' inputs (see _CaseInputs), its secrets decrypted;
+    ``baseline`` and ``labelled``: the gate's, which with the project's verdict rule decide
+    the early stop."""
     # Decrypted before any case is marked: a key that does not fit fails the attempt (an
     # infrastructure error of the gate) with its cases still queued.
     project_env = project_secrets(session, ctx.box(), project_id)
@@ -775,6 +856,8 @@ def _case_inputs(ctx: WorkerContext, session: Session, project_id: uuid.UUID) ->
         routes=routes,
         egress=project.egress,
         api_specs=project.api_specs,
+        stop_early=early_stop_mode(ctx.settings, baseline, project.verdict_rule, labelled),
+        wilson_max_runs=ctx.settings.wilson_max_runs if project.verdict_rule == "wilson" else None,
     )
 
 
@@ -806,7 +889,11 @@ def _run_case(
     # Each invocation: the agent's timeout_s, then a builder cleanup's own budget (the runner
     # gives it timeout_s, at most 120 s), then forking and judging.
     per_invocation = timeout_s + min(timeout_s, MAX_CLEANUP_SECONDS) + PER_INVOCATION_SLACK_SECONDS
-    wall = runs * per_invocation + s.case_deadline_slack_seconds
+    # Under the Wilson rule a case may run up to its cap of invocations, one at a time.
+    most = runs
+    if inputs.wilson_max_runs and wilson_applies(runs, success_threshold):
+        most = max(runs, inputs.wilson_max_runs)
+    wall = most * per_invocation + s.case_deadline_slack_seconds
     # No case container outlives the gate's deadline: its wall limit is at most the time left.
     cut_by_deadline = wall > int(seconds_left)
     wall = min(wall, int(seconds_left))
@@ -833,6 +920,8 @@ def _run_case(
         memory_mb=s.case_memory_mb,
         output_limit_bytes=s.case_output_limit_bytes,
         reference=incidents.new_reference(),
+        stop_early=inputs.stop_early,
+        wilson_max_runs=inputs.wilson_max_runs,
     )
     outcome = case_outcome(result, facts, redactor.text)
     if isinstance(outcome, NotJudged) and outcome.ends_gate:

@@ -13,7 +13,7 @@ from gate_service.models import Base
 TABLES = {
     "bundles", "gates", "jobs", "cases", "runs",
     "projects", "api_tokens", "project_secrets", "audit_events", "model_calls",
-    "project_model_spend", "ui_sessions", "bundle_chunks",
+    "project_model_spend", "ui_sessions", "bundle_chunks", "case_quarantines",
 }  # fmt: skip
 
 
