@@ -23,6 +23,7 @@ from .app_state import ATTRIBUTE as STATE_ATTRIBUTE
 from .app_state import AppState, by_class
 from .auth.brakes import AuditBudget, FailureLimiter
 from .auth.routes import router as auth_router
+from .baselines.routes import router as baselines_router
 from .config import Settings
 from .connic_api.routes import bounds_its_own_body
 from .connic_api.routes import router as connic_router
@@ -198,6 +199,7 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:
     app.include_router(projects_router)  # before auth's: the API's paths keep their order
     app.include_router(auth_router)
     app.include_router(secrets_router)
+    app.include_router(baselines_router)
     app.include_router(connic_router)
     install_ui(app)
     install_metrics(app, settings, registry)

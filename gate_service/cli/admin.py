@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -195,6 +196,88 @@ def guardrail_model_set(
 def guardrail_model_clear(ctx: typer.Context, project: str) -> None:
     """Remove a project's judge model: its judged guardrails are skipped (and warned of)."""
     _call(ctx, lambda c: c.clear_guardrail_model(project))
+
+
+class VerdictRule(StrEnum):
+    threshold = "threshold"
+    wilson = "wilson"
+
+
+@admin.command("verdict-rule")
+def verdict_rule(ctx: typer.Context, project: str) -> None:
+    """How a project's cases with runs > 1 are judged: threshold or wilson."""
+    _call(ctx, lambda c: _send(c, "GET", f"/v1/projects/{project}/verdict-rule"))
+
+
+@admin.command("verdict-rule-set")
+def verdict_rule_set(
+    ctx: typer.Context,
+    project: str,
+    rule: Annotated[
+        VerdictRule,
+        typer.Argument(
+            help="threshold: successes/runs against success_threshold (the platform's rule); "
+            "wilson: more invocations while the Wilson interval holds the threshold"
+        ),
+    ],
+) -> None:
+    """Set how a project's cases with runs > 1 are judged (gates that start from now on)."""
+    body = {"verdict_rule": rule.value}
+    _call(ctx, lambda c: _send(c, "PUT", f"/v1/projects/{project}/verdict-rule", json=body))
+
+
+def expiry(expires_at: str | None, days: float | None) -> str:
+    """The ISO 8601 end of a quarantine: ``expires_at`` as given, or ``days`` from now."""
+    if (expires_at is None) == (days is None):
+        raise typer.BadParameter("give either --expires-at or --days")
+    if expires_at is not None:
+        return expires_at
+    assert days is not None
+    return (datetime.now(UTC) + timedelta(days=days)).isoformat()
+
+
+@admin.command("quarantine-set")
+def quarantine_set(
+    ctx: typer.Context,
+    project: str,
+    suite: Annotated[str, typer.Option(help="the case's suite path: tests/bot.yaml")],
+    agent: Annotated[str, typer.Option(help="the case's agent")],
+    test: Annotated[str, typer.Option(help="the case's test name")],
+    owner: Annotated[str, typer.Option(help="who answers for the quarantine")],
+    reason: Annotated[str, typer.Option(help="why the case is quarantined")],
+    expires_at: Annotated[
+        str | None, typer.Option(help="when it ends, ISO 8601 (UTC without an offset)")
+    ] = None,
+    days: Annotated[float | None, typer.Option(help="or: it ends this many days from now")] = None,
+) -> None:
+    """Quarantine a case: it still runs and is reported, but until it expires its failure
+    does not fail a gate (at most GATE_MAX_QUARANTINE_DAYS; replaces its quarantine)."""
+    body = {
+        "case": {"suite": suite, "agent_name": agent, "test_name": test},
+        "owner": owner,
+        "reason": reason,
+        "expires_at": expiry(expires_at, days),
+    }
+    _call(ctx, lambda c: _send(c, "POST", f"/v1/projects/{project}/quarantine", json=body))
+
+
+@admin.command("quarantine-list")
+def quarantine_list(ctx: typer.Context, project: str) -> None:
+    """A project's quarantines that hold, then those that ended in the last 30 days."""
+    _call(ctx, lambda c: _send(c, "GET", f"/v1/projects/{project}/quarantine"))
+
+
+@admin.command("quarantine-clear")
+def quarantine_clear(ctx: typer.Context, project: str, quarantine_id: str) -> None:
+    """End a quarantine now, by its id (quarantine-list shows them)."""
+    _call(ctx, lambda c: _send(c, "DELETE", f"/v1/projects/{project}/quarantine/{quarantine_id}"))
+
+
+def _send(client: Any, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    """A request of the admin API through the client's connection and error handling, for
+    the routes GateClient has no method of its own for."""
+    answer: dict[str, Any] = client._check(client._http.request(method, path, **kwargs))
+    return answer
 
 
 @admin.command("api-specs")

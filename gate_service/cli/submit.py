@@ -101,6 +101,14 @@ def _write_junit(path: Path, gate: GateView) -> None:
         raise _fail(f"could not write the JUnit report {path}: {exc}") from exc
 
 
+def _write_markdown(path: Path, summary: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(summary, encoding="utf-8")
+    except OSError as exc:
+        raise _fail(f"could not write the Markdown summary {path}: {exc}") from exc
+
+
 def submit(
     path: Annotated[
         Path, typer.Argument(help="project folder (packed as `connic test` does) or archive")
@@ -147,17 +155,54 @@ def submit(
     timeout: Annotated[
         float, typer.Option(min=1, help="seconds to wait for the verdict before exit 2")
     ] = 3600,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            "--baseline",
+            metavar="GATE",
+            help="compare each case with this gate's: a gate id, or label:KEY=VALUE (the "
+            "project's last passing gate with that label, e.g. label:branch=main); a "
+            "regression fails the gate",
+        ),
+    ] = None,
+    changed_only: Annotated[
+        bool,
+        typer.Option(
+            "--changed-only",
+            help="reuse the baseline's passing cases whose closure is unchanged instead of "
+            "running them (needs --baseline; scripted or replay cases only)",
+        ),
+    ] = False,
+    markdown: Annotated[
+        Path | None,
+        typer.Option(
+            "--markdown",
+            metavar="FILE",
+            dir_okay=False,
+            help="write the gate's Markdown summary (for a pull-request comment)",
+        ),
+    ] = None,
     url: Url = DEFAULT_URL,
     token: Token = None,
 ) -> None:
     """Submit a project folder or archive to a gate and report its verdict."""
     import httpx
     from rich.console import Console
+    from rich.text import Text
 
     from ..client.api import GateAPIError, GateClient
-    from ..client.render import GateProgress, json_result, render_results
+    from ..client.render import GateProgress, json_result, render_results, visible
     from ..client.shapes import FailedRuns, GateView
 
+    if changed_only and not baseline:
+        raise typer.BadParameter(
+            "needs --baseline: the cases it reuses are those that passed there",
+            param_hint="--changed-only",
+        )
+    if markdown is not None and not wait:
+        raise typer.BadParameter(
+            "the summary needs the verdict: drop --no-wait", param_hint="--markdown"
+        )
     labels = parse_labels(label)
     console = Console(highlight=False)
     bundle, filename = _bundle(path, console, as_json)
@@ -171,6 +216,8 @@ def submit(
                     name_filter=name_filter,
                     labels=labels,
                     model_mode=model_mode.value if model_mode else None,
+                    baseline=baseline,
+                    changed_only=changed_only,
                 )
             )
         except GateAPIError as exc:
@@ -196,6 +243,15 @@ def submit(
             for case in gate.cases:
                 if case.passed is not True and case.agent_run_ids:
                     case.failed_runs = FailedRuns.of(client.failed_runs(case))
+        # The summary is the comment's, not the verdict's: when it cannot be fetched the
+        # JUnit report and the results still come, then exit 2 says so.
+        summary: str | None = None
+        summary_refused: str | None = None
+        if markdown is not None:
+            try:
+                summary = client.summary_markdown(str(gate.id))
+            except GateAPIError as exc:
+                summary_refused = f"could not fetch the gate's Markdown summary: {exc}"
     except httpx.HTTPError as exc:
         raise _fail(f"cannot reach the gate at {url}: {exc or type(exc).__name__}") from exc
     finally:
@@ -203,16 +259,22 @@ def submit(
 
     if junit is not None:
         _write_junit(junit, gate)
+    if markdown is not None and summary is not None:
+        _write_markdown(markdown, summary)
     status = gate.status
     if status == "error":
         if not as_json:
             render_results(console, gate, show_requests=show_requests)
         reason = gate.failure_reason or gate.error or "unknown error"
+        if summary_refused:
+            _stderr().print(Text(visible(summary_refused), style="bold red"), soft_wrap=True)
         raise _fail(f"Gate errored: {reason}", gate.problems if as_json else None)
     if as_json:
         typer.echo(json.dumps(json_result(gate), indent=2))
     else:
         render_results(console, gate, show_requests=show_requests)
+    if summary_refused:
+        raise _fail(summary_refused)
     raise typer.Exit(EXIT_PASSED if status == "passed" else EXIT_FAILED)
 
 

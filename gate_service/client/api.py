@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -13,10 +14,29 @@ from pydantic import ValidationError
 from .pack import PackError, pack_project
 from .shapes import CaseView, RunView
 
-__all__ = ["EXIT_CODES", "TERMINAL", "GateAPIError", "GateClient", "PackError", "pack_project"]
+__all__ = [
+    "EXIT_CODES",
+    "TERMINAL",
+    "GateAPIError",
+    "GateClient",
+    "PackError",
+    "absolute_links",
+    "pack_project",
+]
 
 TERMINAL = frozenset({"passed", "failed", "error", "cancelled"})
 EXIT_CODES = {"passed": 0, "failed": 1, "cancelled": 1, "error": 2}
+
+# The results pages' path: a summary's links to them are paths without GATE_PUBLIC_URL.
+PAGES_PATH = "/ui/"
+# A Markdown link's target that is such a path. The summary escapes every "]" of text (a
+# tenant's case name), so only its own links end "](" unescaped.
+_PAGE_LINK = re.compile(r"(?<!\\)\]\(/ui/")
+
+
+def absolute_links(markdown: str, pages_url: str) -> str:
+    """A summary's links to the results pages under ``pages_url`` (``http://gate/ui/``)."""
+    return _PAGE_LINK.sub(lambda _: "](" + pages_url, markdown)
 
 
 class GateAPIError(Exception):
@@ -65,7 +85,12 @@ class GateClient:
         labels: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
         model_mode: str | None = None,
+        baseline: str | None = None,
+        changed_only: bool = False,
     ) -> dict[str, Any]:
+        """Queue a bundle. ``baseline``: a gate id or ``label:key=value`` to compare each
+        case with; ``changed_only``: reuse the baseline's passing cases whose closure is
+        unchanged (needs a baseline)."""
         data: dict[str, str] = {}
         if name_filter:
             data["filter"] = name_filter
@@ -73,6 +98,10 @@ class GateClient:
             data["model_mode"] = model_mode
         if labels:
             data["labels"] = json.dumps(labels)
+        if baseline:
+            data["baseline"] = baseline
+        if changed_only:
+            data["changed_only"] = "true"
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         response = self._http.post(
             "/v1/gates", files={"bundle": (filename, bundle)}, data=data, headers=headers
@@ -101,6 +130,16 @@ class GateClient:
         if isinstance(link, str) and link.startswith("/") and not link.startswith("//"):
             gate["html_url"] = str(self._http.base_url.join(link))
         return gate
+
+    def summary_markdown(self, gate_id: str) -> str:
+        """The gate's Markdown summary for a pull-request comment (GET
+        /v1/gates/{id}/summary.md). Its links are paths when the service has no
+        GATE_PUBLIC_URL: they are made absolute with the address this client reached it at,
+        as ``html_url`` is."""
+        response = self._http.get(f"/v1/gates/{gate_id}/summary.md")
+        if response.status_code >= 400:
+            self._check(response)
+        return absolute_links(response.text, str(self._http.base_url.join(PAGES_PATH)))
 
     def recordings(self, gate_id: str) -> dict[str, Any]:
         """The gate's answered model calls as replay files: ``{"recordings": [{"path",

@@ -9,6 +9,17 @@ cancelled or never-judged case <skipped>. A gate that ended in error without cas
 suites, a failed build) is one <testcase name="gate"> with <error>, so the pipeline's report
 shows why.
 
+Baselines: a case that regressed against the gate's baseline carries <failure
+type="regression"> naming both rates and the p-value, even when its threshold held. A
+quarantined case that failed (or regressed) carries <skipped message="quarantined by OWNER
+until DAY: REASON; it failed: ...">, since the skipped count and its message are what Jenkins
+and GitLab show without failing the build, and the failed runs as its text. A case reused
+from the baseline (``--changed-only``) is <skipped> naming the baseline gate and its case.
+A case's other notes (likely regression, new or not comparable, flaky, narrow interval,
+early stop) and its pass rate's interval are its <system-out>; the baseline as submitted and
+the gate it named are the suite's properties ``gate.baseline`` and
+``gate.baseline_gate_id`` (junit-10.xsd has no properties on a testcase).
+
 Built with xml.etree; text a bundle controls is cleaned of the characters XML 1.0 cannot
 hold (C0 controls other than tab and newline, U+FFFE/U+FFFF, lone surrogates).
 """
@@ -21,6 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from .notes import case_notes, interval_text, quarantine_text, rate, regression_text
 from .shapes import CaseView, FailedRuns, GateView
 
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -59,13 +71,49 @@ def _failure_text(case: CaseView) -> str:
 
 def _outcome(case: CaseView) -> str:
     status = case.status
-    if case.passed is True:
+    if case.reused_from:
+        return "skipped"  # not run: its baseline's verdict stands
+    regressed = case.regression_level == "regression"
+    if case.passed is True and not regressed:
         return "passed"
-    if case.passed is False or status == "failed":
-        return "failed"
+    if case.passed is True or case.passed is False or status == "failed":
+        # A quarantined failure (or regression) ran and is reported, but does not fail.
+        return "skipped" if case.quarantine else "failed"
     if status == "error":
         return "error"
     return "skipped"
+
+
+def _skip_message(case: CaseView) -> str:
+    """Why a case that ran or was named is reported skipped: reused, quarantined, not run."""
+    if case.reused_from:
+        gate = case.baseline.gate_id if case.baseline is not None else None
+        return (
+            f"reused from baseline gate {gate or '?'}: it passed there with the same closure, "
+            f"so it was not run again (that gate's case {case.reused_from})"
+        )
+    quarantined = quarantine_text(case)
+    if quarantined is not None:
+        what = []
+        if case.passed is not True:
+            what.append(f"it failed: {case.failure_reason or case.status or 'failed'}")
+        if (regressed := regression_text(case)) is not None:
+            what.append(f"it {regressed}")
+        return "; ".join([quarantined, *what])
+    return case.failure_reason or f"case {case.status or 'not judged'}"
+
+
+def _notes_text(case: CaseView) -> str:
+    """The case's notes and its interval, a line each, for <system-out> (what Jenkins and
+    GitLab show under a case); empty when there is nothing to say."""
+    lines = [note.text for note in case_notes(case)]
+    interval = case.interval
+    if interval is not None and not case.reused_from:
+        lines.append(
+            f"pass rate {rate(case.successes, case.runs_done())}, 95% interval "
+            f"{interval_text(interval.low, interval.high)}"
+        )
+    return "\n".join(lines)
 
 
 def warning_line(warning: Any) -> str:
@@ -89,15 +137,25 @@ def _testcase(parent: ET.Element, case: CaseView) -> str:
     )
     outcome = _outcome(case)
     reason = xml_text(case.failure_reason or "")
-    if outcome == "failed":
-        failure = ET.SubElement(element, "failure", message=reason, type="failed")
+    regressed = regression_text(case) if case.regression_level == "regression" else None
+    if outcome == "failed" and case.passed is True and regressed is not None:
+        # Every threshold held, and the gate fails all the same: name both rates and p.
+        failure = ET.SubElement(element, "failure", message=xml_text(regressed), type="regression")
+        failure.text = xml_text(regressed)
+    elif outcome == "failed":
+        message = reason if regressed is None else xml_text(f"{case.failure_reason}; {regressed}")
+        failure = ET.SubElement(element, "failure", message=message, type="failed")
         failure.text = xml_text(_failure_text(case))
     elif outcome == "error":
         error = ET.SubElement(element, "error", message=reason, type="error")
         error.text = reason
     elif outcome == "skipped":
-        status = case.status or "not judged"
-        ET.SubElement(element, "skipped", message=xml_text(reason or f"case {status}"))
+        skipped = ET.SubElement(element, "skipped", message=xml_text(_skip_message(case)))
+        if case.quarantine and case.passed is not True:
+            skipped.text = xml_text(_failure_text(case))
+    notes = _notes_text(case)
+    if notes:
+        ET.SubElement(element, "system-out").text = xml_text(notes)
     return outcome
 
 
@@ -126,10 +184,16 @@ def junit_element(answer: GateView | Mapping[str, Any]) -> ET.Element:
         agents = {case.agent_name for case in members}
         mine = [w for w in warnings if w.get("agent") in agents]
         link = gate.html_url
-        if mine or link:
+        if mine or link or gate.baseline:
             properties = ET.SubElement(element, "properties")
             if link:  # where a CI's test report links the person reading it
                 ET.SubElement(properties, "property", name="gate.html_url", value=xml_text(link))
+            for name, value in (
+                ("gate.baseline", gate.baseline),
+                ("gate.baseline_gate_id", gate.baseline_gate_id),
+            ):
+                if value:
+                    ET.SubElement(properties, "property", name=name, value=xml_text(value))
             for warning in mine:
                 value = xml_text(warning_line(warning))
                 ET.SubElement(properties, "property", name="gate.warning", value=value)

@@ -30,6 +30,7 @@ from rich.text import Text
 
 from .junit import warning_line
 from .model_requests import format_kind, message_text, request_summary
+from .notes import Tone, case_notes
 from .shapes import CaseView, FailedRuns, GateView, ModelCalls, TraceSpan
 
 TRUNCATE_AT = 800
@@ -140,13 +141,40 @@ class GateProgress:
 
 
 def _result_cell(case: CaseView) -> Text:
+    if case.reused_from:
+        return Text(" REUSED ", style="bold cyan")
     if case.passed is True:
         return Text(" PASS ", style="bold green")
     if case.passed is False or case.status == "failed":
-        return Text(" FAIL ", style="bold red")
+        # A quarantined failure is reported, and does not fail the gate: not red.
+        return Text(" FAIL ", style="bold yellow" if case.quarantine else "bold red")
     if case.status == "error":
         return Text(" ERROR ", style="bold red")
     return Text(" SKIP ", style="yellow")
+
+
+def _runs_cell(case: CaseView) -> Text:
+    done = case.runs_done()
+    text = f"{case.successes or 0}/{done}"
+    if case.stopped_early and case.runs and done < case.runs:
+        text += f" of {case.runs}"
+    return Text(text)
+
+
+def _baseline_cell(case: CaseView) -> Text:
+    base = case.baseline
+    if base is None:
+        return Text("")
+    if case.reused_from:
+        return Text("reused", style="dim")
+    if base.comparable is not True:
+        return Text("new" if base.case_id is None else "not comparable", style="dim")
+    counts = f"{base.successes}/{base.runs}"
+    if case.regression_level == "regression":
+        return Text(f"{counts} regression", style="yellow" if case.quarantine else "bold red")
+    if case.regression_level == "likely":
+        return Text(f"{counts} likely regression", style="yellow")
+    return Text(counts)
 
 
 def results_table(cases: list[CaseView]) -> Table:
@@ -155,14 +183,59 @@ def results_table(cases: list[CaseView]) -> Table:
     table.add_column("Test", overflow="fold")
     table.add_column("Runs", no_wrap=True, justify="right")
     table.add_column("Threshold", no_wrap=True, justify="right")
+    # Only when the gate was compared with a baseline: an older service's table is unchanged.
+    with_baseline = any(case.baseline is not None for case in cases)
+    if with_baseline:
+        table.add_column("Baseline", no_wrap=True)
     for case in cases:
-        table.add_row(
+        cells = [
             _result_cell(case),
             Text(visible(case_label(case))),
-            Text(f"{case.successes or 0}/{case.runs or 0}"),
+            _runs_cell(case),
             Text(f"{case.success_threshold or 0}%"),
-        )
+        ]
+        if with_baseline:
+            cells.append(_baseline_cell(case))
+        table.add_row(*cells)
     return table
+
+
+# How loud each tone of a note is on a terminal.
+TONE_STYLES = {Tone.fail: "red", Tone.warn: "yellow", Tone.quiet: "dim", Tone.plain: ""}
+
+
+def note_lines(case: CaseView) -> list[Text]:
+    """The case's notes (``notes.case_notes``) as terminal lines, controls made visible."""
+    return [Text(visible(note.text), style=TONE_STYLES[note.tone]) for note in case_notes(case)]
+
+
+def baseline_line(answer: GateView | Mapping[str, Any]) -> str | None:
+    """The baseline the gate was compared with, or None when it named none."""
+    gate = GateView.of(answer)
+    if not gate.baseline:
+        return None
+    line = f"baseline: {gate.baseline}"
+    if gate.baseline_gate_id:
+        line += f", gate {gate.baseline_gate_id}"
+    elif gate.status in JUDGED:
+        line += " named no gate, so no case was compared (see the warnings)"
+    if gate.changed_only:
+        reused = sum(1 for case in gate.cases if case.reused_from)
+        line += f"; changed cases only, {reused} reused"
+    return line
+
+
+def _tally(cases: list[CaseView]) -> str:
+    """The summary line's tail: what beside passing and failing the cases did."""
+    counts = (
+        ("regressed", sum(1 for c in cases if c.regression_level == "regression")),
+        ("likely regressed", sum(1 for c in cases if c.regression_level == "likely")),
+        ("quarantined", sum(1 for c in cases if c.quarantine is not None)),
+        ("flaky", sum(1 for c in cases if c.flaky is not None)),
+        ("reused", sum(1 for c in cases if c.reused_from)),
+    )
+    said = [f"{n} {word}" for word, n in counts if n]
+    return f" ({', '.join(said)})" if said else ""
 
 
 def _span_label(span: TraceSpan, meta: dict[str, Any]) -> str:
@@ -297,13 +370,25 @@ def render_results(
     if cases:
         console.print()
         console.print(results_table(cases))
+    noted = [(case, notes) for case in cases if (notes := note_lines(case))]
+    if noted:
+        console.print()
+        console.print(Text("  → Notes:"))
+        for case, notes in noted:
+            console.print(Text(f"    {visible(case_label(case))}"), soft_wrap=True)
+            for note in notes:
+                console.print(Text("      ").append_text(note), soft_wrap=True)
     failed = [c for c in cases if c.passed is not True and c.failure_reason]
     if failed:
         console.print()
         console.print(Text("  → Failure details:"))
         for case in failed:
-            line = Text("    ✗ ", style="red")
-            line.append(visible(f"{case_label(case)}: {case.failure_reason}"), style="red")
+            style = "yellow" if case.quarantine else "red"
+            line = Text("    ✗ ", style=style)
+            quarantined = " (quarantined)" if case.quarantine else ""
+            line.append(
+                visible(f"{case_label(case)}{quarantined}: {case.failure_reason}"), style=style
+            )
             console.print(line, soft_wrap=True)
             for text in failed_run_lines(case.failed_runs, show_requests=show_requests):
                 console.print(text, soft_wrap=True)
@@ -336,7 +421,10 @@ def render_results(
     calls = model_calls_line(gate.model_calls)
     if calls:
         console.print(Text(f"  {calls}"), soft_wrap=True)
-    summary = Text(f"  {passed}/{len(cases)} cases passed.", style="bold")
+    compared = baseline_line(gate)
+    if compared:
+        console.print(Text(f"  {visible(compared)}"), soft_wrap=True)
+    summary = Text(f"  {passed}/{len(cases)} cases passed{_tally(cases)}.", style="bold")
     summary.append(f"  gate {visible(gate.id)}: {visible(gate.status)}", style="")
     console.print(summary, soft_wrap=True)
     if gate.html_url:

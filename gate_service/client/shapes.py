@@ -140,18 +140,76 @@ class ModelCalls(Lenient):
     cost_usd: float | None = None
 
 
+class BaselineView(Lenient):
+    """A case's baseline (``cases.baseline``): the baseline gate's case with its identity,
+    its counts and the one-sided Fisher test of a drop; ``comparable`` false (``why`` says
+    why) for a case new since the baseline or whose definition changed."""
+
+    gate_id: str | None = None
+    case_id: str | None = None
+    successes: int | None = None
+    runs: int | None = None
+    comparable: bool | None = None
+    why: str | None = None
+    p_value: float | None = None
+    drop_points: float | None = None
+
+
+class FlakyView(Lenient):
+    """A flaky case (``cases.flaky``): its verdicts differ across its last gates with one
+    closure hash; its pass rate over them and that rate's 95% interval (percent)."""
+
+    gates: int | None = None
+    passed_gates: int | None = None
+    successes: int | None = None
+    runs: int | None = None
+    low: float | None = None
+    high: float | None = None
+
+
+class QuarantineView(Lenient):
+    """The quarantine a case ran under (``cases.quarantine``): its failure did not fail the
+    gate. ``expires_at`` as answered (ISO 8601)."""
+
+    owner: str | None = None
+    reason: str | None = None
+    expires_at: str | None = None
+
+
+class IntervalView(Lenient):
+    """A case's pass rate's 95% Wilson interval, in percent."""
+
+    low: float | None = None
+    high: float | None = None
+
+
 # A case as GET /v1/gates/{id} answers it (``gates.schemas.CaseRead``): its id, the fields of
-# the runner's ``CaseResult`` the cases table keeps, its status, its runs' ids and verdicts and
-# its model calls; then the failed runs `gate submit` fetched for it.
+# the runner's ``CaseResult`` the cases table keeps, its status, its baselines columns, its
+# runs' ids and verdicts and its model calls, the derived interval, narrow and regression;
+# then the failed runs `gate submit` fetched for it. An older service answers none of the
+# baselines fields: each reads as missing.
 _NOT_KEPT = {"schema_version", "case_error", "invocations", "nonce"}
 _CASE_FIELDS: dict[str, FieldDef] = (
     {"id": (str | None, None)}
     | contract_fields(CaseResult, optional=True, drop=_NOT_KEPT)
     | {
         "status": (str | None, None),
+        "case_key": (str | None, None),
+        "closure_hash": (str | None, None),
+        "definition_hash": (str | None, None),
+        "stopped_early": (bool | None, None),
+        "invocations_run": (int | None, None),
+        "baseline": (BaselineView | None, None),
+        "regression_level": (str | None, None),
+        "flaky": (FlakyView | None, None),
+        "quarantine": (QuarantineView | None, None),
+        "reused_from": (str | None, None),
         "agent_run_ids": (list[str | None], []),
         "agent_run_passed": (list[bool], []),
         "model_calls": (ModelCalls | None, None),
+        "interval": (IntervalView | None, None),
+        "narrow": (bool | None, None),
+        "regression": (bool | None, None),
         "failed_runs": (FailedRuns | None, None),
     }
 )
@@ -159,6 +217,12 @@ _CASE_FIELDS: dict[str, FieldDef] = (
 
 class CaseView(shape_model("CaseFields", Lenient, _CASE_FIELDS)):  # type: ignore[misc]
     """A case of a gate's answer, with the failed runs the client fetched for it."""
+
+    def runs_done(self) -> int:
+        """The invocations it ran: fewer than its runs after an early stop."""
+        if self.invocations_run is not None:
+            return int(self.invocations_run)
+        return int(self.runs or 0)
 
     def failed_run_ids(self) -> list[str]:
         """The ids of its runs that did not pass, in order."""
@@ -195,3 +259,8 @@ class GateView(Lenient):
     model_calls: ModelCalls | None = None
     cases: list[CaseView] = []
     html_url: str | None = None
+    # Baselines: as submitted (a gate id or label:key=value), the gate it named when the gate
+    # was validated, and whether only changed cases ran. None from an older service.
+    baseline: str | None = None
+    baseline_gate_id: str | None = None
+    changed_only: bool | None = None

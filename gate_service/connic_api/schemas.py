@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gate_runner.contract import Invocation, Span
 
-from ..gates.schemas import CaseRead
+from ..gates.schemas import BASELINE_FIELDS, CaseRead
 from ..gates.submission import MAX_TEXT_FIELD_BYTES
 from ..results import FieldDef, contract_fields, shape_model
 from ..text import StorableStr
@@ -59,11 +59,11 @@ class ConnicTestRunSubmit(BaseModel):
 
 
 # The CLI's case: the gate's case (gates.schemas.CaseRead) without what the CLI does not
-# read, `passed` a plain flag.
+# read nor what baselines add (the platform has none of it), `passed` a plain flag.
 _CASE_FIELDS = {
     name: (field.annotation, ...)
     for name, field in CaseRead.model_fields.items()
-    if name not in {"id", "suite", "status", "duration_ms", "model_calls"}
+    if name not in {"id", "suite", "status", "duration_ms", "model_calls", *BASELINE_FIELDS}
 } | {
     "passed": (
         bool,

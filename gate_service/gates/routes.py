@@ -18,7 +18,7 @@ import anyio.to_thread
 import psycopg
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..app_state import state_of
@@ -32,6 +32,7 @@ from ..auth.deps import (
 )
 from ..auth.service import Principal, last_use_due, record_by, token_refusal
 from ..auth.tokens import Scope, digests_match, token_digest
+from ..baselines.summary import gate_summary
 from ..db import session_scope
 from ..deps import SessionDep, SessionFactoryDep, SettingsDep
 from ..errors import BadRequest, NotFound, error_responses
@@ -119,6 +120,18 @@ UPLOAD_SCHEMA: dict[str, Any] = {
                         "labels": {
                             "type": "string",
                             "description": 'JSON object, e.g. {"commit": "abc"}',
+                        },
+                        "baseline": {
+                            "type": "string",
+                            "description": "Compare each case with this gate's: a gate id, "
+                            "or label:key=value (the project's last passing gate with that "
+                            "label, e.g. label:branch=main)",
+                        },
+                        "changed_only": {
+                            "type": "string",
+                            "enum": ["true", "false"],
+                            "description": "Reuse the baseline's passing cases whose closure "
+                            "is unchanged (scripted or replay only) instead of running them",
                         },
                     },
                 }
@@ -405,6 +418,37 @@ def get_cases(
 def get_recordings(gate_id: uuid.UUID, session: SessionDep, who: Reader) -> RecordingsRead:
     """The gate's answered model calls as replay recordings (tests/recordings/<agent>/)."""
     return views.gate_recordings(session, gate_id, who.project_id)
+
+
+class MarkdownResponse(PlainTextResponse):
+    media_type = "text/markdown"
+
+
+@router.get(
+    "/gates/{gate_id}/summary.md",
+    # Answered as Markdown, its errors in the one JSON error shape (so not response_class,
+    # which would document them as Markdown too).
+    response_model=None,
+    responses={
+        200: {
+            "description": "The verdict, then a table of the cases that need a look (failed, "
+            "regressed, likely regressed, flaky, quarantined, narrow) with their rates, "
+            "intervals, baseline rates, p-values and pages; only the verdict's lines when "
+            "every case passed plainly",
+            "content": {"text/markdown": {"schema": {"type": "string"}}},
+        },
+        **ERRORS,
+    },
+)
+def get_summary(
+    gate_id: uuid.UUID, session: SessionDep, settings: SettingsDep, who: Reader
+) -> MarkdownResponse:
+    """The gate's Markdown summary, for a pull-request comment."""
+    gate = views.read_gate(session, gate_id, who.project_id, public_url=settings.public_url)
+    return MarkdownResponse(
+        gate_summary(gate, public_url=settings.public_url),
+        headers={"X-Content-Type-Options": "nosniff"},
+    )
 
 
 @router.get("/runs/{run_id}", response_model=RunRead, responses=ERRORS)

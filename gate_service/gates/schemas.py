@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import typing
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gate_runner.contract import Invocation
 
+from ..baselines.schemas import BaselineRead, FlakyRead, IntervalRead, QuarantineNote
 from ..models import Case
 from ..results import FieldDef, contract_fields, shape_model
 
@@ -24,12 +26,16 @@ class Schema(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
 
-def column_fields(table: type[Any], *, drop: set[str]) -> dict[str, FieldDef]:
+def column_fields(
+    table: type[Any], *, drop: set[str], shaped: Mapping[str, FieldDef] | None = None
+) -> dict[str, FieldDef]:
     """A table's columns as required pydantic fields, in the table's order, each of the type
-    its ``Mapped[...]`` annotation says."""
+    its ``Mapped[...]`` annotation says; ``shaped``: a column answered with its own field
+    definition instead (a JSON column's shape, a description), in the same place."""
+    shaped = shaped or {}
     hints = typing.get_type_hints(table)
     return {
-        c.key: (typing.get_args(hints[c.key])[0], ...)
+        c.key: shaped.get(c.key, (typing.get_args(hints[c.key])[0], ...))
         for c in table.__table__.columns
         if c.key not in drop
     }
@@ -60,18 +66,127 @@ class ModelCallTotals(Schema):
     cost_usd: float = Field(default=0.0, description="Of the answered calls (LiteLLM's cost map)")
 
 
+# The columns baselines added to a case (gate_service/baselines), each with its shape and
+# what it means; the worker fills them as a gate ends (baselines/judging.py).
+_BASELINE_COLUMNS: dict[str, FieldDef] = {
+    "case_key": (
+        str | None,
+        Field(
+            description="The case's identity across the project's gates (suite, agent, test "
+            "name), hashed: GET /v1/projects/{name}/cases lists its history; null for cases "
+            "judged before history was kept"
+        ),
+    ),
+    "closure_hash": (
+        str | None,
+        Field(
+            description="A hash of everything that can change the case's outcome (its YAML and "
+            "the files it names, its agents and their model modes, tools, guardrails, "
+            "requirements, the judge model): a flaky case's verdicts differ under one hash"
+        ),
+    ),
+    "definition_hash": (
+        str | None,
+        Field(
+            description="A hash of the case's own resolved YAML: a baseline's case is compared "
+            "only when it is equal"
+        ),
+    ),
+    "stopped_early": (
+        bool,
+        Field(
+            description="Its verdict could no longer change, so only invocations_run of its "
+            "runs were started"
+        ),
+    ),
+    "invocations_run": (
+        int | None,
+        Field(
+            description="The invocations it ran (fewer than runs after an early stop); null: "
+            "as many as runs, or not judged yet"
+        ),
+    ),
+    "baseline": (
+        BaselineRead | None,
+        Field(
+            description="The same case in the gate's baseline, compared or why not; null "
+            "without a baseline"
+        ),
+    ),
+    "regression_level": (
+        str | None,
+        Field(
+            description="Against the baseline: none, likely (a warning) or regression (fails "
+            "the gate unless quarantined); null when not compared"
+        ),
+    ),
+    "flaky": (
+        FlakyRead | None,
+        Field(
+            description="Its verdicts differ across the project's recent gates with its "
+            "closure hash; null when they do not (or it has passed GATE_FLAKY_CLEAR_PASSES "
+            "gates in a row since)"
+        ),
+    ),
+    "quarantine": (
+        QuarantineNote | None,
+        Field(
+            description="The quarantine it ran under: its failure or regression did not fail "
+            "the gate; null when none held"
+        ),
+    ),
+    "reused_from": (
+        uuid.UUID | None,
+        Field(
+            description="The baseline's case whose verdict this changed_only gate reported "
+            "instead of running it; null when it ran"
+        ),
+    ),
+}
+# What a case answers beside its verdict (baselines/figures.py).
+_FIGURE_FIELDS: dict[str, FieldDef] = {
+    "interval": (
+        IntervalRead | None,
+        Field(
+            default=None,
+            description="The Wilson 95% interval of its pass rate over the invocations it "
+            "ran; null before a verdict or with fewer than 2 invocations",
+        ),
+    ),
+    "narrow": (
+        bool,
+        Field(
+            default=False,
+            description="Its success_threshold lies strictly inside the interval: the runs "
+            "cannot tell on which side of it the case really is",
+        ),
+    ),
+    "regression": (
+        bool,
+        Field(
+            default=False,
+            description="It regressed against the gate's baseline (regression_level regression)",
+        ),
+    ),
+}
+# What baselines add to a case: the REST case answers them, Connic's leaves them out (its
+# shape is the platform's, which has none of them).
+BASELINE_FIELDS = frozenset(_BASELINE_COLUMNS) | frozenset(_FIGURE_FIELDS)
+
 # A case is the cases table's row as stored (its columns in order, of their types; the table
 # holds the suite's fields and the runner's result's, gates.lifecycle), less where it stands,
-# then its runs' ids and verdicts and its model calls. (No docstring: see RunRead.)
+# then its runs' ids and verdicts and its model calls, then its figures. (No docstring: see
+# RunRead.)
 _CASE_FIELDS: Any = shape_model(
     "CaseFields",
     Schema,
-    column_fields(Case, drop={"gate_id", "position", "timeout_s"})
+    column_fields(Case, drop={"gate_id", "position", "timeout_s"}, shaped=_BASELINE_COLUMNS)
     | {
         "agent_run_ids": (list[uuid.UUID], ...),
         "agent_run_passed": (list[bool], ...),
         "model_calls": (ModelCallTotals, ...),
-    },
+    }
+    | _FIGURE_FIELDS,
 )
 
 
@@ -108,6 +223,22 @@ class GateRead(Schema):
         "validating has worked them out",
     )
     labels: dict[str, Any]
+    baseline: str | None = Field(
+        default=None,
+        description="The baseline the submission named: a gate id, or label:key=value (the "
+        "project's last passing gate with that label); null: none",
+    )
+    baseline_gate_id: uuid.UUID | None = Field(
+        default=None,
+        description="The gate the baseline named when this gate was validated, whose cases "
+        "its cases are compared with; null without a baseline, before validating, or when it "
+        "named none (a warning says why)",
+    )
+    changed_only: bool = Field(
+        default=False,
+        description="Cases whose closure passed unchanged in the baseline (scripted or replay) "
+        "were reported as reused (their reused_from) instead of run",
+    )
     bundle: BundleRead
     total_cases: int
     passed_cases: int

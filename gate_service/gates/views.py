@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from ..baselines.figures import case_figures
 from ..errors import NotFound
 from ..links import gate_html_url
 from ..models import Bundle, Case, CaseStatus, Gate, GateStatus, Run
@@ -125,6 +126,7 @@ def read_case_views(
                 "agent_run_passed": [p for _, p in runs_by_case[c.id]],
                 "model_calls": calls_by_case.get(c.id, none),
             }
+            | case_figures(c).answered()
         )
         for c in cases
     ]
@@ -181,6 +183,9 @@ def read_gate_view(
         model_modes=gate.model_modes or {},
         model_mode_reason=gate.model_mode_reason,
         labels=gate.labels,
+        baseline=gate.baseline,
+        baseline_gate_id=gate.baseline_gate_id,
+        changed_only=gate.changed_only,
         bundle=BundleRead.model_validate(bundle),
         total_cases=total,
         passed_cases=passed,

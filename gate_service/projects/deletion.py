@@ -3,8 +3,9 @@
 ``delete_project`` is the one owner of what a deletion removes; it never commits (the
 request's session does). What goes: the project's gates with their cases, runs, model calls
 and jobs (a queued or running gate is stopped by its deletion, see below), its tokens and
-their results-page sessions, its secrets, its model spending, its audit events, the project
-row (its settings: retention, model routes, egress allowlist, API specs, guardrail model),
+their results-page sessions, its secrets, its quarantines, its model spending, its audit
+events, the project row (its settings: retention, model routes, egress allowlist, API specs,
+guardrail model, verdict rule),
 and every bundle that only its gates referenced. What stays: one ``project.deleted`` audit
 event under the deleting admin's project (`default`, which cannot be deleted), naming the
 project and counting what went.
@@ -68,6 +69,7 @@ class DeletedCounts:
     tokens: int = 0
     ui_sessions: int = 0
     secrets: int = 0
+    quarantines: int = 0  # case_quarantines rows, held or ended
     spend_windows: int = 0  # project_model_spend rows
     audit_events: int = 0
     bundles: int = 0  # referenced by no other project's gate
@@ -186,6 +188,7 @@ def _delete(session: Session, project_id: uuid.UUID, name: str) -> DeletedCounts
     )
     counts.tokens = _rows(session, "DELETE FROM api_tokens WHERE project_id = :p", p)
     counts.secrets = _rows(session, "DELETE FROM project_secrets WHERE project_id = :p", p)
+    counts.quarantines = _rows(session, "DELETE FROM case_quarantines WHERE project_id = :p", p)
     counts.spend_windows = _rows(
         session, "DELETE FROM project_model_spend WHERE project_id = :p", p
     )

@@ -1,5 +1,5 @@
 """Admin routes: projects and their settings (model routes, egress hosts, the guardrail model,
-API specs)."""
+the verdict rule, API specs)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,9 @@ from .schemas import (
     ProjectDeleted,
     ProjectRead,
     ProjectUpdate,
+    VerdictRule,
+    VerdictRuleName,
+    VerdictRulePut,
 )
 
 router = APIRouter(prefix="/v1", tags=["admin"])
@@ -125,6 +128,27 @@ def delete_guardrail_model(name: str, session: SessionDep, who: Admin) -> Guardr
     block), and each gate whose cases they could change warns so."""
     project = service.clear_guardrail_model(session, who, name)
     return GuardrailModel(project=project.name, model=None)
+
+
+@router.get("/projects/{name}/verdict-rule", response_model=VerdictRule, responses=ERRORS)
+def get_verdict_rule(name: str, session: SessionDep, who: Admin) -> VerdictRule:
+    """How the project's cases with runs > 1 are judged: threshold or wilson."""
+    project = visible_project(session, who, name)
+    return VerdictRule(project=project.name, verdict_rule=_rule(project.verdict_rule))
+
+
+@router.put("/projects/{name}/verdict-rule", response_model=VerdictRule, responses=ERRORS)
+def put_verdict_rule(
+    name: str, body: VerdictRulePut, session: SessionDep, who: Admin
+) -> VerdictRule:
+    """Set how the project's cases with runs > 1 are judged. Gates that start from now on
+    use it. Audited as `project.verdict_rule_set`."""
+    project = service.set_verdict_rule(session, who, name, body.verdict_rule)
+    return VerdictRule(project=project.name, verdict_rule=_rule(project.verdict_rule))
+
+
+def _rule(stored: str) -> VerdictRuleName:
+    return "wilson" if stored == "wilson" else "threshold"
 
 
 @router.get("/projects/{name}/api-specs", response_model=ApiSpecList, responses=ERRORS)

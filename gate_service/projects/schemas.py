@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -44,6 +44,11 @@ class ProjectRead(Schema):
         description="The model that judges the project's judged guardrails "
         "(PUT /v1/projects/{name}/guardrail-model); null: none, so they are skipped",
     )
+    verdict_rule: str = Field(
+        default="threshold",
+        description="How a case with runs > 1 is judged (PUT /v1/projects/{name}/verdict-rule): "
+        "threshold or wilson",
+    )
 
 
 class DeletedCounts(Schema):
@@ -58,6 +63,7 @@ class DeletedCounts(Schema):
     tokens: int
     ui_sessions: int
     secrets: int
+    quarantines: int = Field(description="Quarantined cases, held or ended")
     spend_windows: int = Field(description="Windows of the project's model spending")
     audit_events: int
     bundles: int = Field(description="Bundles no other project's gate references")
@@ -223,6 +229,25 @@ class GuardrailModel(BaseModel):
         "system_prompt_leakage, data_exfiltration and relevance guardrails of the project's "
         "agents; null: none, so those guardrails are skipped and the gate warns"
     )
+
+
+VerdictRuleName = Literal["threshold", "wilson"]
+
+
+class VerdictRulePut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    verdict_rule: VerdictRuleName = Field(
+        description="threshold: a case passes when successes/runs reaches its "
+        "success_threshold (the platform's rule); wilson: a case whose Wilson 95% interval "
+        "still holds its threshold after its runs gets more invocations, up to "
+        "GATE_WILSON_MAX_RUNS in all. Gates that start from then on use it"
+    )
+
+
+class VerdictRule(BaseModel):
+    project: str
+    verdict_rule: VerdictRuleName
 
 
 class ApiSpecPut(BaseModel):

@@ -26,6 +26,7 @@ from ..app_state import state_of
 from ..auth.deps import check_token
 from ..auth.service import record_by
 from ..auth.tokens import Scope
+from ..baselines.history import one_case_history
 from ..db import session_scope
 from ..deps import SessionDep, SettingsDep
 from ..errors import BadRequest, Forbidden, GateError, TooManyRequests, Unauthorized
@@ -75,6 +76,10 @@ def make_templates() -> Jinja2Templates:
     env.filters["shown"] = views.shown
     env.globals["result_word"] = views.result_word
     env.globals["is_short"] = views.is_short
+    env.globals["case_notes"] = views.case_notes
+    env.globals["baseline_cell"] = views.baseline_cell
+    env.globals["interval_text"] = views.interval_text
+    env.globals["runs_done"] = views.runs_done
     env.filters["css_word"] = views.css_word
     return Jinja2Templates(env=env)
 
@@ -386,7 +391,21 @@ def case_page(
 ) -> HTMLResponse:
     case = gates.get_case(session, case_id, me.who.project_id)
     runs = gates.read_case_runs(session, case)
-    return render(request, "case.html", {"me": me, "case": case, "runs": runs})
+    history = (
+        one_case_history(
+            session, me.who.project_id, case.case_key, state_of(request).settings.history_gates
+        )
+        if case.case_key is not None
+        else []
+    )
+    context = {
+        "me": me,
+        "case": case,
+        "runs": runs,
+        "notes": views.row_notes(case),
+        "history": views.history_rows(history),
+    }
+    return render(request, "case.html", context)
 
 
 @router.get("/runs/{run_id}")

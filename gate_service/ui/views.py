@@ -17,8 +17,14 @@ from typing import Any
 
 from gate_runner.contract import Span
 
+from ..baselines.figures import case_figures
+from ..baselines.schemas import CaseGateRead
+from ..client import notes
 from ..client.model_requests import MessageText, count, message_text, request_summary
+from ..client.notes import Note
+from ..client.shapes import CaseView
 from ..gates.schemas import CaseRead, GateRead
+from ..models import Case
 
 # Deeper spans are listed flat under the span at this depth: a page stays renderable (and
 # Jinja's recursion bounded) whatever nesting a bundle's code produced.
@@ -73,6 +79,8 @@ def is_short(value: Any) -> bool:
 def result_word(case: CaseRead) -> str:
     """Pass and fail in words, not colour alone."""
     status = str(case.status)
+    if case.reused_from is not None:
+        return "REUSED"  # not run: its baseline's verdict stands
     if case.passed is True:
         return "PASS"
     if status == "failed":
@@ -80,6 +88,66 @@ def result_word(case: CaseRead) -> str:
     if status in ("error", "cancelled", "skipped"):
         return status.upper()
     return status.upper() if status not in ("queued", "running") else "PENDING"
+
+
+def case_notes(case: CaseRead) -> list[Note]:
+    """What a case's row cannot say (its comparison with the baseline, quarantine, flakiness,
+    a narrow interval, an early stop, a reuse), in the words `gate submit` prints."""
+    return notes.case_notes(CaseView.of(case.model_dump(mode="json")))
+
+
+def row_notes(case: Case) -> list[Note]:
+    """``case_notes`` of a case row (the case page reads its row), with its figures."""
+    answer = {
+        "status": case.status,
+        "passed": case.passed,
+        "successes": case.successes,
+        "runs": case.runs,
+        "success_threshold": case.success_threshold,
+        "stopped_early": case.stopped_early,
+        "invocations_run": case.invocations_run,
+        "baseline": case.baseline,
+        "regression_level": case.regression_level,
+        "flaky": case.flaky,
+        "quarantine": case.quarantine,
+        "reused_from": str(case.reused_from) if case.reused_from else None,
+    } | case_figures(case).answered()
+    return notes.case_notes(CaseView.of(answer))
+
+
+@dataclass(frozen=True)
+class BaselineCell:
+    """A case's baseline as the gate page's column shows it."""
+
+    rate: str  # "9 / 10 (90%)", or "new", "not comparable"
+    level: str | None  # "REGRESSION", "LIKELY": its badge
+    p_value: str | None
+    case_id: str | None  # the baseline's case, for its link
+
+
+def baseline_cell(case: CaseRead) -> BaselineCell | None:
+    """None when the case was not compared (no baseline)."""
+    base = case.baseline
+    if base is None:
+        return None
+    if case.reused_from is not None:
+        return BaselineCell("reused", None, None, str(case.reused_from))
+    if not base.comparable:
+        word = "new" if base.case_id is None else "not comparable"
+        return BaselineCell(word, None, None, str(base.case_id) if base.case_id else None)
+    level = {"regression": "REGRESSION", "likely": "LIKELY"}.get(case.regression_level or "")
+    shown_rate = notes.rate(base.successes, base.runs).replace("/", " / ", 1)
+    return BaselineCell(shown_rate, level, notes.p_text(base.p_value), str(base.case_id))
+
+
+def interval_text(case: CaseRead) -> str | None:
+    interval = case.interval
+    return None if interval is None else notes.interval_text(interval.low, interval.high)
+
+
+def runs_done(case: CaseRead | Case) -> int:
+    """The invocations a case ran: fewer than its runs after an early stop."""
+    return case.invocations_run if case.invocations_run is not None else case.runs
 
 
 def ordered_cases(cases: Sequence[CaseRead]) -> list[CaseRead]:
@@ -259,3 +327,23 @@ def trace_tree(spans: Iterable[Span]) -> list[TraceNode]:
             roots.append(at)
             attach(at)
     return [nodes[at] for at in roots]
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    """One gate of a case's history on its page: the row, and whether the case's closure
+    hash changed since the row before it (the case's code or inputs changed there)."""
+
+    row: CaseGateRead
+    closure_changed: bool
+
+
+def history_rows(rows: Sequence[CaseGateRead]) -> list[HistoryRow]:
+    """A case's history, oldest first, marked where its closure hash changed."""
+    marked = []
+    previous: str | None = None
+    for index, row in enumerate(rows):
+        changed = index > 0 and row.closure_hash != previous
+        marked.append(HistoryRow(row, changed))
+        previous = row.closure_hash
+    return marked

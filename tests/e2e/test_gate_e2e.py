@@ -50,7 +50,9 @@ def test_bundle_with_failing_cases_ends_failed(gate_url: str, tmp_path: Path) ->
     }
     wrong = cases["expects_the_wrong_sum"]
     assert wrong["agent_name"] == "calc"
-    assert wrong["failure_reason"].startswith("2 of 2 invocation(s) failed")
+    # Early stop: at 100% its first failed run decided the case, its second never started.
+    assert wrong["failure_reason"].startswith("1 of 2 invocation(s) failed and 1 did not start")
+    assert (wrong["invocations_run"], wrong["stopped_early"]) == (1, True)
     assert "`output.sum == 5` was false (seen: output.sum = 4)" in wrong["failure_reason"]
     flaky = cases["two_of_three_at_67_percent"]
     assert "1 of 3 invocation(s) failed (2 passed, 3 needed for 67%)" in flaky["failure_reason"]

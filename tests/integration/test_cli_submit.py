@@ -89,7 +89,8 @@ def test_a_failing_project_exits_1_with_failed_runs(
     wrong = next(c for c in result["cases"] if c["test_name"] == "expects_the_wrong_sum")
     assert wrong["passed"] is False and wrong["failure_reason"]
     shown = wrong["failed_runs"]["shown"]
-    assert wrong["failed_runs"]["total_failed"] == 2 and len(shown) == 2
+    # Early stop: at 100% its first failed run decided the case, its second never started.
+    assert wrong["failed_runs"]["total_failed"] == 1 and len(shown) == 1
     assert all("fetch_error" not in run for run in shown)
     assert shown[0]["output"] == {"sum": 4}
     assert any(json.loads(span["metadata_json"]) for span in shown[0]["traces"])

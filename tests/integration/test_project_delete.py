@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ OF_PROJECT = {
     "ui_sessions": "SELECT count(*) FROM ui_sessions s JOIN api_tokens t ON t.id = s.token_id "
     "WHERE t.project_id = :p",
     "project_secrets": "SELECT count(*) FROM project_secrets WHERE project_id = :p",
+    "case_quarantines": "SELECT count(*) FROM case_quarantines WHERE project_id = :p",
     "project_model_spend": "SELECT count(*) FROM project_model_spend WHERE project_id = :p",
     "audit_events": "SELECT count(*) FROM audit_events WHERE project_id = :p",
     "gates": "SELECT count(*) FROM gates WHERE project_id = :p",
@@ -190,8 +192,17 @@ def populate(
         suite.write(f"# {name}'s own\n")
     gate_id = submit(api, bundle_of(own))
     assert worker.run_once()
-    assert api.get(f"/v1/gates/{gate_id}").json()["status"] == "passed"
+    judged = api.get(f"/v1/gates/{gate_id}").json()
+    assert judged["status"] == "passed"
     add_model_calls(sessions, gate_id)
+    # One of its cases quarantined.
+    named = {k: judged["cases"][0][k] for k in ("suite", "agent_name", "test_name")}
+    ends = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+    r = admin.post(
+        f"/v1/projects/{name}/quarantine",
+        json={"case": named, "owner": "ana", "reason": "r", "expires_at": ends},
+    )
+    assert r.status_code == 201, r.text
     with session_scope(sessions) as s:
         s.add(ProjectModelSpend(project_id=pid, window_start=0, calls=3, tokens=30, cost_usd=0.3))
     return Tenant(name, pid, api, admin, page, gate_id, shared_gate_id="")
@@ -242,6 +253,7 @@ def test_a_deleted_project_leaves_no_row_and_other_projects_keep_theirs(
         "tokens": expected["api_tokens"],
         "ui_sessions": expected["ui_sessions"],
         "secrets": expected["project_secrets"],
+        "quarantines": expected["case_quarantines"],
         "spend_windows": expected["project_model_spend"],
         "audit_events": expected["audit_events"],
         "bundles": 1,

@@ -70,14 +70,14 @@ def test_runs_and_threshold_come_from_the_validated_suite(
     client: TestClient, worker: Worker, sandbox: FakeSandbox, tmp_path: Path
 ) -> None:
     # Claims 1 run at a 0% threshold and a pass, keeping the nonce: the worker recomputes.
+    # One passing invocation of 2 at 100% decides nothing, so it is no early stop either.
     def fewer_runs(result: dict[str, Any]) -> dict[str, Any]:
         return {
-            **result,
+            **all_passed(result),
             "runs": 1,
             "success_threshold": 0,
             "successes": 1,
-            "passed": True,
-            "invocations": result["invocations"][:1],
+            "invocations": all_passed(result)["invocations"][:1],
         }
 
     sandbox.tamper = fewer_runs
@@ -85,6 +85,7 @@ def test_runs_and_threshold_come_from_the_validated_suite(
     assert (case["runs"], case["success_threshold"]) == (2, 100)
     assert "not trusted" in case["failure_reason"]
     assert "the suite asks for 2 run(s)" in case["failure_reason"]
+    assert "do not decide its verdict (early stop: decided)" in case["failure_reason"]
 
 
 def test_a_claimed_pass_is_recomputed_from_the_invocations(

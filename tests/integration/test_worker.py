@@ -49,7 +49,12 @@ def test_worker_judges_a_gate_to_failed_with_cases_and_runs(
     wrong = by_name["expects_the_wrong_sum"]
     assert (wrong["passed"], wrong["successes"], wrong["runs"]) == (False, 0, 2)
     assert "output.sum = 4" in wrong["failure_reason"]
-    assert wrong["agent_run_passed"] == [False, False]
+    # Early stop (GATE_EARLY_STOP, on): at 100% its first failed run decided the case, so
+    # its second never started; a passing case at 100% runs every invocation.
+    assert wrong["agent_run_passed"] == [False]
+    assert (wrong["invocations_run"], wrong["stopped_early"]) == (1, True)
+    adds = by_name["adds_two_numbers"]
+    assert (adds["invocations_run"], adds["stopped_early"]) == (2, False)
     assert by_name["adds_two_numbers"]["passed"] is True
     assert "calc::expects_the_wrong_sum" in gate["failure_reason"]
     run = client.get(f"/v1/runs/{wrong['agent_run_ids'][0]}").json()
