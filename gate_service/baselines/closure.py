@@ -3,20 +3,20 @@
 Identity: the project, the suite's path, the agent and the test name (``case_key``). The
 closure hash (``closure_hashes``) covers, for each case:
 
-- the case as resolved with its suite's defaults, and the files it names (fixtures, its
-  builder, its mocks module);
-- every agent it can run (its own, a sequential agent's members, and every agent when the
-  bundle names ``trigger_agent``: bundles/live_models.py ``reachable_agents``): each one's
-  YAML, ``middleware/<agent>.py``, ``hooks/<agent>.py``, its scripted model
-  ``tests/models/<agent>.py`` or recordings ``tests/recordings/<agent>/``, and its model mode;
-- what every agent may import or read, so is counted for all: ``tools/``, ``guardrails/``,
-  ``schemas/``, helpers (``middleware/_*.py``, ``hooks/_*.py``), every ``_defaults.yaml``
-  and ``requirements.txt``;
-- the project's guardrail judge model.
+- every file of the bundle but the suites' YAML: the project root is on the invocations'
+  ``sys.path``, so any module or data file may reach any case (a tool importing
+  ``lib/pricing.py``, a builder opening a fixture by path); the suites are left out so that
+  editing one case does not change every other's hash;
+- the case itself: its resolved YAML and the files it names (``definition``, also stored
+  alone: a baseline's case is comparable only when that is equal);
+- every agent's model mode, the project's guardrail judge model and verdict rule;
+- what reaches the invocations from outside the bundle: the project's secrets (by name and
+  the digest of their stored ciphertext) and the GATE_CASE_ENV values (``environment_digest``).
 
-Model names are in the agents' YAML. Erring wide is the safe side: a hash that changes when
-nothing relevant did only starts a new history (no comparison, no reuse); one that stayed
-equal when something relevant changed would compare or reuse the wrong thing.
+Erring wide is the safe side: a hash that changes when nothing relevant did only starts a
+new history (no comparison across it, no reuse); one that stayed equal when something
+relevant changed would let an incremental gate report a changed case as passed. Not covered:
+the service's own version, and what an unpinned requirement resolves to.
 
 Each file is read and hashed once per gate, whatever the number of cases (a bundle is at
 most 25 MiB), and a case's hash combines a few digests: linear in the bundle's size.
@@ -27,13 +27,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..bundles.live_models import live_models, reachable_agents
-from ..bundles.suites import CaseRef
+from ..bundles.suites import CaseRef, discover_suites
 
-SHARED_DIRS = ("tools", "guardrails", "schemas")
 READ_CHUNK = 1024 * 1024
 
 
@@ -67,65 +67,65 @@ def file_digests(root: Path) -> dict[str, str]:
     return digests
 
 
-def _shared(rel: str) -> bool:
-    parts = rel.split("/")
-    if parts[0] in SHARED_DIRS or rel == "requirements.txt":
-        return True
-    if parts[0] in ("middleware", "hooks") and parts[-1].startswith("_"):
-        return True
-    return parts[0] == "agents" and parts[-1] in ("_defaults.yaml", "_defaults.yml")
+@dataclass(frozen=True)
+class Closure:
+    """A case's two hashes: ``closure`` (everything that can change its outcome) and
+    ``definition`` (the test itself: its resolved YAML and the files it names)."""
+
+    closure: str
+    definition: str
 
 
-def _agent_files(rel: str, agent: str, source: str | None) -> bool:
-    return (
-        rel == source
-        or rel in (f"middleware/{agent}.py", f"hooks/{agent}.py", f"tests/models/{agent}.py")
-        or rel.startswith(f"tests/recordings/{agent}/")
+def environment_digest(secrets: Iterable[tuple[str, str]], case_env: Mapping[str, str]) -> str:
+    """What a case's invocations get from outside the bundle, as one digest: each project
+    secret's name and the sha256 of its stored ciphertext (a secret set again changes it, even
+    to the same value: erring wide, and no value is read), and the GATE_CASE_ENV names and
+    values."""
+    return _digest(
+        [
+            *(f"secret {name} {digest}" for name, digest in sorted(secrets)),
+            *(
+                f"env {name} {hashlib.sha256(value.encode('utf-8', 'surrogatepass')).hexdigest()}"
+                for name, value in sorted(case_env.items())
+            ),
+        ]
     )
 
 
 def closure_hashes(
     root: Path,
-    configs: Mapping[str, Any],
     cases: Sequence[CaseRef],
     modes: Mapping[str, str],
     *,
     guardrail_model: str | None,
-    triggers: bool | None,
-) -> list[str]:
-    """Each case's closure hash, in the order of ``cases`` (see the module)."""
+    verdict_rule: str,
+    environment: str,
+) -> list[Closure]:
+    """Each case's hashes, in the order of ``cases`` (see the module)."""
     digests = file_digests(root)
-    shared = _digest(f"{rel} {d}" for rel, d in digests.items() if _shared(rel))
-    by_agent: dict[str, str] = {}
-
-    def agent_digest(agent: str) -> str:
-        if agent not in by_agent:
-            config = configs.get(agent)
-            source = getattr(config, "source_path", None)
-            files = (f"{rel} {d}" for rel, d in digests.items() if _agent_files(rel, agent, source))
-            by_agent[agent] = _digest([f"agent {agent} mode {modes.get(agent, '-')}", *files])
-        return by_agent[agent]
-
-    reached: dict[str, list[str]] = {}
-    hashes = []
+    suites = {path.relative_to(root).as_posix() for path in discover_suites(root)}
+    bundle = _digest(f"{rel} {d}" for rel, d in digests.items() if rel not in suites)
+    common = _digest(
+        [
+            "closure v2",
+            f"bundle {bundle}",
+            *(f"mode {agent} {mode}" for agent, mode in sorted(modes.items())),
+            f"guardrail_model {guardrail_model or '-'}",
+            f"verdict_rule {verdict_rule}",
+            f"environment {environment}",
+        ]
+    )
+    found = []
     for case in cases:
-        if case.agent_name not in reached:
-            reached[case.agent_name] = sorted(
-                reachable_agents(root, configs, [case.agent_name], triggers)
-            )
-        hashes.append(
-            _digest(
-                [
-                    "closure v1",
-                    f"case {case.definition}",
-                    *(f"ref {ref} {digests.get(ref, '-')}" for ref in case.references),
-                    *(f"agent {agent_digest(a)}" for a in reached[case.agent_name]),
-                    f"shared {shared}",
-                    f"guardrail_model {guardrail_model or '-'}",
-                ]
-            )
+        definition = _digest(
+            [
+                "definition v1",
+                f"case {case.definition}",
+                *(f"ref {ref} {digests.get(ref, '-')}" for ref in case.references),
+            ]
         )
-    return hashes
+        found.append(Closure(_digest([common, definition]), definition))
+    return found
 
 
 def why_not_reusable(

@@ -26,11 +26,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
+from gate_runner.runtime_errors import OUTSIDE_KINDS, REQUEST_REJECTED
+
 from ..config import Settings
-from ..models import Case, CaseQuarantine, CaseStatus, Gate, GateStatus, utcnow
+from ..models import Case, CaseQuarantine, CaseStatus, Gate, GateStatus, ModelCall, utcnow
 from .spec import parse_baseline
 from .stats import fisher_drop, wilson
 
@@ -81,13 +83,17 @@ class Reuse:
 
 def reusable_cases(
     session: Session, gate: Gate, why_not: Mapping[str, str | None]
-) -> tuple[list[Reuse], dict[str, int]]:
+) -> tuple[list[Reuse], dict[str, int], int]:
     """The gate's queued cases an incremental gate may take from its baseline: the baseline
     holds a passing case with the same identity and closure hash, and ``why_not`` (by agent,
     closure.why_not_reusable) says its inputs are deterministic. Also how many were not
-    reusable, by reason (for the gate's note)."""
+    reusable, by reason, and how many an earlier attempt of the job reused already (for the
+    gate's note)."""
     if not gate.changed_only or gate.baseline_gate_id is None:
-        return [], {}
+        return [], {}, 0
+    already = session.scalar(
+        select(func.count()).where(Case.gate_id == gate.id, Case.reused_from.is_not(None))
+    )
     cases = session.scalars(
         select(Case).where(Case.gate_id == gate.id, Case.status == CaseStatus.queued.value)
     ).all()
@@ -102,6 +108,7 @@ def reusable_cases(
     def skip(why: str) -> None:
         not_reused[why] = not_reused.get(why, 0) + 1
 
+    calls = call_counts(session, [c.id for c in base.values()])
     for case in cases:
         match = base.get(case.case_key) if case.case_key is not None else None
         if match is None:
@@ -112,6 +119,12 @@ def reusable_cases(
             skip("its closure changed since the baseline")
         elif (reason := why_not.get(case.agent_name, "its agent is unknown")) is not None:
             skip(f"not deterministic: {reason}")
+        elif calls.get(match.id, Calls()).total:
+            # What its code did, not only what its YAML says: a case container reaches
+            # nothing but its gateway channel, and this one used it (a model, a page, a tool).
+            skip("not deterministic: it called out through the model gateway in the baseline")
+        elif match.flaky is not None:
+            skip("flaky in the baseline")
         else:
             found.append(
                 Reuse(
@@ -122,7 +135,40 @@ def reusable_cases(
                     "calling nothing outside the bundle",
                 )
             )
-    return found, not_reused
+    return found, not_reused, int(already or 0)
+
+
+@dataclass(frozen=True)
+class Calls:
+    """A case's calls through its model gateway channel, and those that failed for a reason
+    outside the agent (the provider or the gate: runtime_errors.outside_the_agent's kinds)."""
+
+    total: int = 0
+    outside: int = 0
+
+
+def call_counts(session: Session, case_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Calls]:
+    """``Calls`` of each of these cases that made any (one statement, grouped in Postgres)."""
+    if not case_ids:
+        return {}
+    provider_status = ModelCall.error["provider_status"].as_integer()
+    outside = or_(
+        ModelCall.status.in_(OUTSIDE_KINDS),
+        and_(
+            ModelCall.status == "provider",
+            or_(provider_status.is_(None), provider_status.not_in(REQUEST_REJECTED)),
+        ),
+    )
+    rows = session.execute(
+        select(
+            ModelCall.case_id,
+            func.count(),
+            func.count().filter(outside),
+        )
+        .where(ModelCall.case_id.in_(case_ids))
+        .group_by(ModelCall.case_id)
+    )
+    return {case_id: Calls(int(total), int(failed)) for case_id, total, failed in rows}
 
 
 @dataclass(frozen=True)
@@ -134,9 +180,15 @@ class Comparison:
 
 
 def compare(
-    case: Case, base: Case | None, baseline_gate_id: uuid.UUID, settings: Settings
+    case: Case,
+    base: Case | None,
+    baseline_gate_id: uuid.UUID,
+    settings: Settings,
+    calls: dict[uuid.UUID, Calls] | None = None,
 ) -> Comparison:
-    """The case's comparison with ``base``, its baseline gate's case with its identity."""
+    """The case's comparison with ``base``, its baseline gate's case with its identity;
+    ``calls``: both cases' gateway calls (``call_counts``)."""
+    calls = calls or {}
     if base is None:
         why = "new since the baseline: the baseline gate has no case with this identity"
         return Comparison("", _not_comparable(baseline_gate_id, None, why))
@@ -145,6 +197,14 @@ def compare(
         return Comparison("", _not_comparable(baseline_gate_id, base, why))
     if base.definition_hash is None or base.definition_hash != case.definition_hash:
         why = "the case's own YAML changed since the baseline, so the rates are of two tests"
+        return Comparison("", _not_comparable(baseline_gate_id, base, why))
+    provider = calls.get(case.id, Calls()).outside + calls.get(base.id, Calls()).outside
+    if provider:
+        why = (
+            f"{provider} model call(s) of the two failed outside the agent (the provider or "
+            "the gate: a rate limit, an unreachable endpoint, a budget), so the rates would "
+            "compare those, not the agent"
+        )
         return Comparison("", _not_comparable(baseline_gate_id, base, why))
     base_runs = _runs_done(base)
     if base.stopped_early or base_runs < 1:
@@ -247,6 +307,9 @@ def annotate_cases(
             if c.case_key is not None
         }
     history = _histories(session, gate, settings.history_gates, keys)
+    calls = (
+        call_counts(session, [c.id for c in (*judged, *base_cases.values())]) if base_cases else {}
+    )
     likely: list[Case] = []
     for case in judged:
         assert case.case_key is not None
@@ -264,7 +327,7 @@ def annotate_cases(
         )
         if gate.baseline_gate_id is not None:
             comparison = compare(
-                case, base_cases.get(case.case_key), gate.baseline_gate_id, settings
+                case, base_cases.get(case.case_key), gate.baseline_gate_id, settings, calls
             )
             case.baseline = comparison.stored
             case.regression_level = comparison.level or None

@@ -105,7 +105,7 @@ def case_notes(case: CaseView) -> list[Note]:
             notes.append(Note(f"not compared with the baseline{why}", Tone.quiet))
     quarantined = quarantine_text(case)
     if quarantined is not None:
-        if case.passed is not True and not case.reused_from:
+        if case.status == "failed" and not case.reused_from:
             quarantined += " (its failure does not fail the gate)"
         notes.append(Note(quarantined, Tone.warn))
     flaky = case.flaky

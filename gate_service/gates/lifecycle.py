@@ -36,7 +36,7 @@ from gate_runner.contract import CaseResult, Invocation
 
 from .. import jobs
 from ..admission import admit_submission, lock_project, stored_result_bytes
-from ..baselines.closure import case_key
+from ..baselines.closure import Closure, case_key
 from ..baselines.judging import regression_reason
 from ..bundles.archive import Manifest
 from ..bundles.suites import CaseRef
@@ -297,10 +297,10 @@ def save_cases(
     session: Session,
     gate: Gate,
     refs: Sequence[CaseRef],
-    closures: Sequence[str] | None = None,
+    closures: Sequence[Closure] | None = None,
 ) -> list[Case]:
     """Create the gate's case rows once; a retried job finds and keeps them. ``closures``:
-    each case's closure hash (baselines/closure.py), in the order of ``refs``."""
+    each case's closure and definition hashes (baselines/closure.py), in ``refs``' order."""
     existing = {
         (c.suite, c.test_name): c
         for c in session.scalars(select(Case).where(Case.gate_id == gate.id))
@@ -321,8 +321,8 @@ def save_cases(
                 timeout_s=ref.timeout_s,
                 successes=0,
                 case_key=case_key(ref.suite, ref.agent_name, ref.test_name),
-                closure_hash=closures[position] if closures is not None else None,
-                definition_hash=ref.definition or None,
+                closure_hash=closures[position].closure if closures is not None else None,
+                definition_hash=closures[position].definition if closures is not None else None,
             )
             session.add(case)
         cases.append(case)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 
 from sqlalchemy import func, select
@@ -146,3 +147,17 @@ def project_secrets(session: Session, box: SecretBox, project_id: uuid.UUID) -> 
         name: box.decrypt(project_id, project_name, name, ciphertext)
         for name, ciphertext, project_name in rows
     }
+
+
+def secret_fingerprints(session: Session, project_id: uuid.UUID) -> list[tuple[str, str]]:
+    """Each of the project's secrets as (name, sha256 of its stored ciphertext), nothing
+    decrypted: what a case's closure hash counts of them (baselines/closure.py). A secret set
+    again changes its fingerprint even when its value did not (a fresh nonce each time)."""
+    return [
+        (name, hashlib.sha256(ciphertext).hexdigest())
+        for name, ciphertext in session.execute(
+            select(ProjectSecret.name, ProjectSecret.ciphertext)
+            .where(ProjectSecret.project_id == project_id)
+            .order_by(ProjectSecret.name)
+        )
+    ]

@@ -34,7 +34,7 @@ from gate_runner.verdict import STOP_DECIDED, STOP_FAILING
 from .. import incidents
 from ..api_specs import loader_tools
 from ..baselines import judging
-from ..baselines.closure import closure_hashes, why_not_reusable
+from ..baselines.closure import closure_hashes, environment_digest, why_not_reusable
 from ..bundles.archive import read_archive
 from ..bundles.live_models import (
     GUARDRAIL_FIELD,
@@ -85,7 +85,7 @@ from ..sandbox import (
 from ..scratch import scratch_dir
 from ..secrets.crypto import SecretBox
 from ..secrets.redact import Redactor, redact_result
-from ..secrets.service import project_secrets
+from ..secrets.service import project_secrets, secret_fingerprints
 from .outcome import CaseFacts, Judged, NotJudged, Outcome, case_outcome, untrusted
 from .slots import CaseLease, CaseSlots
 
@@ -261,6 +261,21 @@ def early_stop_mode(
     return STOP_FAILING
 
 
+def wilson_cap(
+    settings: Settings, configured: int | None, runs: int, success_threshold: int, timeout_s: int
+) -> int | None:
+    """The Wilson rule's cap of invocations for one case (the runner's --wilson-max-runs, and
+    what the worker checks its stopping point against): GATE_WILSON_MAX_RUNS, but no more
+    than fit in the gate's deadline one after another, and never fewer than its runs; None
+    when the rule does not judge the case (the project's rule is the threshold, or the case
+    has one run or a threshold of 0 or 100%)."""
+    if not configured or not wilson_applies(runs, success_threshold):
+        return None
+    per_invocation = timeout_s + min(timeout_s, MAX_CLEANUP_SECONDS) + PER_INVOCATION_SLACK_SECONDS
+    fit = (settings.gate_deadline_seconds - settings.case_deadline_slack_seconds) // per_invocation
+    return max(runs, min(configured, fit))
+
+
 def test_image_tag(sha256: str, runner_tag: str) -> str:
     """The full bundle sha256: a prefix could let one bundle's image stand in for another's."""
     runner_digest = runner_tag.rsplit(":", 1)[-1]
@@ -380,12 +395,14 @@ def _fetched_bundle(ctx: WorkerContext, sha256: str, path: Path) -> Iterator[IO[
 def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
     def begin(
         session: Session, gate: Gate
-    ) -> tuple[bool, str, str | None, dict[str, Any], str | None, tuple[str, str | None]]:
+    ) -> tuple[
+        bool, str, str | None, dict[str, Any], str | None, tuple[str, str | None], tuple[str, str]
+    ]:
         if gate.cancel_requested:
             lifecycle.cancel_gate(gate)
             job.finish(session)
             ctx.metrics.gate_ended_unstarted(session, gate)
-            return False, "", None, {}, None, ("", None)
+            return False, "", None, {}, None, ("", None), ("", "")
         first_start = gate.started_at is None  # a retry has left the queue already
         lifecycle.start_gate(gate)
         if first_start:
@@ -395,9 +412,17 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
         api_tools = loader_tools(project.api_specs)
         # The judge model, read once an attempt: checked below and handed to every case.
         judge = (project.name, project.guardrail_model)
-        return True, gate.bundle_sha256, gate.filter, api_tools, gate.model_mode, judge
+        # What reaches the cases from outside the bundle, for their closure hashes: the
+        # secrets' fingerprints (nothing decrypted), GATE_CASE_ENV, the verdict rule.
+        outside = (
+            environment_digest(
+                secret_fingerprints(session, gate.project_id), case_environment(ctx.settings)
+            ),
+            project.verdict_rule,
+        )
+        return True, gate.bundle_sha256, gate.filter, api_tools, gate.model_mode, judge, outside
 
-    go_on, sha256, name_filter, api_tools, model_mode, judge = _write(ctx, job, begin)
+    go_on, sha256, name_filter, api_tools, model_mode, judge, outside = _write(ctx, job, begin)
     project_name, guardrail_model = judge
     if not go_on:
         return
@@ -463,13 +488,14 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
         modes = agent_modes(bundle_dir, report.configs, case_agents, model_mode, triggers)
 
         # Each case's closure hash: what its history is compared and reused by.
+        environment, verdict_rule = outside
         closures = closure_hashes(
             bundle_dir,
-            report.configs,
             report.cases,
             modes,
             guardrail_model=guardrail_model,
-            triggers=triggers,
+            verdict_rule=verdict_rule,
+            environment=environment,
         )
 
         # By agent: why its cases may not be reused by an incremental gate (None: they may).
@@ -482,15 +508,18 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
 
         def enter_building(session: Session, gate: Gate) -> None:
             lifecycle.save_cases(session, gate, report.cases, closures)
-            baseline_id, no_baseline = judging.resolve_baseline(session, gate)
-            gate.baseline_gate_id = baseline_id
+            # Decided once: a retried job keeps the baseline its cases were reused from.
+            no_baseline = None
+            if gate.baseline_gate_id is None:
+                gate.baseline_gate_id, no_baseline = judging.resolve_baseline(session, gate)
             if no_baseline is not None:  # a branch's first gate, say: nothing is compared
                 report.warnings.insert(0, judging.no_baseline_warning(gate, no_baseline))
-            reuses, not_reused = judging.reusable_cases(session, gate, reusable)
+            reuses, not_reused, already = judging.reusable_cases(session, gate, reusable)
             for reuse in reuses:
                 lifecycle.reuse_case(reuse.case, reuse.base, reuse.why)
             if gate.changed_only and gate.baseline_gate_id is not None:
-                note = judging.reuse_note(gate, len(reuses), len(report.cases), not_reused)
+                reused = len(reuses) + already
+                note = judging.reuse_note(gate, reused, len(report.cases), not_reused)
                 report.warnings.insert(0, note)
             lifecycle.record_warnings(gate, report.warnings[:MAX_WARNINGS])
             lifecycle.record_model_modes(gate, modes, mode_reason(modes, model_mode))
@@ -778,7 +807,7 @@ def _run_case_in_slot(
                     model_mode,
                     guardrail_model,
                     stop_early=inputs.stop_early,
-                    wilson_max_runs=inputs.wilson_max_runs,
+                    wilson_max_runs=wilson_cap(ctx.settings, inputs.wilson_max_runs, *judging),
                 ),
                 # Its wall deadline is the start's (see _run_case), not the container's.
                 limits=case_limits(ctx.settings, 0),
@@ -890,10 +919,8 @@ def _run_case(
     # gives it timeout_s, at most 120 s), then forking and judging.
     per_invocation = timeout_s + min(timeout_s, MAX_CLEANUP_SECONDS) + PER_INVOCATION_SLACK_SECONDS
     # Under the Wilson rule a case may run up to its cap of invocations, one at a time.
-    most = runs
-    if inputs.wilson_max_runs and wilson_applies(runs, success_threshold):
-        most = max(runs, inputs.wilson_max_runs)
-    wall = most * per_invocation + s.case_deadline_slack_seconds
+    cap = wilson_cap(s, inputs.wilson_max_runs, runs, success_threshold, timeout_s)
+    wall = (cap or runs) * per_invocation + s.case_deadline_slack_seconds
     # No case container outlives the gate's deadline: its wall limit is at most the time left.
     cut_by_deadline = wall > int(seconds_left)
     wall = min(wall, int(seconds_left))
@@ -921,7 +948,7 @@ def _run_case(
         output_limit_bytes=s.case_output_limit_bytes,
         reference=incidents.new_reference(),
         stop_early=inputs.stop_early,
-        wilson_max_runs=inputs.wilson_max_runs,
+        wilson_max_runs=cap,
     )
     outcome = case_outcome(result, facts, redactor.text)
     if isinstance(outcome, NotJudged) and outcome.ends_gate:

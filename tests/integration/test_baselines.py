@@ -25,6 +25,7 @@ from gate_service.models import (
     CaseQuarantine,
     Gate,
     GateStatus,
+    ModelCall,
     Project,
     utcnow,
 )
@@ -444,3 +445,74 @@ def test_a_case_page_shows_its_history_oldest_first_marking_a_changed_closure(
     marked = ["closure changed" in body for _, body in rows]
     assert marked == [False, False, True]  # the tool changed before the third gate
     assert 'aria-current="true"' in html
+
+
+def add_call(
+    sessions: sessionmaker[Session], gate_id: uuid.UUID, status: str, **error: Any
+) -> None:
+    """A model call of the gate's first case, as the gateway would have stored it."""
+    with session_scope(sessions) as s:
+        case = s.query(Case).filter(Case.gate_id == gate_id, Case.position == 0).one()
+        s.add(
+            ModelCall(
+                gate_id=gate_id,
+                case_id=case.id,
+                position=0,
+                agent="a",
+                model="openai/gpt-4o",
+                request_hash="0" * 64,
+                status=status,
+                error={"kind": status, "message": "x", **error} if status != "ok" else None,
+            )
+        )
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "comparable"),
+    [
+        ("rate_limited", {"provider_status": 429}, False),
+        ("unreachable", {}, False),
+        ("provider", {"provider_status": 503}, False),
+        ("provider", {"provider_status": 400}, True),  # the request itself: the agent's
+        ("ok", {}, True),
+    ],
+)
+def test_a_model_call_failed_outside_the_agent_makes_a_case_not_comparable(
+    rows: Rows, settings: Settings, status: str, error: dict[str, Any], comparable: bool
+) -> None:
+    """20/20 then, 14/20 now with 6 rate limits: the drop is the provider's, not a regression."""
+    base = rows.gate([("t", 20, 20)])
+    finished(rows, settings, base)
+    gate_id = rows.gate([("t", 14, 20)], baseline=base)
+    add_call(rows.sessions, gate_id, status, **error)
+    gate, (case,) = rows.finish(gate_id, settings)
+    assert case.baseline is not None and case.baseline["comparable"] is comparable
+    if comparable:
+        assert case.regression_level == "regression" and gate.status == GateStatus.failed
+    else:
+        assert "failed outside the agent" in case.baseline["why"]
+        assert case.regression_level is None and gate.status == GateStatus.passed
+
+
+def test_a_baseline_case_that_called_out_or_was_flaky_is_not_reused(
+    rows: Rows, sessions: sessionmaker[Session]
+) -> None:
+    base = rows.gate([("called", 2, 2), ("flaky", 2, 2), ("quiet", 2, 2)])
+    add_call(sessions, base, "ok")
+    with session_scope(sessions) as s:
+        s.query(Case).filter(Case.gate_id == base, Case.test_name == "flaky").update(
+            {"flaky": {"gates": 3, "passed_gates": 2, "successes": 4, "runs": 6}}
+        )
+        s.query(Case).filter(Case.gate_id == base).update({"status": "passed"})
+    gate_id = rows.gate([("called", 2, 2), ("flaky", 2, 2), ("quiet", 2, 2)], baseline=base)
+    with session_scope(sessions) as s:
+        s.query(Case).filter(Case.gate_id == gate_id).update({"status": "queued"})
+        gate = s.get_one(Gate, gate_id)
+        gate.changed_only = True
+        reuses, not_reused, already = judging.reusable_cases(s, gate, {"a": None})
+        assert [r.case.test_name for r in reuses] == ["quiet"]
+        assert not_reused == {
+            "not deterministic: it called out through the model gateway in the baseline": 1,
+            "flaky in the baseline": 1,
+        }
+        assert already == 0

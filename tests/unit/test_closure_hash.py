@@ -5,10 +5,17 @@ with like and an incremental gate reuses only what it may."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from gate_service.baselines.closure import case_key, closure_hashes, why_not_reusable
+from gate_service.baselines.closure import (
+    Closure,
+    case_key,
+    closure_hashes,
+    environment_digest,
+    why_not_reusable,
+)
 from gate_service.bundles.live_models import agent_modes, triggers_agents
 from gate_service.bundles.suites import validate_project
 from tests.fixtures.projects import write
@@ -65,22 +72,34 @@ BASE = {
 }
 
 
-def hashes(root: Path, files: dict[str, str], **kw: str | None) -> dict[str, str]:
+def closures(
+    root: Path,
+    files: dict[str, str],
+    *,
+    mode: str | None = None,
+    guardrail_model: str | None = None,
+    verdict_rule: str = "threshold",
+    environment: str = "env",
+) -> dict[str, Closure]:
     project = write(root, files)
     report = validate_project(project)
     assert not report.problems, report.problems
     triggers = triggers_agents(project)
     agents = {c.agent_name for c in report.cases}
-    modes = agent_modes(project, report.configs, agents, kw.get("mode"), triggers)
+    modes = agent_modes(project, report.configs, agents, mode, triggers)
     got = closure_hashes(
         project,
-        report.configs,
         report.cases,
         modes,
-        guardrail_model=kw.get("guardrail_model"),
-        triggers=triggers,
+        guardrail_model=guardrail_model,
+        verdict_rule=verdict_rule,
+        environment=environment,
     )
     return {f"{c.agent_name}::{c.test_name}": h for c, h in zip(report.cases, got, strict=True)}
+
+
+def hashes(root: Path, files: dict[str, str], **kw: Any) -> dict[str, str]:
+    return {name: c.closure for name, c in closures(root, files, **kw).items()}
 
 
 @pytest.fixture
@@ -97,19 +116,23 @@ def test_the_same_bundle_hashes_the_same_anywhere(tmp_path: Path, base: dict[str
     assert len(set(base.values())) == len(base)  # every case its own
 
 
-def test_a_shared_tool_changes_every_case(tmp_path: Path, base: dict[str, str]) -> None:
-    after = changed(tmp_path, **{"tools/math_ops.py": BASE["tools/math_ops.py"] + "\n# edited\n"})
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("tools/math_ops.py", BASE["tools/math_ops.py"] + "\n# edited\n"),
+        # Outside every named folder, and still importable: the root is on sys.path.
+        ("lib/pricing.py", "RATE = 2\n"),
+        ("middleware/calc.py", "def before(content, context):\n    return content\n"),
+        ("tests/models/writer.py", "def respond(m, t, c):\n    return {'content': 'x'}\n"),
+        ("tests/files/data.txt", "read by path, named by no case\n"),
+        ("requirements.txt", "six==1.16.0\n"),
+    ],
+)
+def test_any_file_but_the_suites_changes_every_case(
+    tmp_path: Path, base: dict[str, str], path: str, body: str
+) -> None:
+    after = changed(tmp_path, **{path: body})
     assert all(after[k] != base[k] for k in base)
-
-
-def test_an_agents_own_files_change_only_its_cases(tmp_path: Path, base: dict[str, str]) -> None:
-    after = changed(
-        tmp_path,
-        **{"middleware/calc.py": "def before(content, context):\n    return content\n"},
-    )
-    assert after["calc::adds"] != base["calc::adds"]
-    assert after["other::adds"] == base["other::adds"]
-    assert after["writer::writes"] == base["writer::writes"]
 
 
 def test_a_case_changes_alone_when_its_own_yaml_does(tmp_path: Path, base: dict[str, str]) -> None:
@@ -117,41 +140,45 @@ def test_a_case_changes_alone_when_its_own_yaml_does(tmp_path: Path, base: dict[
     after = changed(tmp_path, **{"tests/calc.yaml": suite})
     assert after["calc::adds_more"] != base["calc::adds_more"]
     assert after["calc::adds"] == base["calc::adds"]
+    assert after["writer::writes"] == base["writer::writes"]
 
 
-def test_a_scripted_model_and_a_mode_change_the_llm_agents_cases(
-    tmp_path: Path, base: dict[str, str]
-) -> None:
-    after = changed(
-        tmp_path,
-        **{"tests/models/writer.py": BASE["tests/models/writer.py"].replace("hi", "hello")},
-    )
-    assert after["writer::writes"] != base["writer::writes"]
-    assert after["calc::adds"] == base["calc::adds"]
-    replayed = hashes(tmp_path / "replay", BASE, mode="replay")
-    assert replayed["writer::writes"] != base["writer::writes"]
-
-
-def test_the_judge_model_and_requirements_are_counted(tmp_path: Path, base: dict[str, str]) -> None:
-    judged = hashes(tmp_path / "judge", BASE, guardrail_model="openai/gpt-4o-mini")
-    assert judged["calc::adds"] != base["calc::adds"]
-    required = changed(tmp_path, **{"requirements.txt": "six==1.16.0\n"})
-    assert required["calc::adds"] != base["calc::adds"]
-
-
-def test_a_trigger_anywhere_makes_every_agent_part_of_every_closure(
-    tmp_path: Path, base: dict[str, str]
-) -> None:
-    trig = {
+def test_a_named_fixture_is_part_of_its_cases_definition_only(tmp_path: Path) -> None:
+    files = {
         **BASE,
-        "tools/relay.py": "def relay(payload: dict) -> dict:\n    return {'via': 'trigger_agent'}\n",
+        "tests/other.yaml": """
+            tests:
+              - name: adds
+                payload: '{"a": 1, "b": 2}'
+                files: [data.txt]
+        """,
+        "tests/files/data.txt": "one\n",
     }
-    before = hashes(tmp_path / "t1", trig)
-    after = hashes(
-        tmp_path / "t2",
-        {**trig, "middleware/writer.py": "def before(content, context):\n    return content\n"},
-    )
-    assert after["calc::adds"] != before["calc::adds"]  # writer may be triggered from calc
+    before = closures(tmp_path / "a", files)
+    after = closures(tmp_path / "b", {**files, "tests/files/data.txt": "two\n"})
+    assert after["other::adds"].definition != before["other::adds"].definition
+    assert after["calc::adds"].definition == before["calc::adds"].definition
+
+
+def test_what_reaches_the_cases_from_outside_the_bundle_is_counted(
+    tmp_path: Path, base: dict[str, str]
+) -> None:
+    for kw in (
+        {"guardrail_model": "openai/gpt-4o-mini"},
+        {"verdict_rule": "wilson"},
+        {"environment": "another secret"},
+        {"mode": "replay"},
+    ):
+        other = hashes(tmp_path / str(len(kw)) / next(iter(kw)), BASE, **kw)
+        assert all(other[k] != base[k] for k in base), kw
+
+
+def test_the_environment_digest_reads_no_value_and_sees_every_change() -> None:
+    one = environment_digest([("OPENAI_API_KEY", "c1")], {"REGION": "eu"})
+    assert environment_digest([("OPENAI_API_KEY", "c1")], {"REGION": "eu"}) == one
+    assert environment_digest([("OPENAI_API_KEY", "c2")], {"REGION": "eu"}) != one
+    assert environment_digest([("OPENAI_API_KEY", "c1")], {"REGION": "us"}) != one
+    assert environment_digest([], {"REGION": "eu"}) != one
 
 
 def test_case_keys_separate_their_parts() -> None:

@@ -178,3 +178,16 @@ def test_the_worker_refuses_a_result_that_stopped_where_the_rule_would_not(
     # The platform's rule (no Wilson asked for) takes none of the nine.
     with pytest.raises(UntrustedResult):
         trusted_verdict(honest, runs=5, success_threshold=70)
+
+
+def test_the_cap_fits_the_gates_deadline_and_never_undercuts_the_runs() -> None:
+    from gate_service.config import Settings
+    from gate_service.worker.handler import wilson_cap
+
+    settings = Settings(gate_deadline_seconds=3600, case_deadline_slack_seconds=60)
+    assert wilson_cap(settings, 30, 5, 70, 10) == 30  # 30 x 25 s fit in the hour
+    # 60 s a run: 125 s an invocation with its cleanup and slack, 28 fit in 3,540 s.
+    assert wilson_cap(settings, 30, 5, 70, 60) == 28
+    assert wilson_cap(settings, 30, 5, 70, 3000) == 5  # its own runs, at least
+    assert wilson_cap(settings, None, 5, 70, 10) is None  # the project's rule: threshold
+    assert wilson_cap(settings, 30, 5, 100, 10) is None  # the rule does not judge it
