@@ -132,6 +132,21 @@ def record_by(session: Session, who: Principal, action: str, **detail: Any) -> N
     record(session, action, project_id=who.project_id, token_id=who.token_id, detail=detail)
 
 
+def record_in(
+    session: Session, who: Principal, project: Project, action: str, **detail: Any
+) -> None:
+    """An event of ``project``'s own (where its admins read it), by the acting token: an
+    admin of `default` acting on another project included."""
+    session.flush()
+    record(
+        session,
+        action,
+        project_id=project.id,
+        token_id=who.token_id,
+        detail={"project": project.name, **detail},
+    )
+
+
 def visible_project(session: Session, who: Principal, name: str) -> Project:
     """A project the caller administers; any other answers 404, as if it did not exist."""
     # A name no project can have (NUL, a surrogate, a slash...) is not looked up at all.

@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from ..auth.service import Principal, record, visible_project
+from ..auth.service import Principal, record_in, visible_project
 from ..errors import Conflict, NotFound, RequestInvalid
 from ..models import Case, CaseQuarantine, Gate, Project, utcnow
 from .closure import case_key
@@ -41,19 +41,6 @@ def _invalid(location: str, message: str) -> RequestInvalid:
 
 def _identity(row: CaseQuarantine) -> dict[str, str]:
     return {"suite": row.suite, "agent_name": row.agent_name, "test_name": row.test_name}
-
-
-def _audit(session: Session, who: Principal, project: Project, action: str, **detail: Any) -> None:
-    """An event of the project's own (where its admins read it), by the acting token: an
-    admin of `default` acting on another project included."""
-    session.flush()
-    record(
-        session,
-        action,
-        project_id=project.id,
-        token_id=who.token_id,
-        detail={"project": project.name, **detail},
-    )
 
 
 def set_quarantine(
@@ -151,7 +138,7 @@ def set_quarantine(
         .where(CaseQuarantine.id == quarantine_id)
         .execution_options(populate_existing=True)
     ).one()
-    _audit(
+    record_in(
         session,
         who,
         project,
@@ -219,7 +206,7 @@ def clear_quarantine(
     row = _own(session, project, quarantine_id)
     answer = quarantine_read(project, row, now)
     session.delete(row)
-    _audit(
+    record_in(
         session,
         who,
         project,

@@ -21,8 +21,8 @@ from ..auth.service import (
     PROJECT_NAME,
     Principal,
     issue_token,
-    record,
     record_by,
+    record_in,
     visible_project,
 )
 from ..auth.tokens import Scope, token_digest
@@ -84,7 +84,7 @@ def set_retention(session: Session, who: Principal, name: str, retention_days: i
     project = visible_project(session, who, name)
     before = project.retention_days
     project.retention_days = retention_days
-    _audit(session, who, project, "project.updated", retention_days=[before, retention_days])
+    record_in(session, who, project, "project.updated", retention_days=[before, retention_days])
     return project
 
 
@@ -95,7 +95,7 @@ def set_model_routes(
     project = visible_project(session, who, name)
     stored = [route.model_dump() for route in routes]
     project.model_routes = stored
-    _audit(session, who, project, "project.model_routes_set", routes=stored)
+    record_in(session, who, project, "project.model_routes_set", routes=stored)
     return project
 
 
@@ -103,7 +103,7 @@ def set_egress(session: Session, who: Principal, name: str, hosts: Sequence[str]
     """Replace the project's egress allowlist."""
     project = visible_project(session, who, name)
     project.egress_hosts = list(hosts)
-    _audit(session, who, project, "project.egress_set", hosts=list(hosts))
+    record_in(session, who, project, "project.egress_set", hosts=list(hosts))
     return project
 
 
@@ -112,7 +112,7 @@ def set_guardrail_model(session: Session, who: Principal, name: str, model: str)
     project = visible_project(session, who, name)
     before = project.guardrail_model
     project.guardrail_model = model
-    _audit(session, who, project, "project.guardrail_model_set", guardrail_model=[before, model])
+    record_in(session, who, project, "project.guardrail_model_set", guardrail_model=[before, model])
     return project
 
 
@@ -122,7 +122,7 @@ def clear_guardrail_model(session: Session, who: Principal, name: str) -> Projec
     before = project.guardrail_model
     if before is not None:
         project.guardrail_model = None
-        _audit(
+        record_in(
             session,
             who,
             project,
@@ -138,7 +138,7 @@ def set_verdict_rule(session: Session, who: Principal, name: str, rule: str) -> 
     project = visible_project(session, who, name)
     before = project.verdict_rule
     project.verdict_rule = rule
-    _audit(session, who, project, "project.verdict_rule_set", verdict_rule=[before, rule])
+    record_in(session, who, project, "project.verdict_rule_set", verdict_rule=[before, rule])
     return project
 
 
@@ -168,7 +168,7 @@ def put_api_spec(
     if problem is not None:
         raise RequestInvalid(f"base_url: {problem}")
     project.api_specs = {**(project.api_specs or {}), prefix: converted.stored()}
-    _audit(
+    record_in(
         session,
         who,
         project,
@@ -185,18 +185,7 @@ def delete_api_spec(session: Session, who: Principal, name: str, prefix: str) ->
     specs = dict(project.api_specs or {})
     if specs.pop(prefix, None) is not None:
         project.api_specs = specs
-        _audit(session, who, project, "project.api_spec_deleted", prefix=prefix)
-
-
-def _audit(session: Session, who: Principal, project: Project, action: str, **change: Any) -> None:
-    session.flush()
-    record(
-        session,
-        action,
-        project_id=project.id,
-        token_id=who.token_id,
-        detail={"project": project.name, **change},
-    )
+        record_in(session, who, project, "project.api_spec_deleted", prefix=prefix)
 
 
 @dataclass(frozen=True, slots=True)
