@@ -15,6 +15,8 @@ from gate_service.resources import runner_image_dir
 from gate_service.stored_runs import MIN_STORED_RUN_BYTES
 
 MIB = 1024 * 1024
+# Under GATE_DATA_DIR: the admin token a first start made (without GATE_BOOTSTRAP_TOKEN).
+ADMIN_TOKEN_FILE = "admin-token"
 
 
 def default_case_concurrency() -> int:
@@ -458,7 +460,7 @@ class Settings(BaseSettings):
         description=(
             "start-up makes sure project `default` exists with this admin token (compose, CI, "
             "first use); unset, the first start creates one, prints it once and writes it "
-            "`0600` to `GATE_DATA_DIR/admin-token`"
+            "`0600` to `GATE_DATA_DIR/admin-token` (`gate admin token-path` prints where)"
         ),
     )
     auth_failure_limit: int = Field(
@@ -770,3 +772,9 @@ class Settings(BaseSettings):
         path = self.data_dir.expanduser()
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+    def admin_token_path(self) -> Path:
+        """The file a first start keeps the admin token it made in: GATE_DATA_DIR/admin-token,
+        absolute. The start-up notice names it and `gate admin token-path` prints it; nothing
+        is created here."""
+        return self.data_dir.expanduser().absolute() / ADMIN_TOKEN_FILE

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -24,6 +26,7 @@ from .app_state import AppState, by_class
 from .auth.brakes import AuditBudget, FailureLimiter
 from .auth.routes import router as auth_router
 from .baselines.routes import router as baselines_router
+from .config import ADMIN_TOKEN_FILE as ADMIN_TOKEN_FILE  # where it was first defined
 from .config import Settings
 from .connic_api.routes import bounds_its_own_body
 from .connic_api.routes import router as connic_router
@@ -45,7 +48,6 @@ from .secrets.routes import router as secrets_router
 from .ui.routes import error_page, install_ui
 
 log = logging.getLogger(__name__)
-ADMIN_TOKEN_FILE = "admin-token"
 
 # Room for the multipart envelope and the form fields around the bundle itself.
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
@@ -107,10 +109,55 @@ class DeclaredSizeLimit:
         await self.app(scope, receive, send)
 
 
-def bootstrap_admin(settings: Settings, factory: sessionmaker[Session]) -> None:
+def first_token_notice(token: str, path: Path) -> str:
+    """The framed block a first start shows its admin token in, with the file it was saved to.
+
+    Plain ASCII, each line whole and never wrapped (the box is as wide as its longest line),
+    so that the token and the path can be copied from a terminal or a log alike.
+    """
+    lines = [
+        "FIRST START: the admin token of project 'default', shown this once:",
+        "",
+        f"    {token}",
+        "",
+        "It was saved (mode 0600) to:",
+        "",
+        f"    {path}",
+        "",
+        "Use it as GATE_TOKEN, or as 'Authorization: Bearer <token>':",
+        "",
+        f"    export GATE_TOKEN=$(cat {shlex.quote(str(path))})",
+    ]
+    width = max(len(line) for line in lines)
+    rule = "+" + "-" * (width + 2) + "+"
+    body = [f"| {line.ljust(width)} |" for line in lines]
+    return "\n" + "\n".join([rule, *body, rule]) + "\n\n"
+
+
+def show_now(notice: str) -> None:
+    """Write a start-up notice to stderr at once (not through logging: it holds a token)."""
+    sys.stderr.write(notice)
+    sys.stderr.flush()
+
+
+async def settled(app: FastAPI, timeout: float = 10.0) -> None:
+    """Until the start-up work the app goes on with after its lifespan's start, its change
+    listener's connection (which logs once it listens), is done, or ``timeout`` passed: what
+    is shown after this is the last start-up line of the API."""
+    state = getattr(app.state, STATE_ATTRIBUTE, None)
+    if isinstance(state, AppState):
+        await state.part(GateChanges).wait_listening(timeout)
+
+
+def bootstrap_admin(
+    settings: Settings, factory: sessionmaker[Session], show: Callable[[str], None] = show_now
+) -> Path | None:
     """Project `default` with an admin token: GATE_BOOTSTRAP_TOKEN's, or one made on first start.
 
-    A made token is shown once: written 0600 to GATE_DATA_DIR/admin-token and printed.
+    A made token is shown once: written 0600 to ``settings.admin_token_path()``, and its
+    framed notice (first_token_notice) handed to ``show``, which writes it at once by default
+    (`gate serve` and `gate api` hold it until the server listens, to show it last). Answers
+    the file's path when a token was made, else None.
     """
     given = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
     for attempt in range(3):
@@ -123,19 +170,24 @@ def bootstrap_admin(settings: Settings, factory: sessionmaker[Session]) -> None:
             if attempt == 2:
                 raise
     if created is None:
-        return
-    path = settings.runtime_dir() / ADMIN_TOKEN_FILE
+        return None
+    path = settings.admin_token_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(created + "\n")
-    sys.stderr.write(
-        f"\nCreated the first admin token (project 'default'); it is shown once, and kept in "
-        f"{path}:\n\n    {created}\n\nUse it as 'Authorization: Bearer <token>' or GATE_TOKEN.\n\n"
-    )
+    show(first_token_notice(created, path))
+    return path
 
 
-def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:
-    """``metrics``: a registry shared with in-process workers (`gate serve`); default: a new one."""
+def create_app(
+    settings: Settings,
+    metrics: Metrics | None = None,
+    *,
+    show_first_token: Callable[[str], None] = show_now,
+) -> FastAPI:
+    """``metrics``: a registry shared with in-process workers (`gate serve`); default: a new one.
+    ``show_first_token``: what shows the first start's token notice (bootstrap_admin)."""
     if not settings.database_url:
         raise ValueError("create_app needs settings.database_url (gate serve provides one)")
     database_url = settings.database_url
@@ -146,7 +198,7 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = make_engine(database_url)
         sessions = make_sessionmaker(engine)
-        bootstrap_admin(settings, sessions)
+        bootstrap_admin(settings, sessions, show_first_token)
         changes, reads = GateChanges(database_url), StatusReads(database_url)
         state = AppState(
             settings=settings,

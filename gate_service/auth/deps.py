@@ -97,6 +97,7 @@ def require(scope: Scope) -> Callable[[Request], Principal]:
     return check
 
 
+Caller = Annotated[Principal, Depends(principal)]  # any valid token, whatever its scopes
 Reader = Annotated[Principal, Depends(require(Scope.read))]
 Submitter = Annotated[Principal, Depends(require(Scope.submit))]
 Admin = Annotated[Principal, Depends(require(Scope.admin))]

@@ -1,4 +1,4 @@
-"""Admin routes: project tokens and the audit trail."""
+"""Admin routes: project tokens and the audit trail; and whoami, which any token may ask."""
 
 from __future__ import annotations
 
@@ -11,15 +11,65 @@ from fastapi import APIRouter, Query
 from sqlalchemy import select
 
 from ..deps import SessionDep
-from ..errors import RequestInvalid
-from ..models import AuditEvent
+from ..errors import Forbidden, RequestInvalid, Unauthorized, error_responses
+from ..models import ApiToken, AuditEvent
 from . import service
 from .deps import ADMIN_ERRORS as ERRORS
-from .deps import Admin
-from .schemas import AuditList, AuditRead, TokenCreate, TokenCreated, TokenList, TokenRead
+from .deps import Admin, Caller
+from .schemas import (
+    AuditList,
+    AuditRead,
+    TokenCreate,
+    TokenCreated,
+    TokenList,
+    TokenRead,
+    WhoAmI,
+)
+from .tokens import Scope
 
 router = APIRouter(prefix="/v1", tags=["admin"])
 AUDIT_ACTION = re.compile(r"[a-z][a-z0-9_]*(\.[a-z0-9_]+)*", re.ASCII)
+WHOAMI_ERRORS = error_responses(
+    {
+        400: "Bad request (or a Host not in GATE_TRUSTED_HOSTS)",
+        401: "No token, or an unknown, expired or revoked one",
+        403: "The token lacks the scope ?scope= names",
+        422: "Invalid request (?scope= is not a scope)",
+        429: "Too many failed authentications",
+    }
+)
+
+
+@router.get("/whoami", response_model=WhoAmI, responses=WHOAMI_ERRORS, tags=["auth"])
+def whoami(
+    session: SessionDep,
+    who: Caller,
+    scope: Annotated[
+        Scope | None,
+        Query(description="Answer 403 unless the token holds this scope (admin holds all)"),
+    ] = None,
+) -> WhoAmI:
+    """The calling token (any scope): its project, id, name, scopes and expiry, never its
+    value. With `?scope=`, `403` unless it holds that scope: a client checks its token with
+    this before packing and uploading (`gate submit` asks `?scope=submit`)."""
+    if scope is not None and not who.has(scope):
+        scopes = sorted(who.scopes)
+        raise Forbidden(
+            f"this token of project {who.project_name!r} holds the scope(s) "
+            f"{', '.join(scopes) or 'none'}; it lacks the {scope} scope",
+            problems=[
+                {
+                    "location": "token",
+                    "project": who.project_name,
+                    "scopes": scopes,
+                    "needed": str(scope),
+                }
+            ],
+        )
+    token = session.get(ApiToken, who.token_id)
+    if token is None:  # deleted (with its project) since it was judged a moment ago
+        raise Unauthorized(service.REFUSAL_TEXT["unknown"])
+    return WhoAmI(project=who.project_name, token=TokenRead.model_validate(token))
 
 
 @router.post(

@@ -45,6 +45,13 @@ class TokenList(BaseModel):
     items: list[TokenRead]
 
 
+class WhoAmI(BaseModel):
+    """The calling token, as ``GET /v1/whoami`` answers it: never its value."""
+
+    project: str = Field(description="The project the token belongs to")
+    token: TokenRead
+
+
 class AuditRead(Schema):
     id: int
     at: datetime

@@ -460,26 +460,49 @@ def _budget(
     return min(TOTAL_LIMIT_BYTES - manifest.total_bytes, CODE_LIMIT_BYTES - manifest.code_bytes) + 1
 
 
+def human_bytes(size: int) -> str:
+    """``size`` for a person: 512 bytes, 3.2 KiB, 25.0 MiB (with the exact count beside it
+    where a limit is at stake: 25.0 MiB may be a byte over 25 MiB)."""
+    if size < 1024:
+        return f"{size} bytes"
+    if size < MIB:
+        return f"{size / 1024:.1f} KiB"
+    return f"{size / MIB:.1f} MiB"
+
+
+def _listed(largest: list[dict[str, int | str]]) -> str:
+    return ", ".join(f"{item['path']} ({human_bytes(int(item['bytes']))})" for item in largest)
+
+
 def _check_limits(manifest: Manifest) -> None:
+    # Reading stops at the byte that crosses a limit: the sizes are what was read by then
+    # (the rest of the archive is never decompressed), so the answer says "after", not "is".
     if manifest.total_bytes > TOTAL_LIMIT_BYTES:
+        largest = manifest.largest()
         raise PayloadTooLarge(
-            f"the bundle's files total more than {TOTAL_LIMIT_BYTES} bytes (25 MiB) uncompressed",
+            f"the bundle's files total more than {TOTAL_LIMIT_BYTES} bytes (25 MiB) uncompressed:"
+            f" reading stopped after {manifest.total_bytes:,} bytes "
+            f"({human_bytes(manifest.total_bytes)}); the largest files read: {_listed(largest)}",
             problems=[
                 {
                     "limit_bytes": TOTAL_LIMIT_BYTES,
                     "measured_bytes": manifest.total_bytes,
-                    "largest": manifest.largest(),
+                    "largest": largest,
                 }
             ],
         )
     if manifest.code_bytes > CODE_LIMIT_BYTES:
+        largest = manifest.largest(code_only=True)
         raise PayloadTooLarge(
-            f"files outside tests/files/ total more than {CODE_LIMIT_BYTES} bytes (5 MiB)",
+            f"files outside tests/files/ total more than {CODE_LIMIT_BYTES} bytes (5 MiB): "
+            f"reading stopped after {manifest.code_bytes:,} bytes of them "
+            f"({human_bytes(manifest.code_bytes)}); the largest read outside tests/files/: "
+            f"{_listed(largest)}",
             problems=[
                 {
                     "limit_bytes": CODE_LIMIT_BYTES,
                     "measured_bytes": manifest.code_bytes,
-                    "largest": manifest.largest(code_only=True),
+                    "largest": largest,
                 }
             ],
         )

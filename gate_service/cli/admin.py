@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 import yaml
@@ -31,20 +32,28 @@ def connection(ctx: typer.Context, url: Url = DEFAULT_URL, token: Token = None) 
     ctx.obj = {"url": url, "token": token}
 
 
-def _call(ctx: typer.Context, request: Callable[[Any], dict[str, Any]]) -> None:
+def _call(
+    ctx: typer.Context, request: Callable[[Any], dict[str, Any]], *, conceal: str = ""
+) -> None:
+    """Print the API's answer as JSON; a refusal or an unreachable API is one line on stderr
+    and exit 2. ``conceal``: a secret's value, never printed even if an answer held it."""
     import httpx
 
     from ..client.api import GateAPIError, GateClient
+
+    def fail(message: str) -> NoReturn:
+        if len(conceal) >= 4:  # as redaction does: a shorter value would garble the line
+            message = message.replace(conceal, "[REDACTED]")
+        typer.echo(f"gate admin: {message}", err=True)
+        raise typer.Exit(2)
 
     client = GateClient(ctx.obj["url"], token=ctx.obj["token"])
     try:
         answer = request(client)
     except GateAPIError as exc:
-        typer.echo(f"gate admin: {exc}", err=True)
-        raise typer.Exit(2) from exc
+        fail(str(exc))
     except httpx.HTTPError as exc:  # network down, timeouts: infrastructure, exit 2
-        typer.echo(f"gate admin: cannot reach {ctx.obj['url']}: {exc}", err=True)
-        raise typer.Exit(2) from exc
+        fail(f"cannot reach {ctx.obj['url']}: {exc}")
     finally:
         client.close()
     typer.echo(json.dumps(answer, indent=2))
@@ -101,6 +110,99 @@ def token_list(ctx: typer.Context, project: str) -> None:
 def token_revoke(ctx: typer.Context, token_id: str) -> None:
     """Revoke a token by id."""
     _call(ctx, lambda c: c.revoke_token(token_id))
+
+
+@admin.command("token-path")
+def token_path() -> None:
+    """The file a first start keeps the admin token it made in (GATE_DATA_DIR/admin-token):
+    export GATE_TOKEN=$(cat "$(gate admin token-path)")."""
+    from ..config import Settings
+
+    path = Settings().admin_token_path()
+    typer.echo(str(path))
+    if not path.exists():
+        typer.echo(
+            f"gate admin: there is no {path} (yet): a first start without "
+            "GATE_BOOTSTRAP_TOKEN makes it, with this GATE_DATA_DIR",
+            err=True,
+        )
+
+
+# A secret's value on stdin is read up to this many characters; the API takes 64 KiB.
+MAX_STDIN_CHARS = 1024 * 1024
+
+
+def _refuse(message: str) -> NoReturn:
+    typer.echo(f"gate admin: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _stdin_is_terminal() -> bool:
+    return sys.stdin is not None and sys.stdin.isatty()
+
+
+def read_secret_value(name: str) -> str:
+    """The value of secret ``name``: typed twice at a prompt that does not show it when stdin
+    is a terminal, else all of stdin less one trailing line ending (``printf``, ``echo`` and
+    ``< file`` alike). Never from the command line, where the shell's history and the
+    process list would keep it."""
+    if _stdin_is_terminal():
+        typed: str = typer.prompt(
+            f"Value of {name} (not shown)", hide_input=True, confirmation_prompt=True, err=True
+        )
+        value = typed
+    else:
+        if sys.stdin is None:
+            _refuse(f"no value for {name}: there is no stdin to read it from")
+        try:
+            value = sys.stdin.read(MAX_STDIN_CHARS + 1)
+        except UnicodeDecodeError:
+            _refuse(f"the value of {name} on stdin is not UTF-8 text")
+        if len(value) > MAX_STDIN_CHARS:
+            _refuse(f"stdin holds more than {MAX_STDIN_CHARS} characters: not a secret's value")
+        value = value[:-2] if value.endswith("\r\n") else value.removesuffix("\n")
+    if not value:
+        _refuse(f"the value of {name} is empty (pipe it on stdin, or type it at the prompt)")
+    return value
+
+
+# Extra arguments reach the command (ctx.args) instead of Click's usage error, which would
+# quote them: a value given on the command line is refused without being printed.
+TAKES_NO_VALUE = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@admin.command("secret-set", context_settings=TAKES_NO_VALUE)
+def secret_set(ctx: typer.Context, project: str, name: str) -> None:
+    """Store or replace a project secret: every case of the project gets it as the
+    environment variable NAME. The value is read from stdin (printf %s "$KEY" | gate admin
+    secret-set shop OPENAI_API_KEY), or typed at a prompt that does not show it; never
+    given as an argument."""
+    if ctx.args:
+        _refuse(
+            f"secret-set takes only PROJECT and NAME; got {len(ctx.args)} more argument(s), "
+            "not shown. The value is never an argument (the shell's history and the process "
+            "list would keep it): pipe it on stdin, or type it at the prompt. --url and "
+            "--token go before the command"
+        )
+    value = read_secret_value(name)
+    _call(ctx, lambda c: c.set_secret(project, name, value), conceal=value)
+
+
+@admin.command("secrets")
+def secret_list(ctx: typer.Context, project: str) -> None:
+    """A project's secret names and when each was last set; never a value."""
+    _call(ctx, lambda c: c.secrets(project))
+
+
+@admin.command("secret-delete")
+def secret_delete(ctx: typer.Context, project: str, name: str) -> None:
+    """Remove a project secret: cases that start from now on no longer get it."""
+
+    def delete(client: Any) -> dict[str, Any]:
+        client.delete_secret(project, name)
+        return {"project": project, "name": name, "deleted": True}
+
+    _call(ctx, delete)
 
 
 def parse_route(text: str) -> dict[str, Any]:
@@ -206,7 +308,7 @@ class VerdictRule(StrEnum):
 @admin.command("verdict-rule")
 def verdict_rule(ctx: typer.Context, project: str) -> None:
     """How a project's cases with runs > 1 are judged: threshold or wilson."""
-    _call(ctx, lambda c: _send(c, "GET", f"/v1/projects/{project}/verdict-rule"))
+    _call(ctx, lambda c: c.verdict_rule(project))
 
 
 @admin.command("verdict-rule-set")
@@ -222,8 +324,7 @@ def verdict_rule_set(
     ],
 ) -> None:
     """Set how a project's cases with runs > 1 are judged (gates that start from now on)."""
-    body = {"verdict_rule": rule.value}
-    _call(ctx, lambda c: _send(c, "PUT", f"/v1/projects/{project}/verdict-rule", json=body))
+    _call(ctx, lambda c: c.set_verdict_rule(project, rule.value))
 
 
 def expiry(expires_at: str | None, days: float | None) -> str:
@@ -258,26 +359,19 @@ def quarantine_set(
         "reason": reason,
         "expires_at": expiry(expires_at, days),
     }
-    _call(ctx, lambda c: _send(c, "POST", f"/v1/projects/{project}/quarantine", json=body))
+    _call(ctx, lambda c: c.quarantine(project, body))
 
 
 @admin.command("quarantine-list")
 def quarantine_list(ctx: typer.Context, project: str) -> None:
     """A project's quarantines that hold, then those that ended in the last 30 days."""
-    _call(ctx, lambda c: _send(c, "GET", f"/v1/projects/{project}/quarantine"))
+    _call(ctx, lambda c: c.quarantines(project))
 
 
 @admin.command("quarantine-clear")
 def quarantine_clear(ctx: typer.Context, project: str, quarantine_id: str) -> None:
     """End a quarantine now, by its id (quarantine-list shows them)."""
-    _call(ctx, lambda c: _send(c, "DELETE", f"/v1/projects/{project}/quarantine/{quarantine_id}"))
-
-
-def _send(client: Any, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-    """A request of the admin API through the client's connection and error handling, for
-    the routes GateClient has no method of its own for."""
-    answer: dict[str, Any] = client._check(client._http.request(method, path, **kwargs))
-    return answer
+    _call(ctx, lambda c: c.clear_quarantine(project, quarantine_id))
 
 
 @admin.command("api-specs")

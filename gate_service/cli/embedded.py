@@ -47,6 +47,9 @@ class EmbeddedWorkers:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._supervisor: threading.Thread | None = None
+        # Set once a child has started its workers, or ended before it could (`gate worker
+        # --ready-fd`): `gate serve` shows a first start's token after it.
+        self.ready = threading.Event()
 
     @property
     def pid(self) -> int | None:
@@ -63,26 +66,43 @@ class EmbeddedWorkers:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         read_end, write_end = os.pipe()
+        ready_read, ready_write = os.pipe()
         argv = [
             sys.executable, "-m", "gate_service.cli", "worker",
             "--threads", str(self.threads),
             "--metrics-fd", str(write_end),
             "--parent-pid", str(os.getpid()),
+            "--ready-fd", str(ready_write),
         ]  # fmt: skip
         try:
             proc = subprocess.Popen(
                 argv,
                 env={**os.environ, "GATE_DATABASE_URL": self.url},
-                pass_fds=(write_end,),
+                pass_fds=(write_end, ready_write),
             )
         except BaseException:
             os.close(read_end)
+            os.close(ready_read)
             raise
         finally:
             os.close(write_end)
+            os.close(ready_write)
         relay_into(self.metrics, read_end)  # ends when the child closes its end
+        threading.Thread(
+            target=self._await_ready, args=(ready_read,), name="gate-embedded-ready", daemon=True
+        ).start()
         log.info("embedded worker process %s started (%s thread(s))", proc.pid, self.threads)
         return proc
+
+    def _await_ready(self, ready_read: int) -> None:
+        """``ready`` once the child writes its line, or closes its end (it ended)."""
+        try:
+            os.read(ready_read, 64)
+        except OSError:
+            pass
+        finally:
+            os.close(ready_read)
+            self.ready.set()
 
     def _supervise(self) -> None:
         failures = 0

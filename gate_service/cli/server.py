@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import FrameType
@@ -19,11 +21,14 @@ from ..config import Settings
 from ..logs import configure_logging, uvicorn_log_config
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
     from starlette.types import ASGIApp
 
     from ..metrics import Metrics
 
 log = logging.getLogger("gate")
+# How long a first start's token notice waits for `gate serve`'s worker process to start.
+READY_SECONDS = 60.0
 
 
 def _database_url(settings: Settings, cleanup: ExitStack) -> str:
@@ -94,8 +99,9 @@ def _prepare_images(settings: Settings) -> None:
 
 def _start_workers(
     settings: Settings, url: str, count: int, stop: threading.Event, metrics: Metrics
-) -> list[threading.Thread]:
-    """The worker threads, and the thread of their shared job wake-up (it ends on stop too)."""
+) -> tuple[list[threading.Thread], list[threading.Event]]:
+    """The worker threads, and the thread of their shared job wake-up (it ends on stop too);
+    and each worker's ``started`` event."""
     from ..db import make_engine, make_sessionmaker
     from ..gateway import ModelGateway
     from ..gateway.spend import ProjectSpend
@@ -105,7 +111,7 @@ def _start_workers(
     from ..worker.wakeup import JobWakeup
 
     if count < 1:
-        return []
+        return [], []
     engine = make_engine(url, pool_size=max(2, settings.case_concurrency + 2))
     sessions = make_sessionmaker(engine)
     # One LISTEN connection per process wakes its idle workers when a gate is queued.
@@ -118,6 +124,7 @@ def _start_workers(
         else None
     )
     threads = [jobs.start()]
+    started = []
     for i in range(count):
         # One engine client per worker: the docker SDK's HTTP session is not shared safely.
         ctx = WorkerContext(
@@ -129,20 +136,114 @@ def _start_workers(
             jobs=jobs,
             gateway=gateway,
         )
-        thread = threading.Thread(target=Worker(ctx).run, name=f"gate-worker-{i}", daemon=True)
+        one = Worker(ctx)
+        thread = threading.Thread(target=one.run, name=f"gate-worker-{i}", daemon=True)
         thread.start()
         threads.append(thread)
-    return threads
+        started.append(one.started)
+    return threads, started
 
 
-def _run_uvicorn(app: ASGIApp, settings: Settings) -> None:
-    """Serve ``app`` until uvicorn's own signal handling ends it (serve and api alike)."""
+def _report_ready(ready_fd: int, started: list[threading.Event]) -> None:
+    """Write a line to ``ready_fd`` and close it once every worker has started (or after
+    READY_SECONDS), from a thread of its own: `gate serve` (embedded.py) waits for it to show
+    a first start's token last."""
+
+    def report() -> None:
+        deadline = time.monotonic() + READY_SECONDS
+        for event in started:
+            event.wait(max(0.0, deadline - time.monotonic()))
+        try:
+            os.write(ready_fd, b"ready\n")
+        except OSError:  # serve stopped listening: nothing waits for it
+            pass
+        finally:
+            os.close(ready_fd)
+
+    threading.Thread(target=report, name="gate-worker-ready", daemon=True).start()
+
+
+class FirstTokenNotice:
+    """A first start's token notice (main.first_token_notice), shown last.
+
+    The app's start-up hands it over (``hold``) instead of writing it; it is written to stderr
+    once the server listens and, under `gate serve`, its worker process has started (at most
+    READY_SECONDS later), so that no start-up line buries it. It is shown once, and at the
+    latest when the server stops (``show``), however it stops: the token is not shown again.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._text: str | None = None
+
+    def hold(self, text: str) -> None:
+        with self._lock:
+            self._text = text
+
+    def show(self) -> None:
+        """Write it now if it is held (and not shown yet)."""
+        from ..main import show_now
+
+        with self._lock:
+            text, self._text = self._text, None
+        if text is not None:
+            show_now(text)
+
+    def show_when(self, ready: threading.Event | None, timeout: float = READY_SECONDS) -> None:
+        """Show it once ``ready`` is set or ``timeout`` passed (now without ``ready``), waiting
+        in a thread of its own: the server does not wait for it."""
+        with self._lock:
+            if self._text is None:
+                return
+        if ready is None:
+            self.show()
+            return
+
+        def wait_then_show() -> None:
+            ready.wait(timeout)
+            self.show()
+
+        threading.Thread(target=wait_then_show, name="gate-first-token", daemon=True).start()
+
+    def shower(
+        self, app: FastAPI, workers_ready: threading.Event | None
+    ) -> Callable[[], Awaitable[None]]:
+        """What the server awaits once it listens: the app settles (its change listener
+        connects, main.settled), then the notice is shown once ``workers_ready`` is set."""
+
+        async def started() -> None:
+            from ..main import settled
+
+            with self._lock:
+                held = self._text is not None
+            if held:
+                await settled(app)
+                self.show_when(workers_ready)
+
+        return started
+
+
+def _run_uvicorn(
+    app: ASGIApp,
+    settings: Settings,
+    on_started: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Serve ``app`` until uvicorn's own signal handling ends it (serve and api alike), as
+    ``uvicorn.run`` does; ``on_started`` is awaited once it listens (after uvicorn's "running
+    on" line), while it serves."""
     import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and on_started is not None:
+                await on_started()
 
     # uvicorn believes X-Forwarded-For from 127.0.0.1 unless told otherwise, so a client on
     # loopback could rotate its address past the failure brake: only named proxies count.
     proxies = settings.trusted_proxy_list()
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -151,6 +252,13 @@ def _run_uvicorn(app: ASGIApp, settings: Settings) -> None:
         proxy_headers=bool(proxies),
         forwarded_allow_ips=proxies or None,
     )
+    server = Server(config)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)
 
 
 def serve() -> None:
@@ -169,13 +277,23 @@ def serve() -> None:
         # The workers' process relays its observations into the API's registry, so its
         # /metrics shows them.
         metrics = Metrics()
+        workers_ready: threading.Event | None = None
         if settings.embedded_workers:
             workers = EmbeddedWorkers(url, settings.embedded_workers, metrics)
             workers.start()
             cleanup.callback(workers.stop)
-        app = create_app(settings.model_copy(update={"database_url": url}), metrics)
+            workers_ready = workers.ready
+        notice = FirstTokenNotice()
+        app = create_app(
+            settings.model_copy(update={"database_url": url}),
+            metrics,
+            show_first_token=notice.hold,
+        )
         log.info("serving on http://%s:%s", settings.host, settings.port)
-        _run_uvicorn(app, settings)
+        try:
+            _run_uvicorn(app, settings, on_started=notice.shower(app, workers_ready))
+        finally:
+            notice.show()
 
 
 def api() -> None:
@@ -186,18 +304,27 @@ def api() -> None:
     configure_logging(settings)
     with _lifetime() as cleanup:
         url = _database_url(settings, cleanup)
-        _run_uvicorn(create_app(settings.model_copy(update={"database_url": url})), settings)
+        notice = FirstTokenNotice()
+        app = create_app(
+            settings.model_copy(update={"database_url": url}), show_first_token=notice.hold
+        )
+        try:
+            _run_uvicorn(app, settings, on_started=notice.shower(app, None))
+        finally:
+            notice.show()
 
 
 def worker(
     threads: Annotated[int, typer.Option(min=1, help="worker threads in this process")] = 1,
     metrics_fd: Annotated[int | None, typer.Option(hidden=True)] = None,
     parent_pid: Annotated[int | None, typer.Option(hidden=True)] = None,
+    ready_fd: Annotated[int | None, typer.Option(hidden=True)] = None,
 ) -> None:
     """A worker alone (scale-out); needs GATE_DATABASE_URL.
 
-    `gate serve` starts one with ``--metrics-fd`` (observations go to its /metrics) and
-    ``--parent-pid`` (it ends with serve), see embedded.py.
+    `gate serve` starts one with ``--metrics-fd`` (observations go to its /metrics),
+    ``--parent-pid`` (it ends with serve) and ``--ready-fd`` (a line once its workers have
+    started), see embedded.py.
     """
     settings = Settings()
     configure_logging(settings)
@@ -229,7 +356,9 @@ def worker(
         metrics = Metrics()
         if settings.worker_metrics_port:  # this process's own registry: nothing else shows it
             serve_worker_metrics(settings, metrics)
-    workers = _start_workers(settings, url, threads, stop, metrics)
+    workers, started = _start_workers(settings, url, threads, stop, metrics)
+    if ready_fd is not None:
+        _report_ready(ready_fd, started)
     while any(t.is_alive() for t in workers):
         for thread in workers:
             thread.join(timeout=1)

@@ -19,6 +19,7 @@ from .options import DEFAULT_URL, Token, Url
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from ..client.api import GateAPIError, GateClient
     from ..client.shapes import GateView
 
 EXIT_PASSED, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
@@ -52,7 +53,11 @@ def _stderr() -> Console:
     return Console(stderr=True, highlight=False)
 
 
-def _fail(message: str, problems: list[Any] | None = None) -> typer.Exit:
+def _fail(
+    message: str, problems: list[Any] | None = None, notes: list[str] | None = None
+) -> typer.Exit:
+    """Exit 2 with ``message`` on stderr, then each of ``problems`` as one line, then
+    ``notes`` (what to do, sizes, files), which are wrapped at the terminal's width."""
     from rich.text import Text
 
     from ..client.render import visible
@@ -67,15 +72,87 @@ def _fail(message: str, problems: list[Any] | None = None) -> typer.Exit:
         else:
             line = f"  - {problem}"
         err.print(Text(visible(line)), soft_wrap=True)
+    for note in notes or []:
+        err.print(Text(visible(f"  {note}")))
     return typer.Exit(EXIT_ERROR)
 
 
+# What a refused or missing token's error says to do.
+TOKEN_HINT = "Set GATE_TOKEN (or pass --token) to a token of the project with the submit scope."
+NOTHING_SENT = "Nothing was packed or uploaded."
+
+
+def shown_token(token: str) -> str:
+    """A token as an error may show it: its first 8 characters (of a short one, half of
+    them: never the whole token) and "…"."""
+    from ..client.render import visible
+
+    return visible(token[: min(8, len(token) // 2)]) + "…"
+
+
+def _usable_token(token: str | None) -> str:
+    """The token, or exit 2 before any request: none at all, or one no header can carry."""
+    if token is None or not token.strip():
+        raise _fail(
+            "no token: gate submit needs a token of the project, and none was given",
+            notes=[TOKEN_HINT, NOTHING_SENT],
+        )
+    if not (token.isascii() and token.isprintable()):
+        raise _fail(
+            f"the token {shown_token(token)} holds a character no token has (a line break, "
+            "a control or a non-ASCII character)",
+            notes=[TOKEN_HINT, NOTHING_SENT],
+        )
+    return token
+
+
+def _check_token(client: GateClient, token: str, url: str) -> None:
+    """Ask the gate whether the token may submit (``GET /v1/whoami?scope=submit``) before
+    anything is packed: a refusal names the token by its prefix, what it lacks, and
+    GATE_TOKEN."""
+    from ..client.api import GateAPIError
+
+    shown = shown_token(token)
+    try:
+        client.whoami(scope="submit")
+    except GateAPIError as exc:
+        if exc.status_code in (404, 405):
+            return  # a gate older than /v1/whoami: the upload's answer judges the token
+        if exc.status_code == 401:
+            # "the token is not known" / "was revoked" / "has expired", said of this token.
+            why = exc.detail.removeprefix("the token ")
+            told = why if why != exc.detail else f"was refused: {exc.detail}"
+            raise _fail(
+                f"the token {shown} {told} (the gate at {url})",
+                notes=[TOKEN_HINT, NOTHING_SENT],
+            ) from exc
+        if exc.status_code == 403:
+            raise _fail(_lacking(shown, exc), notes=[TOKEN_HINT, NOTHING_SENT]) from exc
+        raise _fail(f"the gate at {url} refused the token check: {exc}", exc.problems) from exc
+
+
+def _lacking(shown: str, exc: GateAPIError) -> str:
+    """A 403's sentence: the token's prefix, the scopes it holds and the one it lacks (from
+    the answer's problem; its detail when an older or other server sent none)."""
+    first = exc.problems[0] if isinstance(exc.problems, list) and exc.problems else None
+    problem: dict[str, Any] = first if isinstance(first, dict) else {}
+    scopes, needed = problem.get("scopes"), problem.get("needed")
+    if isinstance(scopes, list) and isinstance(needed, str):
+        held = ", ".join(str(s) for s in scopes) or "no scope"
+        project = problem.get("project")
+        of = f" of project {project}" if isinstance(project, str) else ""
+        return f"the token {shown}{of} lacks the {needed} scope: it holds {held}"
+    return f"the token {shown} cannot submit: {exc.detail}"
+
+
 def _bundle(source: Path, console: Console, quiet: bool) -> tuple[bytes, str]:
-    from ..client.pack import PackError, pack
+    from ..client.pack import OverLimit, PackError, pack
 
     if source.is_dir():
         try:
             packed = pack(source)
+        except OverLimit as exc:
+            raise _fail(str(exc), notes=exc.notes) from exc
         except PackError as exc:
             raise _fail(str(exc)) from exc
         if not packed.test_files:
@@ -205,9 +282,14 @@ def submit(
         )
     labels = parse_labels(label)
     console = Console(highlight=False)
-    bundle, filename = _bundle(path, console, as_json)
+    if not (path.is_dir() or path.is_file()):
+        raise _fail(f"{path}: no such project folder or archive")
+    token = _usable_token(token)
     client = GateClient(url, token=token)
     try:
+        # The token first: a bad one is named before a large project is packed and sent.
+        _check_token(client, token, url)
+        bundle, filename = _bundle(path, console, as_json)
         try:
             queued = GateView.of(
                 client.submit(
@@ -221,7 +303,10 @@ def submit(
                 )
             )
         except GateAPIError as exc:
-            raise _fail(f"gate refused the bundle: {exc}", exc.problems) from exc
+            # A token refused here (an older gate, or one revoked since the check) gets
+            # the same advice as one refused before packing.
+            notes = [TOKEN_HINT] if exc.status_code in (401, 403) else None
+            raise _fail(f"gate refused the bundle: {exc}", exc.problems, notes) from exc
         if not as_json:
             console.print(f"  → gate {queued.id} queued ({len(bundle):,} bytes)")
         if not wait:

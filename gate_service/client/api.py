@@ -7,6 +7,7 @@ import re
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from pydantic import ValidationError
@@ -108,6 +109,14 @@ class GateClient:
         )
         return self._page_link(self._check(response))
 
+    def whoami(self, *, scope: str | None = None) -> dict[str, Any]:
+        """The token this client holds, as the gate knows it: ``{"project", "token": {"id",
+        "name", "scopes", ...}}``. With ``scope``, a 403 GateAPIError unless the token holds
+        it (its ``problems[0]`` names the project, the scopes held and the one needed): the
+        cheap check before packing and uploading."""
+        params = {"scope": scope} if scope else None
+        return self._check(self._http.get("/v1/whoami", params=params))
+
     def gate(self, gate_id: str) -> dict[str, Any]:
         """The gate with all its cases: GET answers the first page of them, and the rest
         are fetched by following ``next_cases``."""
@@ -158,7 +167,7 @@ class GateClient:
         return self._check(self._http.post("/v1/projects", json=body))
 
     def delete_project(self, name: str) -> dict[str, Any]:
-        return self._check(self._http.delete(f"/v1/projects/{name}"))
+        return self._check(self._http.delete(self._path("projects", name)))
 
     def create_token(
         self,
@@ -173,38 +182,42 @@ class GateClient:
             body["expires_in_days"] = expires_in_days
         if name is not None:
             body["name"] = name
-        return self._check(self._http.post(f"/v1/projects/{project}/tokens", json=body))
+        return self._check(self._http.post(self._path("projects", project, "tokens"), json=body))
 
     def tokens(self, project: str) -> dict[str, Any]:
-        return self._check(self._http.get(f"/v1/projects/{project}/tokens"))
+        return self._check(self._http.get(self._path("projects", project, "tokens")))
 
     def model_routes(self, project: str) -> dict[str, Any]:
-        return self._check(self._http.get(f"/v1/projects/{project}/model-routes"))
+        return self._check(self._http.get(self._path("projects", project, "model-routes")))
 
     def set_model_routes(self, project: str, routes: list[dict[str, Any]]) -> dict[str, Any]:
         return self._check(
-            self._http.put(f"/v1/projects/{project}/model-routes", json={"routes": routes})
+            self._http.put(self._path("projects", project, "model-routes"), json={"routes": routes})
         )
 
     def egress(self, project: str) -> dict[str, Any]:
-        return self._check(self._http.get(f"/v1/projects/{project}/egress"))
+        return self._check(self._http.get(self._path("projects", project, "egress")))
 
     def set_egress(self, project: str, hosts: list[str]) -> dict[str, Any]:
-        return self._check(self._http.put(f"/v1/projects/{project}/egress", json={"hosts": hosts}))
+        return self._check(
+            self._http.put(self._path("projects", project, "egress"), json={"hosts": hosts})
+        )
 
     def guardrail_model(self, project: str) -> dict[str, Any]:
-        return self._check(self._http.get(f"/v1/projects/{project}/guardrail-model"))
+        return self._check(self._http.get(self._path("projects", project, "guardrail-model")))
 
     def set_guardrail_model(self, project: str, model: str) -> dict[str, Any]:
         return self._check(
-            self._http.put(f"/v1/projects/{project}/guardrail-model", json={"model": model})
+            self._http.put(
+                self._path("projects", project, "guardrail-model"), json={"model": model}
+            )
         )
 
     def clear_guardrail_model(self, project: str) -> dict[str, Any]:
-        return self._check(self._http.delete(f"/v1/projects/{project}/guardrail-model"))
+        return self._check(self._http.delete(self._path("projects", project, "guardrail-model")))
 
     def api_specs(self, project: str) -> dict[str, Any]:
-        return self._check(self._http.get(f"/v1/projects/{project}/api-specs"))
+        return self._check(self._http.get(self._path("projects", project, "api-specs")))
 
     def set_api_spec(
         self,
@@ -217,13 +230,59 @@ class GateClient:
         body: dict[str, Any] = {"spec": spec, "headers": headers or {}}
         if base_url:
             body["base_url"] = base_url
-        return self._check(self._http.put(f"/v1/projects/{project}/api-specs/{prefix}", json=body))
+        return self._check(
+            self._http.put(self._path("projects", project, "api-specs", prefix), json=body)
+        )
 
     def revoke_token(self, token_id: str) -> dict[str, Any]:
-        return self._check(self._http.delete(f"/v1/tokens/{token_id}"))
+        return self._check(self._http.delete(self._path("tokens", token_id)))
 
     def audit(self, *, limit: int = 100) -> dict[str, Any]:
         return self._check(self._http.get("/v1/audit", params={"limit": limit}))
+
+    @staticmethod
+    def _path(*parts: str) -> str:
+        """``/v1/...`` from segments, each quoted whole, dots too: a name holding "#", "?" or
+        "/" reaches the API as the name it is (and is refused there), and ".." is never a
+        dot-segment that httpx folds into a shorter path (``DELETE
+        /v1/projects/p/secrets/..`` would otherwise be ``DELETE /v1/projects/p``)."""
+        return "/v1/" + "/".join(quote(part, safe="").replace(".", "%2E") for part in parts)
+
+    def set_secret(self, project: str, name: str, value: str) -> dict[str, Any]:
+        """Store or replace a project secret; the answer (name, updated_at, created) never
+        holds the value."""
+        path = self._path("projects", project, "secrets", name)
+        return self._check(self._http.put(path, json={"value": value}))
+
+    def secrets(self, project: str) -> dict[str, Any]:
+        """A project's secret names and when each was last set; never a value."""
+        return self._check(self._http.get(self._path("projects", project, "secrets")))
+
+    def delete_secret(self, project: str, name: str) -> None:
+        """Remove a project secret (the API answers 204, no body)."""
+        response = self._http.delete(self._path("projects", project, "secrets", name))
+        if response.status_code >= 400:
+            self._check(response)
+
+    def verdict_rule(self, project: str) -> dict[str, Any]:
+        return self._check(self._http.get(self._path("projects", project, "verdict-rule")))
+
+    def set_verdict_rule(self, project: str, rule: str) -> dict[str, Any]:
+        path = self._path("projects", project, "verdict-rule")
+        return self._check(self._http.put(path, json={"verdict_rule": rule}))
+
+    def quarantine(self, project: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Quarantine a case: ``body`` is ``{case: {suite, agent_name, test_name}, owner,
+        reason, expires_at}``."""
+        path = self._path("projects", project, "quarantine")
+        return self._check(self._http.post(path, json=body))
+
+    def quarantines(self, project: str) -> dict[str, Any]:
+        return self._check(self._http.get(self._path("projects", project, "quarantine")))
+
+    def clear_quarantine(self, project: str, quarantine_id: str) -> dict[str, Any]:
+        path = self._path("projects", project, "quarantine", quarantine_id)
+        return self._check(self._http.delete(path))
 
     def run(self, run_id: str) -> RunView:
         run: RunView = RunView.model_validate(self._check(self._http.get(f"/v1/runs/{run_id}")))

@@ -51,6 +51,88 @@ class PackError(ValueError):
     """The project cannot be uploaded; the message says which file and why."""
 
 
+class OverLimit(PackError):
+    """The project is over a size limit. The message is the format CLI's (the parity test
+    holds it to that); ``notes`` add what it does not say: the sizes, the limits and the
+    five largest files inside and outside tests/files/."""
+
+    def __init__(self, message: str, notes: list[str]) -> None:
+        super().__init__(message)
+        self.notes = notes
+
+
+MIB = 1024 * 1024
+LARGEST_SHOWN = 5
+
+
+def human_bytes(size: int) -> str:
+    """``size`` for a person: 512 bytes, 3.2 KiB, 25.0 MiB (the exact count stands beside it
+    where a limit is at stake: 25.0 MiB may be a byte over 25 MiB)."""
+    if size < 1024:
+        return f"{size} bytes"
+    if size < MIB:
+        return f"{size / 1024:.1f} KiB"
+    return f"{size / MIB:.1f} MiB"
+
+
+def _left_out(rel: Path) -> bool:
+    """Hidden files and caches, which neither packer uploads."""
+    return (
+        any(part.startswith(".") for part in rel.parts)
+        or "__pycache__" in rel.as_posix()
+        or rel.suffix == ".pyc"
+    )
+
+
+def _is_fixture(name: str) -> bool:
+    return tuple(name.split("/")[:2]) == TEST_FILES_PREFIX
+
+
+def survey(root: Path) -> dict[str, int]:
+    """The upload set's files and their sizes as the file system says (no file is read):
+    what a refusal over a limit lists. Links and anything else not a regular file are left
+    out (packing refuses them on their own)."""
+    sizes: dict[str, int] = {}
+    candidates: list[Path] = []
+    for dirname in PROJECT_DIRECTORIES:
+        top = root / dirname
+        if not top.is_symlink() and top.is_dir():
+            candidates.extend(top.rglob("*"))
+    candidates.append(root / REQUIREMENTS)
+    for path in candidates:
+        rel = path.relative_to(root)
+        if _left_out(rel):
+            continue
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        if stat.S_ISREG(info.st_mode):
+            sizes[rel.as_posix()] = info.st_size
+    return sizes
+
+
+def limit_notes(sizes: dict[str, int]) -> list[str]:
+    """Lines that say how far over the limits ``sizes`` (a survey) are, and which files
+    weigh most, inside and outside tests/files/, the largest first."""
+    total = sum(sizes.values())
+    code = sum(size for name, size in sizes.items() if not _is_fixture(name))
+    lines = [
+        f"All files: {human_bytes(total)} ({total:,} bytes); limit "
+        f"{MAX_UPLOAD_SIZE // MIB} MiB ({MAX_UPLOAD_SIZE:,} bytes)",
+        f"Outside tests/files/: {human_bytes(code)} ({code:,} bytes); limit "
+        f"{MAX_CODE_SIZE // MIB} MiB ({MAX_CODE_SIZE:,} bytes)",
+    ]
+    for fixtures, where in ((True, "in tests/files/"), (False, "outside tests/files/")):
+        chosen = sorted(
+            ((size, name) for name, size in sizes.items() if _is_fixture(name) == fixtures),
+            key=lambda item: (-item[0], item[1]),
+        )[:LARGEST_SHOWN]
+        lines.append(f"Largest {where}:" if chosen else f"Largest {where}: none")
+        lines.extend(f"  {human_bytes(size):>10}  {name}" for size, name in chosen)
+    return lines
+
+
 @dataclass
 class PackedProject:
     data: bytes
@@ -92,15 +174,18 @@ class _Collector:
         self.files[rel.as_posix()] = (data, info)
         return data
 
+    def _over(self, exceeded: str) -> OverLimit:
+        return OverLimit(str(_refuse(exceeded)), limit_notes(survey(self.root)))
+
     def _add_total(self, size: int) -> None:
         self.total += size
         if self.total > MAX_UPLOAD_SIZE:
-            raise _refuse(_TOTAL_EXCEEDED)
+            raise self._over(_TOTAL_EXCEEDED)
 
     def _add_code(self, size: int) -> None:
         self.code += size
         if self.code > MAX_CODE_SIZE:
-            raise _refuse(_CODE_EXCEEDED)
+            raise self._over(_CODE_EXCEEDED)
 
     def project_file(self, rel: Path) -> None:
         fixture = rel.parts[:2] == TEST_FILES_PREFIX
@@ -130,9 +215,7 @@ class _Collector:
                 continue
             for path in sorted(top.rglob("*")):
                 rel = path.relative_to(self.root)
-                if any(part.startswith(".") for part in rel.parts):
-                    continue
-                if "__pycache__" in rel.as_posix() or rel.suffix == ".pyc":
+                if _left_out(rel):
                     continue
                 if path.is_symlink():
                     raise _refuse(f"Symbolic links are not allowed: {rel}")
@@ -168,8 +251,9 @@ def pack(root: Path) -> PackedProject:
             tar.addfile(member, io.BytesIO(data))
     packed = buffer.getvalue()
     if len(packed) > MAX_UPLOAD_SIZE:
-        raise PackError(
-            f"Package size ({len(packed):,} bytes) exceeds {MAX_UPLOAD_SIZE:,} byte limit"
+        raise OverLimit(
+            f"Package size ({len(packed):,} bytes) exceeds {MAX_UPLOAD_SIZE:,} byte limit",
+            limit_notes(survey(root)),
         )
     return PackedProject(data=packed, files=sorted(collector.files))
 

@@ -51,12 +51,16 @@ class Worker:
         # Shared by every worker of the process: one retention pass per interval per process.
         self.retention_clock = retention_clock
         self.idle = threading.Event()  # set while it waits for work (for tests)
+        # Set once run() has begun: its start logged, orphans reaped (`gate serve` shows a
+        # first start's token after its workers have started).
+        self.started = threading.Event()
 
     def run(self) -> None:
         """Work until ctx.stop is set; the job in hand is finished or handed back first."""
         bind_log_context(worker=self.name)  # this thread's records carry the worker's name
         log.info("worker %s started", self.name)
         self.reap_orphans()
+        self.started.set()
         poll = self.ctx.settings.worker_poll_seconds
         with self._woken_by_jobs() as wake:
             while not self.ctx.stop.is_set():

@@ -51,7 +51,7 @@ def test_admin_makes_a_project_and_a_token_that_submits(
                        created["id"])  # fmt: skip
     assert code == 0 and json.loads(out)["revoked_at"]
     code, _, err = run(capsys, "submit", str(project), "--url", url, "--token", created["token"])
-    assert code == 2 and "401 Unauthorized: the token was revoked" in err
+    assert code == 2 and f"the token {created['token'][:8]}… was revoked" in err
 
 
 def test_submit_without_a_token_is_refused_with_exit_2(
@@ -64,7 +64,7 @@ def test_submit_without_a_token_is_refused_with_exit_2(
     url = "http://{}:{}".format(*live_server)
     project = calculator_project(tmp_path / "p", failing=False)
     code, _, err = run(capsys, "submit", str(project), "--url", url)
-    assert code == 2 and "401 Unauthorized" in err
+    assert code == 2 and "no token" in err and "Set GATE_TOKEN (or pass --token)" in err
 
 
 def test_admin_sets_and_lists_a_projects_model_routes(
@@ -187,7 +187,7 @@ def test_admin_deletes_a_project_and_its_tokens_stop_working(
     assert deleted["counts"]["gates"] == 1 and deleted["counts"]["gates_stopped"] == 1
     assert deleted["counts"]["tokens"] == 1
     code, _, err = run(capsys, "submit", str(project), "--url", url, "--token", token)
-    assert code == 2 and "401 Unauthorized: the token is not known" in err
+    assert code == 2 and f"the token {token[:8]}… is not known" in err
     code, out, _ = run(capsys, "admin", "--url", url, "audit")
     (event,) = [e for e in json.loads(out)["items"] if e["action"] == "project.deleted"]
     assert event["detail"]["project"] == "doomed"

@@ -127,4 +127,4 @@ def test_a_refused_token_exits_2(
     project = calculator_project(tmp_path / "p", failing=False)
     code = main(["submit", str(project), "--json", "--url", url, "--token", "not-a-token"])
     out, err = capsys.readouterr()
-    assert (code, out) == (2, "") and "401" in err
+    assert (code, out) == (2, "") and "the token not-a… is not known" in err

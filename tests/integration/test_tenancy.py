@@ -43,6 +43,7 @@ ROUTES = [
     ("GET", "/v1/projects/default/tokens"),
     ("DELETE", f"/v1/tokens/{NOBODY}"),
     ("GET", "/v1/audit"),
+    ("GET", "/v1/whoami"),
 ]
 
 

@@ -114,6 +114,9 @@ class FakeGate:
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
         path = request.url.path
+        if path == "/v1/whoami":  # the token check before packing: a submit+read token
+            token = {"id": GATE_ID, "name": None, "scopes": ["read", "submit"]}
+            return httpx.Response(200, json={"project": "shop", "token": token})
         if request.method == "POST" and path == "/v1/gates":
             if self.submit_status != 202:
                 body = {"error": "Unauthorized", "detail": "the token was revoked"}
@@ -279,7 +282,7 @@ def test_refused_submission_and_unreachable_gate_exit_2(
     assert code == 2 and "cannot reach the gate at http://gate.test" in err
 
 
-def test_refused_pack_exits_2_before_any_request(
+def test_refused_pack_exits_2_before_any_upload(
     use_api: Callable[[FakeGate], None], project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake = FakeGate([PASSED])
@@ -288,7 +291,8 @@ def test_refused_pack_exits_2_before_any_request(
     code, out, err = run_cli(capsys, str(project), "--json")
     assert (code, out) == (2, "")
     assert "tools/app.exe: File type '.exe' not allowed" in err
-    assert fake.requests == []
+    # Only the token check went out (it comes before packing); nothing was uploaded.
+    assert [(r.method, r.url.path) for r in fake.requests] == [("GET", "/v1/whoami")]
 
 
 def test_no_wait_exits_0_once_queued(
