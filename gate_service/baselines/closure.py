@@ -140,6 +140,8 @@ def why_not_reusable(
     None when its inputs are deterministic: no agent it can run calls a model live (its own,
     a fallback, a guardrail's judge) and none reaches outside the bundle (MCP servers,
     ``api:`` tools, web pages), whose answers may change while the bundle does not."""
+    if agent not in configs:
+        return "its agent is unknown"
     live = live_models(root, configs, [agent], model_mode, guardrail_model, triggers)
     if live:
         return f"agent {live[0].agent!r} calls {live[0].model} live"

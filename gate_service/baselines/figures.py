@@ -7,12 +7,35 @@ Pure: a case row (or its numbers) in, values out; ``gates.views`` and ``history`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+from sqlalchemy import func
 
 from ..models import Case, CaseStatus
 from .stats import Interval, wilson
 
+# A case with a verdict of its agent's: what history, comparison and intervals count.
 JUDGED = (CaseStatus.passed.value, CaseStatus.failed.value)
+# A case's invocations run, in SQL (``runs_done`` in Python).
+RAN = func.coalesce(Case.invocations_run, Case.runs)
+
+
+class RunCounts(Protocol):
+    """A case row, or a case as the API answers it."""
+
+    @property
+    def runs(self) -> int: ...
+
+    @property
+    def invocations_run(self) -> int | None: ...
+
+
+def runs_done(case: RunCounts) -> int:
+    """The invocations a case ran: fewer than its runs after an early stop, more under the
+    Wilson rule; its runs for a case stored before either was counted."""
+    return case.invocations_run if case.invocations_run is not None else case.runs
+
+
 # A case's interval is answered from this many invocations on: one run is a verdict, not a
 # rate ("every case with runs > 1 carries its Wilson 95% interval").
 LEAST_RUNS_FOR_AN_INTERVAL = 2
@@ -52,8 +75,9 @@ def case_figures(case: Case) -> CaseFigures:
     baseline (a likely regression is a warning, not this)."""
     interval = None
     if case.status in JUDGED:
-        ran = case.invocations_run if case.invocations_run is not None else case.runs
-        interval = interval_of(case.successes, ran, least_runs=LEAST_RUNS_FOR_AN_INTERVAL)
+        interval = interval_of(
+            case.successes, runs_done(case), least_runs=LEAST_RUNS_FOR_AN_INTERVAL
+        )
     return CaseFigures(
         interval=interval,
         narrow=interval is not None and interval.holds(case.success_threshold),

@@ -20,7 +20,7 @@ from sqlalchemy import case as when
 from sqlalchemy.orm import Session
 
 from ..models import Case, CaseQuarantine, Gate, Project, utcnow
-from .figures import JUDGED, interval_of
+from .figures import JUDGED, RAN, interval_of
 from .schemas import (
     CaseGateRead,
     CaseHistoryList,
@@ -132,7 +132,7 @@ def _recent_rows(
             Gate.status.label("gate_status"),
             Case.status,
             Case.successes,
-            func.coalesce(Case.invocations_run, Case.runs).label("ran"),
+            RAN.label("ran"),
             Case.success_threshold,
             Case.closure_hash,
             Case.stopped_early,

@@ -21,7 +21,7 @@ The rules (docs/baselines.md):
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -33,10 +33,10 @@ from gate_runner.runtime_errors import OUTSIDE_KINDS, REQUEST_REJECTED
 
 from ..config import Settings
 from ..models import Case, CaseQuarantine, CaseStatus, Gate, GateStatus, ModelCall, utcnow
+from .figures import JUDGED, RAN, runs_done
 from .spec import parse_baseline
 from .stats import fisher_drop, wilson
 
-JUDGED = (CaseStatus.passed.value, CaseStatus.failed.value)
 MAX_NAMED_IN_WARNING = 5
 
 
@@ -46,12 +46,11 @@ def resolve_baseline(session: Session, gate: Gate) -> tuple[uuid.UUID | None, st
     if not gate.baseline:
         return None, None
     spec = parse_baseline(gate.baseline)  # checked at submission; parsed again, cheaply
-    query = select(Gate.id).where(Gate.project_id == gate.project_id, Gate.id != gate.id)
+    # Another gate of the project, never the gate itself.
+    others = (Gate.project_id == gate.project_id, Gate.id != gate.id)
     if spec.gate_id is not None:
         named = session.execute(
-            select(Gate.id, Gate.status).where(
-                Gate.project_id == gate.project_id, Gate.id != gate.id, Gate.id == spec.gate_id
-            )
+            select(Gate.id, Gate.status).where(*others, Gate.id == spec.gate_id)
         ).one_or_none()
         if named is None:
             return None, f"baseline gate {spec.gate_id} is not a gate of this project"
@@ -59,7 +58,9 @@ def resolve_baseline(session: Session, gate: Gate) -> tuple[uuid.UUID | None, st
             return None, f"baseline gate {named.id} has not finished (it is {named.status})"
         return named.id, None
     found = session.scalar(
-        query.where(
+        select(Gate.id)
+        .where(
+            *others,
             Gate.status == GateStatus.passed.value,
             Gate.created_at < gate.created_at,
             Gate.labels.contains({spec.label_key: spec.label_value}),
@@ -82,11 +83,11 @@ class Reuse:
 
 
 def reusable_cases(
-    session: Session, gate: Gate, why_not: Mapping[str, str | None]
+    session: Session, gate: Gate, why_not: Callable[[str], str | None]
 ) -> tuple[list[Reuse], dict[str, int], int]:
     """The gate's queued cases an incremental gate may take from its baseline: the baseline
-    holds a passing case with the same identity and closure hash, and ``why_not`` (by agent,
-    closure.why_not_reusable) says its inputs are deterministic. Also how many were not
+    holds a passing case with the same identity and closure hash, and ``why_not(agent)``
+    (closure.why_not_reusable) says its inputs are deterministic. Also how many were not
     reusable, by reason, and how many an earlier attempt of the job reused already (for the
     gate's note)."""
     if not gate.changed_only or gate.baseline_gate_id is None:
@@ -117,7 +118,7 @@ def reusable_cases(
             skip(f"{match.status} in the baseline")
         elif match.closure_hash is None or match.closure_hash != case.closure_hash:
             skip("its closure changed since the baseline")
-        elif (reason := why_not.get(case.agent_name, "its agent is unknown")) is not None:
+        elif (reason := why_not(case.agent_name)) is not None:
             skip(f"not deterministic: {reason}")
         elif calls.get(match.id, Calls()).total:
             # What its code did, not only what its YAML says: a case container reaches
@@ -206,11 +207,11 @@ def compare(
             "compare those, not the agent"
         )
         return Comparison("", _not_comparable(baseline_gate_id, base, why))
-    base_runs = _runs_done(base)
+    base_runs = runs_done(base)
     if base.stopped_early or base_runs < 1:
         why = "the baseline's case stopped early, so its rate is not a full sample"
         return Comparison("", _not_comparable(baseline_gate_id, base, why))
-    runs = _runs_done(case)
+    runs = runs_done(case)
     successes = case.successes
     p_value = fisher_drop(base.successes, base_runs, successes, runs)
     base_rate = 100 * base.successes / base_runs
@@ -244,7 +245,7 @@ def _not_comparable(gate_id: uuid.UUID, base: Case | None, why: str) -> dict[str
         "gate_id": str(gate_id),
         "case_id": str(base.id) if base is not None else None,
         "successes": base.successes if base is not None else None,
-        "runs": _runs_done(base) if base is not None else None,
+        "runs": runs_done(base) if base is not None else None,
         "comparable": False,
         "why": why,
         "p_value": None,
@@ -252,15 +253,10 @@ def _not_comparable(gate_id: uuid.UUID, base: Case | None, why: str) -> dict[str
     }
 
 
-def _runs_done(case: Case) -> int:
-    """The invocations a judged case ran (fewer than its runs after an early stop)."""
-    return case.invocations_run if case.invocations_run is not None else case.runs
-
-
 def regression_reason(case: Case) -> str:
     """The failure_reason part for a regressed case: the case, both rates, the p-value."""
     base = case.baseline or {}
-    runs = _runs_done(case)
+    runs = runs_done(case)
     return (
         f"{case.agent_name}::{case.test_name} regressed against baseline gate "
         f"{base.get('gate_id')}: {base.get('successes')}/{base.get('runs')} "
@@ -341,7 +337,7 @@ def annotate_cases(
     if likely:
         named = "; ".join(
             f"{c.agent_name}::{c.test_name} {(c.baseline or {}).get('successes')}/"
-            f"{(c.baseline or {}).get('runs')} then, {c.successes}/{_runs_done(c)} now "
+            f"{(c.baseline or {}).get('runs')} then, {c.successes}/{runs_done(c)} now "
             f"(p = {(c.baseline or {}).get('p_value'):.4g})"
             for c in likely[:MAX_NAMED_IN_WARNING]
         )
@@ -370,7 +366,7 @@ class Verdict:
 
 
 def _verdict(case: Case) -> Verdict:
-    return Verdict(case.status == CaseStatus.passed.value, case.successes, _runs_done(case))
+    return Verdict(case.status == CaseStatus.passed.value, case.successes, runs_done(case))
 
 
 def _histories(
@@ -385,7 +381,7 @@ def _histories(
             Case.closure_hash,
             Case.status,
             Case.successes,
-            func.coalesce(Case.invocations_run, Case.runs).label("ran"),
+            RAN.label("ran"),
             Gate.created_at,
             func.row_number()
             .over(

@@ -37,6 +37,7 @@ from gate_runner.contract import CaseResult, Invocation
 from .. import jobs
 from ..admission import admit_submission, lock_project, stored_result_bytes
 from ..baselines.closure import Closure, case_key
+from ..baselines.figures import runs_done
 from ..baselines.judging import regression_reason
 from ..bundles.archive import Manifest
 from ..bundles.suites import CaseRef
@@ -334,7 +335,7 @@ def save_cases(
 def reuse_case(case: Case, base: Case, why: str) -> None:
     """Report ``case`` as its baseline's passing ``base`` instead of running it (an
     incremental gate, baselines/judging.py ``reusable_cases``): its counts, a link, why."""
-    ran = base.invocations_run if base.invocations_run is not None else base.runs
+    ran = runs_done(base)
     case.status = CaseStatus.passed
     case.passed = True
     case.successes = base.successes

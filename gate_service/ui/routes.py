@@ -26,6 +26,7 @@ from ..app_state import state_of
 from ..auth.deps import check_token
 from ..auth.service import record_by
 from ..auth.tokens import Scope
+from ..baselines.figures import runs_done
 from ..baselines.history import one_case_history
 from ..db import session_scope
 from ..deps import SessionDep, SettingsDep
@@ -79,7 +80,7 @@ def make_templates() -> Jinja2Templates:
     env.globals["case_notes"] = views.case_notes
     env.globals["baseline_cell"] = views.baseline_cell
     env.globals["interval_text"] = views.interval_text
-    env.globals["runs_done"] = views.runs_done
+    env.globals["runs_done"] = runs_done
     env.filters["css_word"] = views.css_word
     return Jinja2Templates(env=env)
 

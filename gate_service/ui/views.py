@@ -145,11 +145,6 @@ def interval_text(case: CaseRead) -> str | None:
     return None if interval is None else notes.interval_text(interval.low, interval.high)
 
 
-def runs_done(case: CaseRead | Case) -> int:
-    """The invocations a case ran: fewer than its runs after an early stop."""
-    return case.invocations_run if case.invocations_run is not None else case.runs
-
-
 def ordered_cases(cases: Sequence[CaseRead]) -> list[CaseRead]:
     """Failed cases first, then errors, then the rest; the suite's order within each."""
 

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
@@ -261,6 +261,13 @@ def early_stop_mode(
     return STOP_FAILING
 
 
+def invocation_seconds(timeout_s: int) -> int:
+    """The longest one invocation of a case may take: the agent's timeout_s, then a builder
+    cleanup's own budget (the runner gives it timeout_s, at most 120 s), then forking and
+    judging."""
+    return timeout_s + min(timeout_s, MAX_CLEANUP_SECONDS) + PER_INVOCATION_SLACK_SECONDS
+
+
 def wilson_cap(
     settings: Settings, configured: int | None, runs: int, success_threshold: int, timeout_s: int
 ) -> int | None:
@@ -271,7 +278,7 @@ def wilson_cap(
     has one run or a threshold of 0 or 100%)."""
     if not configured or not wilson_applies(runs, success_threshold):
         return None
-    per_invocation = timeout_s + min(timeout_s, MAX_CLEANUP_SECONDS) + PER_INVOCATION_SLACK_SECONDS
+    per_invocation = invocation_seconds(timeout_s)
     fit = (settings.gate_deadline_seconds - settings.case_deadline_slack_seconds) // per_invocation
     return max(runs, min(configured, fit))
 
@@ -498,13 +505,13 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
             environment=environment,
         )
 
-        # By agent: why its cases may not be reused by an incremental gate (None: they may).
-        reusable = {
-            agent: why_not_reusable(
+        # By agent: why its cases may not be reused by an incremental gate (None: they may),
+        # asked only of an incremental gate's candidates (file lookups, no reads).
+        @cache
+        def why_not(agent: str) -> str | None:
+            return why_not_reusable(
                 bundle_dir, report.configs, agent, model_mode, guardrail_model, triggers
             )
-            for agent in case_agents
-        }
 
         def enter_building(session: Session, gate: Gate) -> None:
             lifecycle.save_cases(session, gate, report.cases, closures)
@@ -514,7 +521,7 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
                 gate.baseline_gate_id, no_baseline = judging.resolve_baseline(session, gate)
             if no_baseline is not None:  # a branch's first gate, say: nothing is compared
                 report.warnings.insert(0, judging.no_baseline_warning(gate, no_baseline))
-            reuses, not_reused, already = judging.reusable_cases(session, gate, reusable)
+            reuses, not_reused, already = judging.reusable_cases(session, gate, why_not)
             for reuse in reuses:
                 lifecycle.reuse_case(reuse.case, reuse.base, reuse.why)
             if gate.changed_only and gate.baseline_gate_id is not None:
@@ -915,12 +922,9 @@ def _run_case(
     if seconds_left is None:
         return None
     s = ctx.settings
-    # Each invocation: the agent's timeout_s, then a builder cleanup's own budget (the runner
-    # gives it timeout_s, at most 120 s), then forking and judging.
-    per_invocation = timeout_s + min(timeout_s, MAX_CLEANUP_SECONDS) + PER_INVOCATION_SLACK_SECONDS
     # Under the Wilson rule a case may run up to its cap of invocations, one at a time.
     cap = wilson_cap(s, inputs.wilson_max_runs, runs, success_threshold, timeout_s)
-    wall = (cap or runs) * per_invocation + s.case_deadline_slack_seconds
+    wall = (cap or runs) * invocation_seconds(timeout_s) + s.case_deadline_slack_seconds
     # No case container outlives the gate's deadline: its wall limit is at most the time left.
     cut_by_deadline = wall > int(seconds_left)
     wall = min(wall, int(seconds_left))

@@ -1053,15 +1053,15 @@ def wilson_verdict(
     ran = len(judged)
     successes = sum(1 for j in judged if j.invocation.passed)
     passed = wilson_final(successes, ran, success_threshold)
-    provider = [(j.invocation.index, j.provider_failure) for j in judged if j.provider_failure]
-    unjudged = None
-    if provider and not passed and wilson_final(successes + len(provider), ran, success_threshold):
-        index, why = provider[0]
-        unjudged = (
-            f"{len(provider)} of {ran} invocation(s) could not be judged, because a model call "
-            f"failed for a reason that is not the agent's (invocation {index + 1}: {why}); fix "
-            "the project's keys, routes or budgets (or the provider) and submit again"
-        )
+    unjudged = unjudged_reason(
+        runs=ran,
+        success_threshold=success_threshold,
+        successes=successes,
+        provider_failures=[
+            (j.invocation.index, j.provider_failure) for j in judged if j.provider_failure
+        ],
+        passes=wilson_final,
+    )
     reason = unjudged or wilson_reason(successes, ran, runs, success_threshold, max_runs)
     if reason is not None and unjudged is None:
         first = next(j.invocation for j in judged if j.invocation.failure_reason is not None)

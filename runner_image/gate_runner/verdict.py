@@ -3,7 +3,7 @@ invocations judged so far decide the verdict (early stop)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 
@@ -89,9 +89,11 @@ def unjudged_reason(
     success_threshold: int,
     successes: int,
     provider_failures: Sequence[tuple[int, str]],
+    passes: Callable[[int, int, int], bool] = case_passes,
 ) -> str | None:
     """Why the case cannot be judged, or None (docs/semantics.md, "Provider failures
-    are not agent failures").
+    are not agent failures"). ``passes(successes, runs, success_threshold)`` is the verdict
+    rule: the platform's by default, the Wilson rule's final verdict under it (case.py).
 
     ``provider_failures`` holds (index, reason) of each failed invocation whose run failed
     because a model call failed outside the agent (models: ModelCallError
@@ -99,9 +101,9 @@ def unjudged_reason(
     when those runs cannot change its verdict: it passes without them, or fails even if
     every one of them had passed. Otherwise it is not judged and the gate ends ``error``.
     """
-    if not provider_failures or case_passes(successes, runs, success_threshold):
+    if not provider_failures or passes(successes, runs, success_threshold):
         return None
-    if not case_passes(successes + len(provider_failures), runs, success_threshold):
+    if not passes(successes + len(provider_failures), runs, success_threshold):
         return None  # fails whatever those runs would have done: the agent's own failures
     index, reason = provider_failures[0]
     return (

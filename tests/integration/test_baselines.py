@@ -509,7 +509,7 @@ def test_a_baseline_case_that_called_out_or_was_flaky_is_not_reused(
         s.query(Case).filter(Case.gate_id == gate_id).update({"status": "queued"})
         gate = s.get_one(Gate, gate_id)
         gate.changed_only = True
-        reuses, not_reused, already = judging.reusable_cases(s, gate, {"a": None})
+        reuses, not_reused, already = judging.reusable_cases(s, gate, lambda agent: None)
         assert [r.case.test_name for r in reuses] == ["quiet"]
         assert not_reused == {
             "not deterministic: it called out through the model gateway in the baseline": 1,
