@@ -185,9 +185,12 @@ def create_app(
     metrics: Metrics | None = None,
     *,
     show_first_token: Callable[[str], None] = show_now,
+    workers_up: Callable[[], int] | None = None,
 ) -> FastAPI:
     """``metrics``: a registry shared with in-process workers (`gate serve`); default: a new one.
-    ``show_first_token``: what shows the first start's token notice (bootstrap_admin)."""
+    ``show_first_token``: what shows the first start's token notice (bootstrap_admin).
+    ``workers_up``: how many embedded workers can claim a gate now (`gate serve`); /readyz
+    answers 503 while none can. None: the workers are another process's (`gate api`)."""
     if not settings.database_url:
         raise ValueError("create_app needs settings.database_url (gate serve provides one)")
     database_url = settings.database_url
@@ -270,18 +273,27 @@ def create_app(
     @app.get(
         "/readyz",
         responses=error_responses(
-            {400: "A Host not in GATE_TRUSTED_HOSTS", 503: "The database does not answer"}
+            {
+                400: "A Host not in GATE_TRUSTED_HOSTS",
+                503: "The database does not answer, or (gate serve) no worker has started",
+            }
         ),
     )
-    def readyz(factory: SessionFactoryDep) -> dict[str, str]:
-        """The database answers."""
+    def readyz(factory: SessionFactoryDep) -> dict[str, str | int]:
+        """The database answers, and under `gate serve` a worker can claim a gate: a gate
+        submitted now is claimed at once, not after the workers' start."""
         try:
             with session_scope(factory) as session:
                 session.execute(text("SELECT 1"))
         except SQLAlchemyError:
             log.warning("readiness: the database does not answer", exc_info=True)
             raise ServiceUnavailable("the database does not answer") from None
-        return {"status": "ready"}
+        if workers_up is None:
+            return {"status": "ready"}
+        up = workers_up()
+        if up < 1:
+            raise ServiceUnavailable("no worker can claim a gate yet: the workers are starting")
+        return {"status": "ready", "workers": up}
 
     warm_up_routes(app)
     return app

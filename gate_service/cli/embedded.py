@@ -50,6 +50,18 @@ class EmbeddedWorkers:
         # Set once a child has started its workers, or ended before it could (`gate worker
         # --ready-fd`): `gate serve` shows a first start's token after it.
         self.ready = threading.Event()
+        # The current child's workers that have started (each can claim a gate): /readyz
+        # answers 200 from the first. A child of its own generation: a dead child's late
+        # lines count for nothing.
+        self._generation = 0
+        self._up = 0
+
+    def workers_up(self) -> int:
+        """How many workers of the running child can claim a gate now."""
+        with self._lock:
+            proc = self._proc
+            up = self._up
+        return up if proc is not None and proc.poll() is None else 0
 
     @property
     def pid(self) -> int | None:
@@ -88,20 +100,37 @@ class EmbeddedWorkers:
             os.close(write_end)
             os.close(ready_write)
         relay_into(self.metrics, read_end)  # ends when the child closes its end
+        self._generation += 1  # under self._lock, as every caller of _spawn holds it
+        self._up = 0
         threading.Thread(
-            target=self._await_ready, args=(ready_read,), name="gate-embedded-ready", daemon=True
+            target=self._await_ready,
+            args=(ready_read, self._generation),
+            name="gate-embedded-ready",
+            daemon=True,
         ).start()
         log.info("embedded worker process %s started (%s thread(s))", proc.pid, self.threads)
         return proc
 
-    def _await_ready(self, ready_read: int) -> None:
-        """``ready`` once the child writes its line, or closes its end (it ended)."""
+    def _await_ready(self, ready_read: int, generation: int) -> None:
+        """Count the child's ``started`` lines, one per worker that can claim; ``ready`` once
+        all have started, or the child closed its end (it ended)."""
+        pending = b""
         try:
-            os.read(ready_read, 64)
+            with os.fdopen(ready_read, "rb", buffering=0) as lines:
+                while chunk := lines.read(64):
+                    pending += chunk
+                    started = pending.count(b"\n")
+                    pending = pending[pending.rfind(b"\n") + 1 :]
+                    with self._lock:
+                        if generation != self._generation:
+                            return
+                        self._up += started
+                        up = self._up
+                    if up >= self.threads:
+                        self.ready.set()
         except OSError:
             pass
         finally:
-            os.close(ready_read)
             self.ready.set()
 
     def _supervise(self) -> None:

@@ -145,16 +145,19 @@ def _start_workers(
 
 
 def _report_ready(ready_fd: int, started: list[threading.Event]) -> None:
-    """Write a line to ``ready_fd`` and close it once every worker has started (or after
-    READY_SECONDS), from a thread of its own: `gate serve` (embedded.py) waits for it to show
-    a first start's token last."""
+    """Write a line to ``ready_fd`` as each worker starts (it can claim a gate from then on)
+    and close it once all have, from a thread of its own: `gate serve` (embedded.py) counts
+    them for /readyz, and shows a first start's token once all have (or READY_SECONDS
+    passed)."""
 
     def report() -> None:
-        deadline = time.monotonic() + READY_SECONDS
-        for event in started:
-            event.wait(max(0.0, deadline - time.monotonic()))
         try:
-            os.write(ready_fd, b"ready\n")
+            waiting = list(started)
+            while waiting:
+                for event in list(waiting):
+                    if event.wait(0.05):
+                        waiting.remove(event)
+                        os.write(ready_fd, b"started\n")
         except OSError:  # serve stopped listening: nothing waits for it
             pass
         finally:
@@ -206,14 +209,20 @@ class FirstTokenNotice:
         threading.Thread(target=wait_then_show, name="gate-first-token", daemon=True).start()
 
     def shower(
-        self, app: FastAPI, workers_ready: threading.Event | None
+        self,
+        app: FastAPI,
+        workers_ready: threading.Event | None,
+        ready: Callable[[], None] | None = None,
     ) -> Callable[[], Awaitable[None]]:
-        """What the server awaits once it listens: the app settles (its change listener
-        connects, main.settled), then the notice is shown once ``workers_ready`` is set."""
+        """What the server awaits once it listens: ``ready`` (which says so once gates are
+        claimed) is started, the app settles (its change listener connects, main.settled),
+        then the notice is shown once ``workers_ready`` is set."""
 
         async def started() -> None:
             from ..main import settled
 
+            if ready is not None:
+                threading.Thread(target=ready, name="gate-ready-line", daemon=True).start()
             with self._lock:
                 held = self._text is not None
             if held:
@@ -221,6 +230,20 @@ class FirstTokenNotice:
                 self.show_when(workers_ready)
 
         return started
+
+
+def ready_line(address: str, workers_up: Callable[[], int] | None) -> Callable[[], None]:
+    """The line `gate serve` logs once a gate submitted now is claimed at once: its first
+    worker can claim (when /readyz turns 200)."""
+
+    def say() -> None:
+        if workers_up is not None:
+            while workers_up() < 1:
+                time.sleep(0.05)
+        up = "" if workers_up is None else f", {workers_up()} worker(s) claiming gates"
+        log.info("ready on %s (GET /readyz answers 200%s)", address, up)
+
+    return say
 
 
 def _run_uvicorn(
@@ -278,20 +301,27 @@ def serve() -> None:
         # /metrics shows them.
         metrics = Metrics()
         workers_ready: threading.Event | None = None
+        workers_up: Callable[[], int] | None = None
         if settings.embedded_workers:
             workers = EmbeddedWorkers(url, settings.embedded_workers, metrics)
             workers.start()
             cleanup.callback(workers.stop)
-            workers_ready = workers.ready
+            workers_ready, workers_up = workers.ready, workers.workers_up
         notice = FirstTokenNotice()
         app = create_app(
             settings.model_copy(update={"database_url": url}),
             metrics,
             show_first_token=notice.hold,
+            workers_up=workers_up,
         )
         log.info("serving on http://%s:%s", settings.host, settings.port)
+        address = f"http://{settings.host}:{settings.port}"
         try:
-            _run_uvicorn(app, settings, on_started=notice.shower(app, workers_ready))
+            _run_uvicorn(
+                app,
+                settings,
+                on_started=notice.shower(app, workers_ready, ready_line(address, workers_up)),
+            )
         finally:
             notice.show()
 

@@ -153,17 +153,11 @@ class ModelGateway:
         retry_backoff_s: float = 1.0,
         project_spend: SpendStore | None = None,
     ) -> None:
-        # Never fetch the model cost map from the internet at import time.
-        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        import litellm
-        import openai  # LiteLLM's own dependency: the moderation calls' client (see moderate)
-
-        litellm.suppress_debug_info = True
-        # Every HTTP client LiteLLM makes for itself refuses redirects and refused addresses
-        # too: the per-call client (_client_for) is not taken by every provider's path.
-        install_litellm_guard(litellm)
-        self._litellm: Any = litellm
-        self._openai: Any = openai
+        # LiteLLM is imported at the first call that needs it (``_libraries``), not here:
+        # its import takes seconds, and a worker starts (and claims scripted and replay gates,
+        # which never call a provider) without waiting for it (issue 43).
+        self._libraries_lock = threading.Lock()
+        self._loaded: tuple[Any, Any] | None = None
         self.budgets = budgets or Budgets()
         self.socket_root = socket_root or default_socket_root()
         self.retry_backoff_s = retry_backoff_s
@@ -174,6 +168,40 @@ class ModelGateway:
         self._lock = threading.Lock()
         self._gate_budgets: dict[str, Budget] = {}
         self._project_budgets: dict[str, Budget] = {}
+
+    def _libraries(self) -> tuple[Any, Any]:
+        """LiteLLM and openai (LiteLLM's own dependency, the moderation calls' client),
+        imported once, guarded, by the first caller; the others wait for it."""
+        loaded = self._loaded
+        if loaded is not None:
+            return loaded
+        with self._libraries_lock:
+            if self._loaded is None:
+                # Never fetch the model cost map from the internet at import time.
+                os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+                import litellm
+                import openai
+
+                litellm.suppress_debug_info = True
+                # Every HTTP client LiteLLM makes for itself refuses redirects and refused
+                # addresses too: the per-call client (_client_for) is not taken by every
+                # provider's path.
+                install_litellm_guard(litellm)
+                self._loaded = (litellm, openai)
+            return self._loaded
+
+    @property
+    def _litellm(self) -> Any:
+        return self._libraries()[0]
+
+    @property
+    def _openai(self) -> Any:
+        return self._libraries()[1]
+
+    @property
+    def libraries_loaded(self) -> bool:
+        """Whether LiteLLM has been imported (by a call that needed it)."""
+        return self._loaded is not None
 
     @classmethod
     def from_settings(

@@ -82,6 +82,9 @@ def test_a_stopped_worker_process_cannot_stall_the_api(
 ) -> None:
     worker = worker_of(serve["proc"].pid)
     assert worker is not None and worker != serve["proc"].pid
+    # Ready means a worker can claim (issue 43): serve's /readyz counts it, and said so.
+    assert httpx.get(f"{serve['url']}/readyz", timeout=5).json()["workers"] == 1
+    wait_until(lambda: "ready on http://" in serve["log"].read_text(), "the ready line", seconds=10)
     client = GateClient(serve["url"], token=ADMIN_TOKEN)
     http = httpx.Client(base_url=serve["url"], headers=bearer(ADMIN_TOKEN), timeout=10)
     os.kill(worker, signal.SIGSTOP)
@@ -121,6 +124,16 @@ def test_a_dead_worker_process_is_replaced_and_ends_with_serve(
         seconds=60,
     )
     second = worker_of(serve["proc"].pid)
+    # Ready again once the new process's worker can claim: it counts that one, not the dead.
+    wait_until(
+        lambda: httpx.get(f"{serve['url']}/readyz", timeout=5).status_code == 200,
+        "readyz answers 200 for the new worker",
+        seconds=60,
+    )
+    assert httpx.get(f"{serve['url']}/readyz", timeout=5).json() == {
+        "status": "ready",
+        "workers": 1,
+    }
     client = GateClient(serve["url"], token=ADMIN_TOKEN)
     try:
         gate = client.submit(bundle_of(calculator_project(tmp_path / "p", failing=True)))

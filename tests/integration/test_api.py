@@ -219,6 +219,19 @@ def test_health_and_readiness(client: TestClient) -> None:
     assert client.get("/readyz").json() == {"status": "ready"}
 
 
+def test_readiness_waits_for_a_worker_that_can_claim(settings: Settings) -> None:
+    """Under `gate serve` (issue 43) ready means a gate submitted now is claimed at once:
+    503 while no embedded worker has started, then 200 with how many are up."""
+    up = [0]
+    with TestClient(create_app(settings, workers_up=lambda: up[0])) as client:
+        refused = client.get("/readyz")
+        assert refused.status_code == 503
+        assert "no worker can claim a gate yet" in refused.json()["detail"]
+        assert client.get("/healthz").status_code == 200  # the process is up all the same
+        up[0] = 2
+        assert client.get("/readyz").json() == {"status": "ready", "workers": 2}
+
+
 def test_concurrent_requests_with_one_idempotency_key_get_one_gate(
     settings: Settings, sessions: sessionmaker[Session], tmp_path: Path
 ) -> None:

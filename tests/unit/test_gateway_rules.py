@@ -172,6 +172,17 @@ def test_importing_the_gateway_loads_no_litellm() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env
     )
     assert out.stdout.strip() == "False"
+    # Nor does a worker's gateway until a call needs LiteLLM (issue 43): a worker claims
+    # scripted and replay gates without waiting for its import; the first live call pays it.
+    probe = (
+        "import sys; from gate_service.gateway import ModelGateway; g = ModelGateway(); "
+        "print('litellm' in sys.modules, g.libraries_loaded); "
+        "print(g.provider_of('gpt-4o'), 'litellm' in sys.modules, g.libraries_loaded)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env
+    )
+    assert out.stdout.split("\n")[:2] == ["False False", "openai True True"]
 
 
 def test_a_providers_error_reaches_the_agent_with_no_part_of_a_secret_in_it() -> None:
