@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict
 
+from ..client.words import cut
 from ..links import case_html_url, gate_html_url
 
 # At most this many cases are listed; the rest are counted, with the gate's page.
@@ -113,9 +114,7 @@ def md_text(value: object, limit: int | None = None) -> str:
     and ``>`` become entities (no HTML, no entity of the text's own); ``@`` and ``#`` get a
     zero-width space after them, so no one is mentioned and no issue is referenced.
     """
-    text = str(value)
-    if limit is not None and len(text) > limit:
-        text = text[:limit] + "…"
+    text = str(value) if limit is None else cut(str(value), limit)
     out: list[str] = []
     for ch in text:
         if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp"):

@@ -213,6 +213,16 @@ def submit(
             "messages, tools, response format), not only its summary line",
         ),
     ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            help="every failed run with its input, output and whole trace, and every warning "
+            "(without it: the first failed run, collapsed to its failing check and the spans "
+            "on the way to it)",
+        ),
+    ] = False,
     name_filter: Annotated[
         str | None, typer.Option("--filter", help="only cases whose name contains this")
     ] = None,
@@ -268,7 +278,13 @@ def submit(
     from rich.text import Text
 
     from ..client.api import GateAPIError, GateClient
-    from ..client.render import GateProgress, json_result, render_results, visible
+    from ..client.render import (
+        GateProgress,
+        failed_cases,
+        json_result,
+        render_results,
+        visible,
+    )
     from ..client.shapes import FailedRuns, GateView
 
     if changed_only and not baseline:
@@ -325,9 +341,12 @@ def submit(
         # An error gate's unjudged cases have runs too (a provider failed them): their
         # traces say why, as a failed case's do.
         if gate.status in ("failed", "error"):
-            for case in gate.cases:
-                if case.passed is not True and case.agent_run_ids:
-                    case.failed_runs = FailedRuns.of(client.failed_runs(case))
+            unpassed = [c for c in failed_cases(gate.cases) if c.agent_run_ids]
+            # The terminal shows one failed run unless --verbose; --json and JUnit carry each
+            # failed case's first few.
+            every = verbose or as_json or junit is not None
+            for case in unpassed if every else unpassed[:1]:
+                case.failed_runs = FailedRuns.of(client.failed_runs(case))
         # The summary is the comment's, not the verdict's: when it cannot be fetched the
         # JUnit report and the results still come, then exit 2 says so.
         summary: str | None = None
@@ -349,7 +368,7 @@ def submit(
     status = gate.status
     if status == "error":
         if not as_json:
-            render_results(console, gate, show_requests=show_requests)
+            render_results(console, gate, show_requests=show_requests, verbose=verbose)
         reason = gate.failure_reason or gate.error or "unknown error"
         if summary_refused:
             _stderr().print(Text(visible(summary_refused), style="bold red"), soft_wrap=True)
@@ -357,7 +376,7 @@ def submit(
     if as_json:
         typer.echo(json.dumps(json_result(gate), indent=2))
     else:
-        render_results(console, gate, show_requests=show_requests)
+        render_results(console, gate, show_requests=show_requests, verbose=verbose)
     if summary_refused:
         raise _fail(summary_refused)
     raise typer.Exit(EXIT_PASSED if status == "passed" else EXIT_FAILED)

@@ -34,6 +34,7 @@ from typing import Any
 
 from .notes import case_notes, interval_text, quarantine_text, rate, regression_text
 from .shapes import CaseView, FailedRuns, GateView
+from .words import Outcome, case_outcome
 
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
@@ -70,18 +71,10 @@ def _failure_text(case: CaseView) -> str:
 
 
 def _outcome(case: CaseView) -> str:
-    status = case.status
-    if case.reused_from:
-        return "skipped"  # not run: its baseline's verdict stands
-    regressed = case.regression_level == "regression"
-    if case.passed is True and not regressed:
-        return "passed"
-    if case.passed is True or case.passed is False or status == "failed":
-        # A quarantined failure (or regression) ran and is reported, but does not fail.
-        return "skipped" if case.quarantine else "failed"
-    if status == "error":
-        return "error"
-    return "skipped"
+    """JUnit's outcome of a case: ``words.case_outcome``, the word the pages and the terminal
+    print, with a case not judged yet reported skipped."""
+    outcome = case_outcome(case)
+    return Outcome.skipped.value if outcome is Outcome.pending else outcome.value
 
 
 def _skip_message(case: CaseView) -> str:

@@ -28,17 +28,24 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from .causes import failure_groups, first_check
 from .junit import warning_line
 from .model_requests import format_kind, message_text, request_summary
 from .notes import Tone, case_notes
-from .shapes import CaseView, FailedRuns, GateView, ModelCalls, TraceSpan
+from .shapes import CaseView, FailedRuns, GateView, ModelCalls, ShownRun, TraceSpan
+from .words import MARKS, Outcome, case_marks, case_outcome, cut, duration, money, span_outcome
 
 TRUNCATE_AT = 800
 SPAN_ERROR_AT = 160
 SHOWN_RUNS = 3
+# Gate warnings printed before "… and N more" (all of them with --verbose).
+SHOWN_WARNINGS = 3
+# Cases listed under a failure group before "… and N more".
+SHOWN_GROUP_CASES = 5
 
 # The format CLI's labels for the backend's phases; unknown phases are shown as they are.
 PHASE_LABELS = {
+    "queued": "Queued: waiting for a worker",
     "validating": "Validating uploaded files...",
     "building": "Building tests...",
     "starting_container": "Starting test runner container...",
@@ -63,9 +70,8 @@ def as_text(value: object) -> str:
 
 
 def truncate(text: str | None, limit: int = TRUNCATE_AT) -> str:
-    if not text:
-        return ""
-    return text if len(text) <= limit else text[:limit] + " … (truncated)"
+    """``words.cut``: a cut text ends with "…" and how much was cut."""
+    return cut(text, limit)
 
 
 def case_label(case: CaseView) -> str:
@@ -79,7 +85,7 @@ def judged_count(gate: GateView) -> int:
 
 
 def phase_label(phase: str | None) -> str:
-    return PHASE_LABELS.get(phase or "", phase or "queued")
+    return PHASE_LABELS.get(phase or "queued", phase or "queued")
 
 
 # -- progress ------------------------------------------------------------------------------
@@ -92,7 +98,7 @@ class GateProgress:
     def __init__(self, console: Console, *, quiet: bool = False) -> None:
         self.console = console
         self.quiet = quiet
-        self._last: tuple[str, str, int, int] | None = None
+        self._last_line: str | None = None
         self._bar: Progress | None = None
         self._task: TaskID | None = None
 
@@ -120,37 +126,61 @@ class GateProgress:
             return
         gate = GateView.of(answer)
         total = gate.total_cases or 0
-        state = (str(gate.status), str(gate.phase), judged_count(gate), total)
-        if state == self._last:
-            return
-        self._last = state
-        status, phase, judged, _ = state
-        label = phase_label(phase)
+        judged = judged_count(gate)
         if self._bar is not None and self._task is not None:
             self._bar.update(
-                self._task, description=visible(label), completed=judged, total=total or None
+                self._task,
+                description=visible(phase_label(gate.phase)),
+                completed=judged,
+                total=total or None,
             )
             return
-        line = f"{status}: {label}"
-        if total:
-            line += f" {judged}/{total} cases judged"
+        # Off a terminal (a CI log): a line for each change, in words, never twice.
+        line = progress_line(gate)
+        if line == self._last_line:
+            return
+        self._last_line = line
         self.console.print(Text(visible(line)), soft_wrap=True)
+
+
+def progress_line(gate: GateView) -> str:
+    """Where a gate stands, as a plain log says it: ``Queued: waiting for a worker``,
+    ``Running test cases... 3 of 20 cases judged``."""
+    status = gate.status or "queued"
+    if status == "queued":
+        return "Queued: waiting for a worker"
+    if status in JUDGED:
+        return f"Finished: {status}"
+    line = phase_label(gate.phase)
+    total = gate.total_cases or 0
+    if total:
+        line += f" {judged_count(gate)} of {total} cases judged"
+    return line
 
 
 # -- results -------------------------------------------------------------------------------
 
 
+# A case's outcome in the terminal: its word (the page's and JUnit's), coloured.
+RESULT_STYLES = {
+    Outcome.passed: "bold green",
+    Outcome.failed: "bold red",
+    Outcome.error: "bold red",
+    Outcome.skipped: "yellow",
+    Outcome.pending: "dim",
+}
+
+
 def _result_cell(case: CaseView) -> Text:
-    if case.reused_from:
-        return Text(" REUSED ", style="bold cyan")
-    if case.passed is True:
-        return Text(" PASS ", style="bold green")
-    if case.passed is False or case.status == "failed":
-        # A quarantined failure is reported, and does not fail the gate: not red.
-        return Text(" FAIL ", style="bold yellow" if case.quarantine else "bold red")
-    if case.status == "error":
-        return Text(" ERROR ", style="bold red")
-    return Text(" SKIP ", style="yellow")
+    outcome = case_outcome(case)
+    style = RESULT_STYLES.get(outcome, "")
+    if case.quarantine and outcome is Outcome.skipped and case.passed is not True:
+        style = "bold yellow"  # a quarantined failure: reported, and not red
+    cell = Text(f" {outcome.word} ", style=style)
+    marks = case_marks(case)
+    if marks:
+        cell.append(" " + " ".join(marks), style="dim")
+    return cell
 
 
 def _runs_cell(case: CaseView) -> Text:
@@ -284,11 +314,17 @@ def request_lines(request: dict[str, Any], indent: int, *, full: bool) -> list[T
 
 
 def trace_lines(
-    traces: list[TraceSpan] | list[Mapping[str, Any]], indent: int, *, show_requests: bool = False
+    traces: list[TraceSpan] | list[Mapping[str, Any]],
+    indent: int,
+    *,
+    show_requests: bool = False,
+    failing_path: bool = False,
 ) -> list[Text]:
     """The span tree: children under their parent, siblings by span_order (then as given).
-    A model span's request follows it as one line, in full with ``show_requests``."""
+    A model span's request follows it as one line, in full with ``show_requests``.
+    ``failing_path``: only the spans that did not pass and the spans on the way to them."""
     spans = [TraceSpan.of(span) for span in traces]
+    keep = _failing_path(spans) if failing_path else None
     ids = {span.span_id for span in spans if span.span_id}
     roots: list[TraceSpan] = []
     children: dict[str, list[TraceSpan]] = {}
@@ -307,15 +343,22 @@ def trace_lines(
 
     def walk(spans: list[TraceSpan], depth: int) -> None:
         for span in sorted(spans, key=order):
-            ok = span.status == "ok"
+            if keep is not None and span.span_id not in keep:
+                continue
+            outcome = span_outcome(span.status)
+            ok = outcome is Outcome.passed
             meta = span.meta()
             line = Text(" " * indent + "  " * depth)
-            line.append("✓" if ok else "✗", style="green" if ok else "red")
+            symbol, style = MARKS[outcome]
+            line.append(symbol, style=style)
             line.append(" " + visible(_span_label(span, meta)))
+            if not ok:  # the word as well as the mark: SKIPPED, WARNED, BLOCKED, FAILED
+                word = outcome.word if outcome is not Outcome.other else str(span.status).upper()
+                line.append(f" {visible(word)}", style=style)
             if span.duration_ms is not None:
-                line.append(f" ({int(span.duration_ms)}ms)")
+                line.append(f" ({duration(span.duration_ms)})")
             error = meta.get("error") or meta.get("message")
-            if not ok and error:
+            if outcome in (Outcome.failed, Outcome.blocked, Outcome.other) and error:
                 line.append(" — " + visible(truncate(as_text(error), SPAN_ERROR_AT)), style="red")
             lines.append(line)
             if isinstance(meta.get("request"), dict):
@@ -328,6 +371,20 @@ def trace_lines(
 
     walk(roots, 0)
     return lines
+
+
+def _failing_path(spans: list[TraceSpan]) -> set[str | None]:
+    """The ids of the spans that did not pass and of every span above them."""
+    parent_of = {span.span_id: span.parent_span_id for span in spans if span.span_id}
+    keep: set[str | None] = set()
+    for span in spans:
+        if span_outcome(span.status) is Outcome.passed or not span.span_id:
+            continue
+        at: str | None = span.span_id
+        while at is not None and at not in keep:  # each id once: a cycle ends the walk
+            keep.add(at)
+            at = parent_of.get(at)
+    return keep
 
 
 def failed_run_lines(
@@ -360,28 +417,56 @@ def failed_run_lines(
     return lines
 
 
+def failed_cases(cases: list[CaseView]) -> list[CaseView]:
+    """The cases with a reason that did not pass, those that fail the gate first (a
+    quarantined failure after them): the first is the one the terminal shows collapsed."""
+    failed = [c for c in cases if c.passed is not True and c.failure_reason]
+    return sorted(failed, key=lambda c: c.quarantine is not None)
+
+
+def first_failure_lines(case: CaseView, *, show_requests: bool = False) -> list[Text]:
+    """The first failed run of a case, collapsed: its first failing check, its error, and
+    only the spans that did not pass with those on the way to them."""
+    lines = [Text("    " + visible(truncate(first_check(case.failure_reason or ""))), style="red")]
+    detail = case.failed_runs
+    run: ShownRun | None = detail.shown[0] if detail is not None and detail.shown else None
+    if run is not None and run.fetch_error:
+        why = visible(run.fetch_error)
+        lines.append(Text(f"    (run {visible(run.run_id)} could not be loaded: {why})"))
+    if run is None or run.fetch_error:
+        return lines
+    if run.error:
+        lines.append(Text(f"    Error: {visible(truncate(run.error, SPAN_ERROR_AT * 2))}"))
+    if run.traces:
+        path = trace_lines(run.traces, indent=4, show_requests=show_requests, failing_path=True)
+        if path:
+            lines.append(Text(f"    Spans on the way (run {visible(run.run_id)}):"))
+            lines.extend(path)
+    return lines
+
+
 def render_results(
-    console: Console, answer: GateView | Mapping[str, Any], *, show_requests: bool = False
+    console: Console,
+    answer: GateView | Mapping[str, Any],
+    *,
+    show_requests: bool = False,
+    verbose: bool = False,
 ) -> None:
-    """Results table, failure details, the gate's own reason and problems, summary line.
+    """The gate's results, the summary last, so a terminal's last screen is what a person
+    reads first: the details (every failed run's trace with ``verbose``, else the first
+    failed run collapsed), the warnings and notes, the gate's facts, the failures grouped by
+    cause, the results table, the verdict line, the page's URL.
     ``show_requests``: each model span's request in full, not only its summary line."""
     gate = GateView.of(answer)
     cases = gate.cases
-    if cases:
-        console.print()
-        console.print(results_table(cases))
-    noted = [(case, notes) for case in cases if (notes := note_lines(case))]
-    if noted:
-        console.print()
-        console.print(Text("  → Notes:"))
-        for case, notes in noted:
-            console.print(Text(f"    {visible(case_label(case))}"), soft_wrap=True)
-            for note in notes:
-                console.print(Text("      ").append_text(note), soft_wrap=True)
-    failed = [c for c in cases if c.passed is not True and c.failure_reason]
-    if failed:
-        console.print()
-        console.print(Text("  → Failure details:"))
+
+    def say(text: Text | str) -> None:
+        console.print(text if isinstance(text, Text) else Text(text), soft_wrap=True)
+
+    failed = failed_cases(cases)
+    if failed and verbose:
+        say("")
+        say("  → Failure details:")
         for case in failed:
             style = "yellow" if case.quarantine else "red"
             line = Text("    ✗ ", style=style)
@@ -389,46 +474,83 @@ def render_results(
             line.append(
                 visible(f"{case_label(case)}{quarantined}: {case.failure_reason}"), style=style
             )
-            console.print(line, soft_wrap=True)
+            say(line)
             for text in failed_run_lines(case.failed_runs, show_requests=show_requests):
-                console.print(text, soft_wrap=True)
+                say(text)
+    elif failed:
+        first = failed[0]
+        say("")
+        say(Text(f"  → First failure: {visible(case_label(first))}", style="bold"))
+        for text in first_failure_lines(first, show_requests=show_requests):
+            say(text)
+        if len(failed) > 1 or first.failed_runs is not None:
+            say(Text("    (--verbose: every failed run with its whole trace)", style="dim"))
     reason = gate.failure_reason or gate.error
-    if reason and gate.status != "passed":
-        console.print()
-        console.print(Text(visible(f"  {gate.status}: {reason}")), soft_wrap=True)
-        for problem in gate.problems:
-            where = problem.get("file") or problem.get("suite") or ""
-            message = problem.get("message") or problem.get("detail") or as_text(problem)
-            item = f"    - {where}: {message}" if where else f"    - {message}"
-            console.print(Text(visible(item)), soft_wrap=True)
+    if reason and gate.status != "passed" and not failed:
+        say("")
+        say(Text(visible(f"  {gate.status}: {reason}")))
+    for problem in gate.problems if reason and gate.status != "passed" else []:
+        where = problem.get("file") or problem.get("suite") or ""
+        message = problem.get("message") or problem.get("detail") or as_text(problem)
+        say(visible(f"    - {where}: {message}" if where else f"    - {message}"))
     warnings = gate.warnings
     if warnings:
-        console.print()
-        console.print(
+        say("")
+        say(
             Text(
                 f"  ⚠ {len(warnings)} warning(s): what this gate does not run as the platform "
                 "would, so a pass covers less",
                 style="yellow",
-            ),
-            soft_wrap=True,
+            )
         )
-        for warning in warnings:
-            console.print(Text(visible(f"    - {warning_line(warning)}")), soft_wrap=True)
-    passed = sum(1 for c in cases if c.passed is True)
-    console.print()
-    for mode_text in model_mode_lines(gate):
-        console.print(Text(f"  {visible(mode_text)}"), soft_wrap=True)
+        shown = warnings if verbose else warnings[:SHOWN_WARNINGS]
+        for warning in shown:
+            say(visible(f"    - {warning_line(warning)}"))
+        if len(shown) < len(warnings):
+            say(f"    … and {len(warnings) - len(shown)} more (--verbose, or the gate page)")
+    noted = [(case, notes) for case in cases if (notes := note_lines(case))]
+    if noted:
+        say("")
+        say("  → Notes:")
+        for case, notes in noted:
+            say(f"    {visible(case_label(case))}")
+            for note in notes:
+                say(Text("      ").append_text(note))
+    facts = [*model_mode_lines(gate)]
     calls = model_calls_line(gate.model_calls)
     if calls:
-        console.print(Text(f"  {calls}"), soft_wrap=True)
+        facts.append(calls)
     compared = baseline_line(gate)
     if compared:
-        console.print(Text(f"  {visible(compared)}"), soft_wrap=True)
-    summary = Text(f"  {passed}/{len(cases)} cases passed{_tally(cases)}.", style="bold")
-    summary.append(f"  gate {visible(gate.id)}: {visible(gate.status)}", style="")
-    console.print(summary, soft_wrap=True)
+        facts.append(compared)
+    if facts:
+        say("")
+        for fact in facts:
+            say(f"  {visible(fact)}")
+    groups = failure_groups(cases)
+    if groups:
+        say("")
+        say("  → Failures by cause:")
+        for group in groups:
+            style = "red" if group.info.agents else "yellow"
+            say(Text(f"    {visible(group.line)}", style=style))
+            names = [visible(case_label(c)) for c in group.cases[:SHOWN_GROUP_CASES]]
+            more = len(group.cases) - len(names)
+            say("      " + ", ".join(names) + (f" and {more} more" if more > 0 else ""))
+    if cases:
+        say("")
+        console.print(results_table(cases))
+    passed = sum(1 for c in cases if c.passed is True)  # the gate's passed_cases
+    say("")
+    status = str(gate.status or "unknown")
+    symbol, style = MARKS[Outcome.passed if status == "passed" else Outcome.failed]
+    verdict = Text(f"  {symbol} ", style=style)
+    verdict.append(f"{passed}/{len(cases)} cases passed{_tally(cases)}.", style="bold")
+    verdict.append(f"  gate {visible(gate.id)}: ")
+    verdict.append(visible(status.upper()), style=f"bold {style}")
+    say(verdict)
     if gate.html_url:
-        console.print(Text(f"  {visible(gate.html_url)}"), soft_wrap=True)
+        say(f"  {visible(gate.html_url)}")
 
 
 # Agents named in the model mode line; the rest are counted (GET /v1/gates/{id} has all).
@@ -473,7 +595,7 @@ def model_calls_line(model_calls: ModelCalls | Mapping[str, Any] | None) -> str 
     calls, cost = totals.calls, totals.cost_usd or 0.0
     tokens_in, tokens_out = totals.tokens_in or 0, totals.tokens_out or 0
     answered = totals.answered
-    spent = f"tokens {tokens_in:,} in / {tokens_out:,} out, cost ${cost:.4f}"
+    spent = f"tokens {tokens_in:,} in / {tokens_out:,} out, cost {money(cost)}"
     if answered is None:  # a gate service that does not tell answered calls apart
         return f"model calls: {calls:,}, {spent}"
     failed = f" ({calls - answered:,} failed)" if calls > answered else ""

@@ -73,6 +73,12 @@ def make_templates() -> Jinja2Templates:
         lstrip_blocks=True,
     )
     env.filters["duration"] = views.duration
+    env.filters["money"] = views.money
+    env.filters["cut"] = views.cut
+    env.filters["span_word"] = views.span_word
+    env.filters["span_css"] = views.span_outcome_css
+    env.globals["result_view"] = views.result_view
+    env.globals["cause_title"] = views.cause_title
     env.filters["size"] = views.size
     env.filters["shown"] = views.shown
     env.globals["result_word"] = views.result_word
@@ -351,11 +357,14 @@ def gate_page(
         session, gate_id, me.who.project_id, public_url=settings.public_url
     )
     etag = _etag(gate_id, revision, me, fragment)
+    cases = views.ordered_cases(gate.cases)
     context = {
         "me": me,
         "gate": gate,
         "etag": etag,
-        "cases": views.ordered_cases(gate.cases),
+        "cases": cases,
+        "title": views.gate_title(gate),
+        "groups": views.cause_groups(cases),
         "progress": views.progress(gate),
         "live": gate.status not in views.TERMINAL,
         "gate_ms": views.gate_duration(gate),
@@ -404,6 +413,7 @@ def case_page(
         "case": case,
         "runs": runs,
         "notes": views.row_notes(case),
+        "result": views.row_result(case),
         "history": views.history_rows(history),
     }
     return render(request, "case.html", context)

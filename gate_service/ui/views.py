@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import string
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +20,8 @@ from gate_runner.contract import Span
 
 from ..baselines.figures import case_figures
 from ..baselines.schemas import CaseGateRead
-from ..client import notes
+from ..client import notes, words
+from ..client.causes import CAUSES, Cause, case_cause, failure_groups
 from ..client.model_requests import MessageText, count, message_text, request_summary
 from ..client.notes import Note
 from ..client.shapes import CaseView
@@ -33,16 +35,16 @@ MAX_TRACE_DEPTH = 40
 TERMINAL = frozenset({"passed", "failed", "error", "cancelled"})
 
 
-def duration(ms: int | None) -> str:
-    if ms is None:
-        return "—"
-    if ms < 1000:
-        return f"{ms} ms"
-    seconds = ms / 1000
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, rest = divmod(int(seconds), 60)
-    return f"{minutes} min {rest} s"
+duration = words.duration
+money = words.money
+span_word = words.span_word
+
+# Label values a heading shows whole up to this many characters.
+HEADING_LABEL_CHARS = 40
+
+
+def cut(text: Any, limit: int) -> str:
+    return words.cut(None if text is None else str(text), limit)
 
 
 def size(n: int) -> str:
@@ -76,34 +78,97 @@ def is_short(value: Any) -> bool:
     return isinstance(value, str) and len(value) <= 100 and "\n" not in value
 
 
+def _view(case: CaseRead) -> CaseView:
+    view: CaseView = CaseView.of(case.model_dump(mode="json"))
+    return view
+
+
+@dataclass(frozen=True)
+class ResultView:
+    """A case's Result cell: its outcome's word (the terminal's and JUnit's), the badge's
+    class, and the marks that qualify it (REUSED, QUARANTINED, REGRESSED, FLAKY)."""
+
+    word: str
+    css: str
+    marks: list[str]
+
+
+def result_view(case: CaseRead) -> ResultView:
+    view = _view(case)
+    outcome = words.case_outcome(view)
+    return ResultView(outcome.word, f"o-{outcome.value}", words.case_marks(view))
+
+
 def result_word(case: CaseRead) -> str:
     """Pass and fail in words, not colour alone."""
-    status = str(case.status)
-    if case.reused_from is not None:
-        return "REUSED"  # not run: its baseline's verdict stands
-    if case.passed is True:
-        return "PASS"
-    if status == "failed":
-        return "FAIL"
-    if status in ("error", "cancelled", "skipped"):
-        return status.upper()
-    return status.upper() if status not in ("queued", "running") else "PENDING"
+    return result_view(case).word
+
+
+def span_outcome_css(status: Any) -> str:
+    """A step's badge class: its outcome's, so a skipped guardrail never wears a pass's."""
+    return f"o-{words.span_outcome(status).value}"
+
+
+def short_commit(commit: str) -> str:
+    """A commit as people quote it: a hash's first 10 hex digits (the whole one is in the
+    facts); any other label value as it is, cut at HEADING_LABEL_CHARS."""
+    if len(commit) >= 12 and all(ch in string.hexdigits for ch in commit):
+        return commit[:10]
+    return cut(commit, HEADING_LABEL_CHARS)
+
+
+def gate_title(gate: GateRead) -> str:
+    """What a person calls a gate: its commit and branch labels when it has them, else the
+    start of its id."""
+    commit, branch = gate.labels.get("commit"), gate.labels.get("branch")
+    parts = []
+    if commit not in (None, ""):
+        parts.append(f"Commit {short_commit(str(commit))}")
+    if branch not in (None, ""):
+        parts.append(("on " if parts else "Branch ") + cut(branch, HEADING_LABEL_CHARS))
+    return " ".join(parts) if parts else f"Gate {str(gate.id)[:8]}"
+
+
+@dataclass(frozen=True)
+class CauseGroup:
+    """A failure group on the gate page: its cause, heading, whose fault, and its cases."""
+
+    cause: Cause
+    line: str
+    agents: bool
+    cases: list[CaseRead]
+
+
+def cause_groups(cases: Sequence[CaseRead]) -> list[CauseGroup]:
+    """``causes.failure_groups`` of the page's cases (the same groups `gate submit` prints)."""
+    shown = [_view(case) for case in cases]
+    read = {id(view): case for view, case in zip(shown, cases, strict=True)}
+    return [
+        CauseGroup(g.cause, g.line, g.info.agents, [read[id(c)] for c in g.cases])
+        for g in failure_groups(shown)
+    ]
+
+
+def cause_title(case: CaseRead) -> str | None:
+    cause = case_cause(_view(case))
+    return None if cause is None else CAUSES[cause].title
 
 
 def case_notes(case: CaseRead) -> list[Note]:
     """What a case's row cannot say (its comparison with the baseline, quarantine, flakiness,
     a narrow interval, an early stop, a reuse), in the words `gate submit` prints."""
-    return notes.case_notes(CaseView.of(case.model_dump(mode="json")))
+    return notes.case_notes(_view(case))
 
 
-def row_notes(case: Case) -> list[Note]:
-    """``case_notes`` of a case row (the case page reads its row), with its figures."""
+def row_view(case: Case) -> CaseView:
+    """A case row (the case page reads its row) as the client's view, with its figures."""
     answer = {
         "status": case.status,
         "passed": case.passed,
         "successes": case.successes,
         "runs": case.runs,
         "success_threshold": case.success_threshold,
+        "failure_reason": case.failure_reason,
         "stopped_early": case.stopped_early,
         "invocations_run": case.invocations_run,
         "baseline": case.baseline,
@@ -112,7 +177,22 @@ def row_notes(case: Case) -> list[Note]:
         "quarantine": case.quarantine,
         "reused_from": str(case.reused_from) if case.reused_from else None,
     } | case_figures(case).answered()
-    return notes.case_notes(CaseView.of(answer))
+    view: CaseView = CaseView.of(answer)
+    return view
+
+
+def row_notes(case: Case) -> list[Note]:
+    """``case_notes`` of a case row."""
+    return notes.case_notes(row_view(case))
+
+
+def row_result(case: Case) -> tuple[ResultView, str | None]:
+    """A case row's Result: its outcome and marks, and the title of its failure's cause."""
+    view = row_view(case)
+    outcome = words.case_outcome(view)
+    cause = case_cause(view)
+    result = ResultView(outcome.word, f"o-{outcome.value}", words.case_marks(view))
+    return result, None if cause is None else CAUSES[cause].title
 
 
 @dataclass(frozen=True)
@@ -264,7 +344,7 @@ class TraceNode:
                 )
             cost = meta.get("cost_usd")
             if isinstance(cost, int | float) and not isinstance(cost, bool):
-                out.append(f"${cost:.4f}")
+                out.append(money(cost))
             if meta.get("fallback") is True:
                 out.append("fallback model")
         if self.mocked:

@@ -2,13 +2,12 @@
 against `gate serve` with a real engine and Postgres, judging a real bundle.
 
 One gate is submitted for the module and watched from its first moment: the first test sees
-it running and turn `failed` without a reload; the others read the finished gate. The gate
-page's screenshot is taken here (set GATE_SCREENSHOT_PATH to keep it, as docs/results.md's is).
+it running and turn `failed` without a reload; the others read the finished gate. The layout
+(above the fold, 360 px, badges) and docs/results.md's screenshot are test_results_layout.py's.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -17,17 +16,26 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 
-from tests.fixtures.auth import ADMIN_TOKEN, bearer
+from tests.fixtures.auth import bearer
+from tests.fixtures.browser import (
+    expect,
+    launched_chromium,
+    serious_violations,
+    sign_in,
+    token_of,
+)
 from tests.fixtures.projects import bundle_of, results_page_project
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page
 
 pytestmark = pytest.mark.docker
 
-CHROMIUM = Path("/usr/bin/chromium")
 PROJECT, OTHER = "ui-e2e", "ui-e2e-other"
 WAIT_SECONDS = 8  # the slow case: long enough that the page opens on a running gate
 VERDICT_MS = 300_000
@@ -35,46 +43,10 @@ VERDICT_MS = 300_000
 # into pages opened with the policy bypassed; tests/integration/test_ui_pages.py checks it.
 AXE = True
 
-try:
-    from playwright.sync_api import Browser, Page, expect, sync_playwright
-
-    HAVE_PLAYWRIGHT = True
-except ImportError:  # pragma: no cover - only outside CI
-    HAVE_PLAYWRIGHT = False
-
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    if not (HAVE_PLAYWRIGHT and CHROMIUM.exists()):
-        if os.environ.get("CI"):
-            pytest.fail("CI must have playwright and /usr/bin/chromium (.ci/run installs both)")
-        pytest.skip("no playwright or /usr/bin/chromium on this machine")
-    with sync_playwright() as p:
-        launched = p.chromium.launch(
-            executable_path=str(CHROMIUM),
-            # As root, and with no network but loopback: no sandbox, no background fetches.
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-        )
-        yield launched
-        launched.close()
-
-
-def token_of(gate_url: str, project: str, scopes: list[str]) -> str:
-    admin = bearer(ADMIN_TOKEN)
-    made = httpx.post(f"{gate_url}/v1/projects", json={"name": project}, headers=admin)
-    assert made.status_code in (201, 409), made.text
-    answer = httpx.post(
-        f"{gate_url}/v1/projects/{project}/tokens", json={"scopes": scopes}, headers=admin
-    )
-    assert answer.status_code == 201, answer.text
-    return str(answer.json()["token"])
+    yield from launched_chromium()
 
 
 @dataclass(frozen=True)
@@ -134,28 +106,6 @@ def tab_stops(page: Page, presses: int) -> list[str]:
     return stops
 
 
-def sign_in(page: Page, token: str) -> None:
-    """On the sign-in form: the token typed, and sent with the keyboard alone."""
-    expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
-    page.get_by_label("Token").fill(token)
-    page.get_by_label("Token").press("Enter")
-    page.wait_for_load_state()
-
-
-def serious_violations(page: Page) -> list[dict[str, Any]]:
-    """axe-core run inside the page: its serious and critical findings."""
-    from axe_playwright_python import sync_playwright as axe_module
-
-    script = Path(axe_module.__file__).parent / "axe.min.js"
-    page.add_script_tag(path=str(script))
-    result = page.evaluate("async () => await axe.run(document)")
-    return [
-        {"id": v["id"], "impact": v["impact"], "nodes": [n["html"] for n in v["nodes"][:3]]}
-        for v in result["violations"]
-        if v["impact"] in ("serious", "critical")
-    ]
-
-
 def test_a_running_gate_turns_failed_on_its_page_without_a_reload(
     browser: Browser, gate_url: str, submitted: Submitted
 ) -> None:
@@ -199,9 +149,6 @@ def test_the_failed_gates_page_shows_every_case_and_the_reason(
     shot = tmp_path / "gate-page.png"
     page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 10_000
-    keep = os.environ.get("GATE_SCREENSHOT_PATH")
-    if keep:
-        page.screenshot(path=keep, full_page=True)
     assert serious_violations(page) == []
     # Readable at 360 px: the page itself never scrolls sideways (wide tables scroll alone).
     page.set_viewport_size({"width": 360, "height": 800})
@@ -215,7 +162,8 @@ def test_the_failing_case_leads_to_its_run_and_a_mocked_tool_call_in_the_trace(
     page = browser.new_page(bypass_csp=AXE)
     page.goto(failed.url)
     sign_in(page, failed.token)
-    page.get_by_role("link", name="expects_the_wrong_plan").click()
+    # The row's link (the failure group's link beside it jumps to the row).
+    page.locator("table.cases").get_by_role("link", name="expects_the_wrong_plan").click()
     expect(page.get_by_role("heading", name="Invocations")).to_be_visible()
     expect(page.get_by_text("which plan is Ada on").first).to_be_visible()
     page.get_by_role("link", name="trace of run 1").click()

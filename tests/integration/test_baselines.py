@@ -437,7 +437,7 @@ def test_a_case_page_shows_its_history_oldest_first_marking_a_changed_closure(
     sign_in(page, ADMIN_TOKEN)
     html = page.get(f"/ui/cases/{third['cases'][0]['id']}").text
     rows = re.findall(
-        r"<tr(?: aria-current=\"true\" class=\"current\")?>\s*<td><a href=\"/ui/gates/([0-9a-f-]+)\">(.*?)</tr>",
+        r"<tr(?: aria-current=\"true\" class=\"current\")?>\s*<th scope=\"row\"><a href=\"/ui/gates/([0-9a-f-]+)\">(.*?)</tr>",
         html,
         re.S,
     )

@@ -90,9 +90,9 @@ def project(tmp_path: Path) -> Path:
     return calculator_project(tmp_path / "p", failing=False)
 
 
-def rendered(answer: dict[str, Any]) -> str:
+def rendered(answer: dict[str, Any], *, verbose: bool = False) -> str:
     out = io.StringIO()
-    render_results(Console(file=out, width=200, color_system=None), answer)
+    render_results(Console(file=out, width=200, color_system=None), answer, verbose=verbose)
     return out.getvalue()
 
 
@@ -121,11 +121,14 @@ def test_each_case_says_its_baseline_quarantine_flakiness_interval_early_stop_an
         "not compared with the baseline: the case's own YAML changed",
     ):
         assert note in out, note
-    # Notes sit under their case's name, after the table and before the failure details.
-    assert out.index("→ Notes:") < out.index("    calc::dropped\n") < out.index("→ Failure")
-    assert "calc::parked (quarantined): 0/2 runs passed" in out
+    # Notes sit under their case's name, after the first failure and before the table.
+    first = out.index("→ First failure: calc::parked\n    0/2 runs passed\n")
+    assert first < out.index("→ Notes:") < out.index("    calc::dropped\n") < out.index("│ Result")
+    assert "calc::parked (quarantined): 0/2 runs passed" in rendered(marked_gate(), verbose=True)
     assert "baseline: label:branch=main, gate 5a5a5a5a-0000-4000-8000-000000000002; changed " \
            "cases only, 1 reused" in out  # fmt: skip
+    # Passed: neither the regressed case (it fails the gate) nor the quarantined and the
+    # reused ones (skipped), as JUnit and the pages count them.
     assert "8/9 cases passed (1 regressed, 1 likely regressed, 1 quarantined, 1 flaky, " \
            "1 reused)." in out  # fmt: skip
 

@@ -69,7 +69,7 @@ def test_an_item_that_is_not_a_recording_is_refused(tmp_path: Path) -> None:
 
 def test_the_results_print_the_model_call_totals_when_there_were_calls() -> None:
     totals = {"calls": 12, "tokens_in": 3400, "tokens_out": 900, "cost_usd": 0.0123}
-    assert model_calls_line(totals) == "model calls: 12, tokens 3,400 in / 900 out, cost $0.0123"
+    assert model_calls_line(totals) == "model calls: 12, tokens 3,400 in / 900 out, cost $0.01230"
     assert model_calls_line({"calls": 0, "tokens_in": 0, "tokens_out": 0, "cost_usd": 0}) is None
     assert model_calls_line(None) is None
 

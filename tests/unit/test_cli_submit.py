@@ -238,8 +238,13 @@ def test_an_error_gates_unjudged_case_shows_its_failed_runs(
     use_api(FakeGate([gate("error", [unjudged], failure_reason=f"1 of 1 case(s): {reason}")]))
     code, out, err = run_cli(capsys, str(project))
     assert code == 2
-    assert "Run run-wrong_sum-0" in out, out
+    assert "→ First failure: calc::wrong_sum" in out, out
+    assert "Spans on the way (run run-wrong_sum-0):" in out, out
     assert "Gate errored" in err
+    use_api(FakeGate([gate("error", [unjudged], failure_reason=f"1 of 1 case(s): {reason}")]))
+    code, out, err = run_cli(capsys, str(project), "--verbose")
+    assert code == 2
+    assert "Run run-wrong_sum-0" in out, out
 
 
 def test_json_on_cancel_prints_the_document(
@@ -259,6 +264,14 @@ def test_human_output_has_table_details_and_summary(
     for header in ("Result", "Test", "Runs", "Threshold"):
         assert header in out
     assert "calc::wrong_sum" in out and "1/5" in out and "100%" in out
+    # Without --verbose: the first failed run, collapsed to its check and failing spans.
+    assert "→ First failure: calc::wrong_sum\n    1/5 runs passed; 100% needed\n" in out
+    assert "Spans on the way (run run-wrong_sum-0):" in out and "Failure details" not in out
+    assert "1/2 cases passed." in out
+    assert out.index("First failure") < out.index("1/2 cases passed.")
+    use_api(FakeGate([gate("running", []), FAILED]))
+    code, out, _ = run_cli(capsys, str(project), "--verbose")
+    assert code == 1
     assert "calc::wrong_sum: 1/5 runs passed; 100% needed" in out
     assert "Run run-wrong_sum-0" in out and "… and 1 more failed run(s) not shown" in out
     assert "1/2 cases passed." in out
@@ -344,8 +357,8 @@ def test_plain_progress_lines_off_a_terminal(
     use_api(FakeGate([gate("running", []), running, running, PASSED]))
     code, out, _ = run_cli(capsys, str(project))
     assert code == 0
-    assert "running: Running test cases... 1/2 cases judged" in out
-    assert out.count("1/2 cases judged") == 1  # one line per change, not per poll
+    assert "\nRunning test cases... 1 of 2 cases judged\n" in out
+    assert out.count("1 of 2 cases judged") == 1  # one line per change, not per poll
     assert "\x1b[" not in out  # not a terminal: no colour, no live bar
 
 
@@ -379,9 +392,9 @@ def test_span_tree_nests_children_in_order_with_inline_errors() -> None:
     spans = [s for s in SPANS if s["type"] != "log"]
     lines = plain(trace_lines(spans, indent=2))
     assert lines == [
-        "  ✗ calc (20ms)",
-        "    ✓ math_ops.add (5ms)",
-        "    ✗ math_ops.double (7ms) — KeyError: 'sum'",
+        "  ✗ calc FAILED (20 ms)",
+        "    ✓ math_ops.add (5 ms)",
+        "    ✗ math_ops.double FAILED (7 ms) — KeyError: 'sum'",
     ]
 
 
@@ -394,19 +407,24 @@ def test_span_tree_reads_the_format_clis_metadata_json_too() -> None:
         {"span_id": "c", "parent_span_id": "missing", "span_order": 0, "name": "orphan",
          "status": "ok", "duration_ms": None, "metadata_json": "not json"},
     ]  # fmt: skip
-    assert plain(trace_lines(spans, indent=0)) == ["✓ orphan", "✗ y (2ms) — boom", "✓ second (1ms)"]
+    assert plain(trace_lines(spans, indent=0)) == [
+        "✓ orphan",
+        "✗ y FAILED (2 ms) — boom",
+        "✓ second (1 ms)",
+    ]
 
 
 def test_run_fields_are_cut_to_800_characters() -> None:
     assert truncate("x" * 800) == "x" * 800
-    assert truncate("x" * 801) == "x" * 800 + " … (truncated)"
+    assert truncate("x" * 801) == "x" * 800 + "…[1 more character]"
     detail = {
         "total_failed": 1,
         "shown": [{**run_body("r1"), "run_id": "r1", "output": "o" * 2000}],
     }
     text = "\n".join(plain(failed_run_lines(detail)))
-    assert "o" * 800 + " … (truncated)" in text and "o" * 801 not in text
-    assert "Context: " in text and " … (truncated)" in text.split("Context: ")[1]
+    assert "o" * 800 + "…[1,200 more characters]" in text and "o" * 801 not in text
+    # {"seen": "x" * 900} is 912 characters of JSON.
+    assert "Context: " in text and "…[112 more characters]" in text.split("Context: ")[1]
 
 
 def test_bundle_text_cannot_reach_the_terminal_as_escapes() -> None:
@@ -549,8 +567,8 @@ MODEL_SPAN: dict[str, Any] = {
 def test_a_model_spans_request_is_one_line_and_in_full_with_show_requests() -> None:
     spans = [SPANS[1], MODEL_SPAN]
     assert plain(trace_lines(spans, indent=2)) == [
-        "  ✗ calc (20ms)",
-        "    ✓ openai/gpt-4o (3ms)",
+        "  ✗ calc FAILED (20 ms)",
+        "    ✓ openai/gpt-4o (3 ms)",
         "      request: 4 messages (1 not kept), 1 tool, response_format json_schema",
     ]
     full = plain(trace_lines(spans, indent=2, show_requests=True))
@@ -579,26 +597,44 @@ def test_a_model_spans_request_is_one_line_and_in_full_with_show_requests() -> N
 
 
 class ModelSpanGate(FakeGate):
-    """The scripted API, its failed runs' traces holding a model span with its request."""
+    """The scripted API, its failed runs' traces holding a model span with its request (one
+    that ended ``model_status``)."""
+
+    def __init__(self, states: list[dict[str, Any]], model_status: str = "ok") -> None:
+        super().__init__(states)
+        self.model_status = model_status
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         answer = super().__call__(request)
         if request.url.path.startswith("/v1/runs/"):
             run = run_body(request.url.path.rsplit("/", 1)[1])
-            return httpx.Response(200, json={**run, "traces": [*SPANS, MODEL_SPAN]})
+            model = {**MODEL_SPAN, "status": self.model_status}
+            return httpx.Response(200, json={**run, "traces": [*SPANS, model]})
         return answer
 
 
 def test_submit_shows_requests_in_full_only_with_the_flag(
     use_api: Callable[[FakeGate], None], project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    summary = "request: 4 messages (1 not kept), 1 tool, response_format json_schema"
     use_api(ModelSpanGate([gate("running", []), FAILED]))
-    code, out, _ = run_cli(capsys, str(project))
+    code, out, _ = run_cli(capsys, str(project), "--verbose")
     assert code == 1
-    assert out.count("request: 4 messages (1 not kept), 1 tool, response_format json_schema") == 3
+    assert out.count(summary) == 3
     assert "[user] add 2 and 2" not in out
     use_api(ModelSpanGate([gate("running", []), FAILED]))
-    code, out, _ = run_cli(capsys, str(project), "--show-requests")
+    code, out, _ = run_cli(capsys, str(project), "--verbose", "--show-requests")
     assert code == 1
     assert out.count("[user] add 2 and 2") == 3 and "[system] You add." in out
     assert "\x1b" not in out
+    # Without --verbose: a model span that passed is off the first failure's failing path;
+    # one that failed is on it, its request in full with the flag.
+    use_api(ModelSpanGate([gate("running", []), FAILED]))
+    code, out, _ = run_cli(capsys, str(project), "--show-requests")
+    assert code == 1 and summary not in out
+    use_api(ModelSpanGate([gate("running", []), FAILED], model_status="error"))
+    code, out, _ = run_cli(capsys, str(project))
+    assert code == 1 and out.count(summary) == 1 and "[user] add 2 and 2" not in out
+    use_api(ModelSpanGate([gate("running", []), FAILED], model_status="error"))
+    code, out, _ = run_cli(capsys, str(project), "--show-requests")
+    assert code == 1 and out.count("[user] add 2 and 2") == 1 and "\x1b" not in out

@@ -202,7 +202,7 @@ def test_a_hostile_case_name_stays_text_in_one_cell(where: str) -> None:
 
 def test_md_text_escapes_every_markdown_character_and_cuts() -> None:
     assert md_text("a|b`c*d_e[f]g(h)i<j>&k") == "a\\|b\\`c\\*d\\_e\\[f\\]g\\(h\\)i&lt;j&gt;&amp;k"
-    assert md_text("x" * 10, limit=4) == "xxxx…"
+    assert md_text("x" * 10, limit=4) == "xxxx…\\[6 more characters\\]"  # words.cut, escaped
     assert md_text("line\nbreak") == "line\\\\x0abreak"
     # Rendered, every escape reads back as the text itself.
     plain = "a|b`c*d_e[f]g(h)!~=+-.#1 @me"

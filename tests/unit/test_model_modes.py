@@ -181,7 +181,7 @@ def test_the_gate_page_shows_the_mode_each_agent_s_and_why() -> None:
     assert "<dt>Model mode</dt><dd>mixed" in html
     assert "<code>bot</code> live, <code>planner</code> scripted" in html
     assert "chosen by default (no model_mode was submitted)" in html
-    assert "3 model calls answered (1 failed), tokens 3,400 in / 900 out, $0.0123" in html
+    assert "3 model calls answered (1 failed), tokens 3,400 in / 900 out, $0.01230" in html
     forced = page(view(model_mode="replay", requested_model_mode="replay", model_mode_reason=None))
     assert "replay (forced by the submission)" in forced and "chosen by default" not in forced
     queued = page(view(model_mode="pending", model_modes={}, model_mode_reason=None))
@@ -209,7 +209,7 @@ def test_gate_submit_prints_the_mode_and_why() -> None:
     out = printed(gate_json)
     assert "model mode: mixed: bot live, planner scripted" in out
     assert "    chosen by default (no model_mode was submitted): …" in out
-    assert "3 model calls answered (1 failed), tokens 3,400 in / 900 out, cost $0.0123" in out
+    assert "3 model calls answered (1 failed), tokens 3,400 in / 900 out, cost $0.01230" in out
     forced = {**gate_json, "model_mode": "live", "requested_model_mode": "live"}
     forced["model_mode_reason"] = None
     assert model_mode_lines(forced) == [
@@ -228,7 +228,7 @@ def test_gate_submit_names_a_few_agents_and_reads_an_older_service() -> None:
     # A gate service without modes or answered counts: nothing made up.
     assert model_mode_lines({"model_mode": None}) == []
     old = {"calls": 12, "tokens_in": 3400, "tokens_out": 900, "cost_usd": 0.0123}
-    assert model_calls_line(old) == "model calls: 12, tokens 3,400 in / 900 out, cost $0.0123"
+    assert model_calls_line(old) == "model calls: 12, tokens 3,400 in / 900 out, cost $0.01230"
 
 
 def test_the_totals_line_counts_answered_calls_and_the_failed_apart() -> None:
@@ -236,7 +236,7 @@ def test_the_totals_line_counts_answered_calls_and_the_failed_apart() -> None:
         return model_calls_line(ModelCallTotals(**totals).model_dump())
 
     assert line(calls=1, answered=1, tokens_in=3, tokens_out=4) == (
-        "1 model call answered, tokens 3 in / 4 out, cost $0.0000"
+        "1 model call answered, tokens 3 in / 4 out, cost $0.00"
     )
     assert line(calls=3, answered=0, failed=3) == "no model call answered (3 failed)"
     assert line() is None

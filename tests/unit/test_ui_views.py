@@ -84,7 +84,7 @@ def test_a_mocked_model_free_tool_call_and_a_model_calls_facts() -> None:
             metadata={"mode": "live", "tokens_in": 12, "tokens_out": 3, "cost_usd": 0.00042},
         )
     )
-    assert model.facts == ["live", "tokens 12 in / 3 out", "$0.0004"]
+    assert model.facts == ["live", "tokens 12 in / 3 out", "$0.0004200"]
 
 
 def test_durations_and_inline_values_read_plainly() -> None:
