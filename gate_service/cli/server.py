@@ -116,7 +116,8 @@ def _start_workers(
     sessions = make_sessionmaker(engine)
     # One LISTEN connection per process wakes its idle workers when a gate is queued.
     jobs = JobWakeup(url, stop)
-    # One model gateway per process, shared by its workers: LiteLLM is imported once, here.
+    # One model gateway per process, shared by its workers: LiteLLM is imported once, at the
+    # first gate that calls a model live.
     # Its projects' spending is kept in Postgres, so a project's budget holds across workers.
     gateway = (
         ModelGateway.from_settings(settings, project_spend=ProjectSpend(sessions))
@@ -145,25 +146,31 @@ def _start_workers(
 
 
 def _report_ready(ready_fd: int, started: list[threading.Event]) -> None:
-    """Write a line to ``ready_fd`` as each worker starts (it can claim a gate from then on)
-    and close it once all have, from a thread of its own: `gate serve` (embedded.py) counts
-    them for /readyz, and shows a first start's token once all have (or READY_SECONDS
-    passed)."""
+    """Write a line to ``ready_fd`` as each worker starts (it can claim a gate from then on),
+    each from a waiting thread of its own, and close it once all have: `gate serve`
+    (embedded.py) counts them for /readyz, and shows a first start's token once all have
+    (or READY_SECONDS passed). A worker that never starts leaves its waiter waiting (a
+    daemon thread) and the end open: the others are counted all the same."""
+    lock = threading.Lock()
+    left = [len(started)]
 
-    def report() -> None:
-        try:
-            waiting = list(started)
-            while waiting:
-                for event in list(waiting):
-                    if event.wait(0.05):
-                        waiting.remove(event)
-                        os.write(ready_fd, b"started\n")
-        except OSError:  # serve stopped listening: nothing waits for it
-            pass
-        finally:
-            os.close(ready_fd)
+    def report(event: threading.Event) -> None:
+        event.wait()
+        with lock:
+            try:
+                os.write(ready_fd, b"started\n")
+            except OSError:  # serve stopped listening: nothing waits for it
+                pass
+            left[0] -= 1
+            if left[0] == 0:
+                os.close(ready_fd)
 
-    threading.Thread(target=report, name="gate-worker-ready", daemon=True).start()
+    if not started:
+        os.close(ready_fd)
+    for event in started:
+        threading.Thread(
+            target=report, args=(event,), name="gate-worker-ready", daemon=True
+        ).start()
 
 
 class FirstTokenNotice:
@@ -240,7 +247,7 @@ def ready_line(address: str, workers_up: Callable[[], int] | None) -> Callable[[
         if workers_up is not None:
             while workers_up() < 1:
                 time.sleep(0.05)
-        up = "" if workers_up is None else f", {workers_up()} worker(s) claiming gates"
+        up = "" if workers_up is None else f", {max(1, workers_up())} worker(s) claiming gates"
         log.info("ready on %s (GET /readyz answers 200%s)", address, up)
 
     return say

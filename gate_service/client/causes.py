@@ -28,6 +28,7 @@ class Cause(StrEnum):
     status = "status"
     strict = "strict"
     limit = "limit"
+    untrusted = "untrusted"
     setup = "setup"
     provider = "provider"
     not_judged = "not_judged"
@@ -52,6 +53,10 @@ CAUSES: dict[Cause, CauseInfo] = {
     Cause.strict: CauseInfo("a strict mock or approval rule was broken", True),
     Cause.limit: CauseInfo("ran past a limit (memory, output, scratch space)", True),
     Cause.regression: CauseInfo("regressed against the baseline", True),
+    Cause.untrusted: CauseInfo(
+        "its result was not believed (output past the cap, a result block not the runner's)",
+        True,
+    ),
     Cause.other: CauseInfo("another check failed", True),
     Cause.setup: CauseInfo(
         "the test's own setup broke (project, mocks or builder), not the agent", False
@@ -81,6 +86,10 @@ def first_check(reason: str) -> str:
 def _agent_error(error: str) -> Cause:
     if error.startswith("output_schema "):
         return Cause.schema
+    if error.startswith("the invocation's report is malformed"):
+        return Cause.untrusted
+    if error.startswith(("the invocation could not start", "the invocation's report was")):
+        return Cause.limit  # its process could not be started (pids), or said too much
     if error.startswith("timed out after ") or (
         error.startswith("agent ") and " timed out after " in error[:300]
     ):
@@ -106,8 +115,6 @@ def check_cause(check: str) -> Cause:
         return Cause.strict
     if check.startswith(("the invocation printed more than ", "the case's scratch space")):
         return Cause.limit
-    if check.startswith("the invocation could not start"):
-        return Cause.run_error
     if check.startswith("builder cleanup"):  # timed out, raised, returned False, ...
         return Cause.setup
     if check.startswith("the runner could not judge"):  # before "the runner ... raised "
@@ -133,7 +140,7 @@ def case_cause(case: CaseView) -> Cause | None:
     if reason.startswith("the case container ran out of memory"):
         return Cause.limit
     if reason.startswith("the case's result was not trusted"):
-        return Cause.not_judged
+        return Cause.untrusted  # the bundle's doing: judged failed, not left unjudged
     return check_cause(first_check(reason))
 
 

@@ -33,7 +33,18 @@ from .junit import warning_line
 from .model_requests import format_kind, message_text, request_summary
 from .notes import Tone, case_notes
 from .shapes import CaseView, FailedRuns, GateView, ModelCalls, ShownRun, TraceSpan
-from .words import MARKS, Outcome, case_marks, case_outcome, cut, duration, money, span_outcome
+from .words import (
+    MARKS,
+    WENT_WRONG,
+    Outcome,
+    case_marks,
+    case_outcome,
+    counts_as_passed,
+    cut,
+    duration,
+    money,
+    span_outcome,
+)
 
 TRUNCATE_AT = 800
 SPAN_ERROR_AT = 160
@@ -346,19 +357,19 @@ def trace_lines(
             if keep is not None and span.span_id not in keep:
                 continue
             outcome = span_outcome(span.status)
-            ok = outcome is Outcome.passed
+            ok = outcome is Outcome.passed  # REDACTED went well too, and says so
             meta = span.meta()
             line = Text(" " * indent + "  " * depth)
             symbol, style = MARKS[outcome]
             line.append(symbol, style=style)
             line.append(" " + visible(_span_label(span, meta)))
-            if not ok:  # the word as well as the mark: SKIPPED, WARNED, BLOCKED, FAILED
+            if not ok:  # the word as well as the mark: SKIPPED, WARNED, BLOCKED, REDACTED, ...
                 word = outcome.word if outcome is not Outcome.other else str(span.status).upper()
                 line.append(f" {visible(word)}", style=style)
             if span.duration_ms is not None:
                 line.append(f" ({duration(span.duration_ms)})")
             error = meta.get("error") or meta.get("message")
-            if outcome in (Outcome.failed, Outcome.blocked, Outcome.other) and error:
+            if outcome in WENT_WRONG and error:
                 line.append(" — " + visible(truncate(as_text(error), SPAN_ERROR_AT)), style="red")
             lines.append(line)
             if isinstance(meta.get("request"), dict):
@@ -374,11 +385,12 @@ def trace_lines(
 
 
 def _failing_path(spans: list[TraceSpan]) -> set[str | None]:
-    """The ids of the spans that did not pass and of every span above them."""
+    """The ids of the spans that went wrong (failed, blocked, of a status not known here)
+    and of every span above them; skipped and warned steps are left for --verbose."""
     parent_of = {span.span_id: span.parent_span_id for span in spans if span.span_id}
     keep: set[str | None] = set()
     for span in spans:
-        if span_outcome(span.status) is Outcome.passed or not span.span_id:
+        if span_outcome(span.status) not in WENT_WRONG or not span.span_id:
             continue
         at: str | None = span.span_id
         while at is not None and at not in keep:  # each id once: a cycle ends the walk
@@ -540,7 +552,8 @@ def render_results(
     if cases:
         say("")
         console.print(results_table(cases))
-    passed = sum(1 for c in cases if c.passed is True)  # the gate's passed_cases
+    # By outcome, as the page and JUnit count: a regressed case did not pass the gate.
+    passed = sum(1 for c in cases if counts_as_passed(c))
     say("")
     status = str(gate.status or "unknown")
     symbol, style = MARKS[Outcome.passed if status == "passed" else Outcome.failed]

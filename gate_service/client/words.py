@@ -24,6 +24,7 @@ class Outcome(StrEnum):
     skipped = "skipped"
     warned = "warned"  # a guardrail in warn mode that found something
     blocked = "blocked"  # a guardrail that stopped the text (it did its job)
+    redacted = "redacted"  # a guardrail that masked part of the text and let the rest through
     pending = "pending"  # not judged yet
     other = "other"  # a step status this code does not know (shown as it is)
 
@@ -49,6 +50,12 @@ def case_outcome(case: CaseView) -> Outcome:
     if status in (None, "queued", "running"):
         return Outcome.pending
     return Outcome.skipped  # cancelled, or never judged
+
+
+def counts_as_passed(case: CaseView) -> bool:
+    """Whether the verdict line counts the case as passed: it passed (a regression did
+    not), or it was reused from a baseline where it passed (its verdict stands)."""
+    return case_outcome(case) is Outcome.passed or bool(case.reused_from)
 
 
 def case_marks(case: CaseView) -> list[str]:
@@ -78,7 +85,12 @@ _SPAN_OUTCOMES = {
     "skipped": Outcome.skipped,
     "warned": Outcome.warned,
     "blocked": Outcome.blocked,
+    "redacted": Outcome.redacted,
 }
+# Steps that went as they should: no word beside the mark in the terminal, off a failing path.
+WENT_WELL = frozenset({Outcome.passed, Outcome.redacted})
+# Steps that explain a failure: what the terminal's collapsed failing path keeps.
+WENT_WRONG = frozenset({Outcome.failed, Outcome.error, Outcome.blocked, Outcome.other})
 
 
 def span_outcome(status: object) -> Outcome:
@@ -99,17 +111,36 @@ MARKS = {
     Outcome.skipped: ("○", "dim"),
     Outcome.warned: ("!", "yellow"),
     Outcome.blocked: ("⊘", "magenta"),
+    Outcome.redacted: ("✓", "green"),
     Outcome.pending: ("…", "dim"),
     Outcome.other: ("·", ""),
 }
 
 
+def _finite(value: object) -> float | None:
+    """A number as a float, or None: a bundle's own span can carry any JSON number, 10**400
+    included, which float() refuses."""
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+# Past these, a figure is not a cost or a duration but a bundle's number: shown as "—".
+MAX_SHOWN = 1e15
+MIN_COST = 1e-9  # below a billionth of a dollar: $0.00
+
+
 def money(usd: float | int | None) -> str:
     """A cost to four significant figures, with its currency: ``$0.001280``, ``$12.35``;
     from $100 on, to the cent (``$1,234.50``: never a cent the rounding made up)."""
-    if usd is None or isinstance(usd, bool) or not math.isfinite(usd):
+    usd = _finite(usd)
+    if usd is None or abs(usd) >= MAX_SHOWN:
         return "—"
-    if usd == 0:
+    if abs(usd) < MIN_COST:
         return "$0.00"
     rounded = float(f"{usd:.4g}")  # first, so 0.99996 counts as 1.000, not 0.99996
     places = 3 - math.floor(math.log10(abs(rounded)))
@@ -120,9 +151,10 @@ def money(usd: float | int | None) -> str:
 
 def duration(ms: float | int | None) -> str:
     """``850 ms``, ``1.2 s``, ``2 min 5 s``, ``1 h 3 min``."""
-    if ms is None or isinstance(ms, bool):
+    finite = _finite(ms)
+    if finite is None or finite >= MAX_SHOWN:
         return "—"
-    ms = max(0, int(ms))
+    ms = max(0, int(finite))
     if ms < 1000:
         return f"{ms} ms"
     if ms < 59_950:  # from there on, "60.0 s" would be the tenths' rounding

@@ -158,6 +158,9 @@ class ModelGateway:
         # which never call a provider) without waiting for it (issue 43).
         self._libraries_lock = threading.Lock()
         self._loaded: tuple[Any, Any] | None = None
+        # Never fetch the model cost map from the internet at import time. Set here, not at
+        # the import: setenv while other threads may read the environment is not safe.
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         self.budgets = budgets or Budgets()
         self.socket_root = socket_root or default_socket_root()
         self.retry_backoff_s = retry_backoff_s
@@ -177,8 +180,6 @@ class ModelGateway:
             return loaded
         with self._libraries_lock:
             if self._loaded is None:
-                # Never fetch the model cost map from the internet at import time.
-                os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
                 import litellm
                 import openai
 
@@ -197,6 +198,10 @@ class ModelGateway:
     @property
     def _openai(self) -> Any:
         return self._libraries()[1]
+
+    def load(self) -> None:
+        """Import LiteLLM now (the worker does, validating a gate that calls a model live)."""
+        self._libraries()
 
     @property
     def libraries_loaded(self) -> bool:
@@ -610,8 +615,9 @@ class ModelGateway:
         return self._provider_of(model)
 
     def _provider_of(self, model: str) -> str | None:
+        litellm = self._litellm  # outside the try: an import that fails is not "no provider"
         try:
-            return str(self._litellm.get_llm_provider(model)[1])
+            return str(litellm.get_llm_provider(model)[1])
         except Exception:
             return None  # LiteLLM knows no provider for this name
 

@@ -365,6 +365,7 @@ def gate_page(
         "cases": cases,
         "title": views.gate_title(gate),
         "groups": views.cause_groups(cases),
+        "counts": views.verdict_counts(cases),
         "progress": views.progress(gate),
         "live": gate.status not in views.TERMINAL,
         "gate_ms": views.gate_duration(gate),

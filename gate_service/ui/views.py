@@ -225,17 +225,24 @@ def interval_text(case: CaseRead) -> str | None:
     return None if interval is None else notes.interval_text(interval.low, interval.high)
 
 
+# The gate page's order of cases by outcome: what fails the gate first (a regression too),
+# then what could not be judged, then what was skipped (a quarantined failure, a reuse).
+_RANK = {words.Outcome.failed: 0, words.Outcome.error: 1, words.Outcome.skipped: 2}
+
+
 def ordered_cases(cases: Sequence[CaseRead]) -> list[CaseRead]:
-    """Failed cases first, then errors, then the rest; the suite's order within each."""
+    """Failed cases first, then errors, then skipped ones, then the rest; the suite's order
+    within each (sorted is stable)."""
+    return sorted(cases, key=lambda case: _RANK.get(words.case_outcome(_view(case)), 3))
 
-    def rank(case: CaseRead) -> int:
-        if case.status == "failed":
-            return 0
-        if case.status == "error":
-            return 1
-        return 2
 
-    return sorted(cases, key=rank)  # sorted is stable: the suite's order within a rank
+def verdict_counts(cases: Sequence[CaseRead]) -> tuple[int, int]:
+    """How many cases passed (``words.counts_as_passed``: a regressed one did not, a reused
+    one did) and how many of those were reused: the verdict line's figures, as the terminal
+    counts them."""
+    shown = [_view(case) for case in cases]
+    passed = sum(1 for view in shown if words.counts_as_passed(view))
+    return passed, sum(1 for view in shown if view.reused_from)
 
 
 def progress(gate: GateRead) -> str | None:

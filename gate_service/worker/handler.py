@@ -584,6 +584,9 @@ def _check_live_models(
         return  # no live agent: the project's secrets are not even read
     if gateway is None:
         raise _gateway_off(needed, model_mode)
+    # LiteLLM is imported here, in validating, for a gate that calls a model live: never
+    # inside a case's deadline, and never for a scripted or replay gate (issue 43).
+    gateway.load()
     with session_scope(ctx.sessions) as session:
         project_id = session.get_one(Gate, job.gate_id).project_id
         secrets = project_secrets(session, ctx.box(), project_id)

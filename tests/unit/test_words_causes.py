@@ -212,7 +212,11 @@ def test_every_outcome_has_its_mark_and_only_a_pass_is_green() -> None:
     assert symbols[Outcome.skipped] == "○"
     assert symbols[Outcome.warned] == "!"
     assert symbols[Outcome.blocked] == "⊘"
-    assert [o for o, (_, colour) in MARKS.items() if "green" in colour] == [Outcome.passed]
+    # Green is a step that went well: a pass, or a guardrail that masked part of the text.
+    assert [o for o, (_, colour) in MARKS.items() if "green" in colour] == [
+        Outcome.passed,
+        Outcome.redacted,
+    ]
     assert Outcome.skipped.word == "SKIPPED" and Outcome.error.word == "ERROR"
 
 
@@ -460,8 +464,10 @@ def worker_case(**container: Any) -> CaseView:
 def test_the_workers_own_reasons_each_name_their_cause() -> None:
     assert case_cause(worker_case(timed_out=True)) is Cause.timeout
     assert case_cause(worker_case(oom_killed=True)) is Cause.limit
-    # A result the worker will not believe, and a runner that broke: nobody judged them.
-    assert case_cause(worker_case(output_truncated=True)) is Cause.not_judged
+    # A result the worker will not believe is the bundle's doing (it failed, judged so); a
+    # runner that broke left the case unjudged: not the agent's.
+    assert case_cause(worker_case(output_truncated=True)) is Cause.untrusted
+    assert CAUSES[Cause.untrusted].agents
     assert case_cause(worker_case(exit_code=1)) is Cause.not_judged
     assert not CAUSES[Cause.not_judged].agents
     # The gate's deadline stopped the case: an error, and it timed out.
