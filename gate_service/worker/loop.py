@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import math
 import os
 import socket
 import threading
@@ -44,7 +45,7 @@ class Worker:
     ) -> None:
         self.ctx = ctx
         self.name = name or worker_name()
-        self._last_reap = 0.0
+        self._last_reap = -math.inf  # the first housekeeping reaps, however young the clock
         # The case containers this worker runs at once, shared by every gate it holds.
         self.slots = CaseSlots(ctx.settings.case_concurrency)
         self.containers = CaseSlots(ctx.settings.case_container_limit())
@@ -59,7 +60,10 @@ class Worker:
         """Work until ctx.stop is set; the job in hand is finished or handed back first."""
         bind_log_context(worker=self.name)  # this thread's records carry the worker's name
         log.info("worker %s started", self.name)
-        self.reap_orphans()
+        # The start's housekeeping (orphans and expired leases reaped, a due retention pass,
+        # scratch collected) before started: once /readyz counts this worker, its first
+        # claim waits for nothing (issue 43).
+        self._housekeeping()
         self.started.set()
         poll = self.ctx.settings.worker_poll_seconds
         with self._woken_by_jobs() as wake:

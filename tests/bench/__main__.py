@@ -40,7 +40,8 @@ BENCHES: list[tuple[str, str]] = [
         "a warm 20-case gate, POST to verdict, for a project without and with `import "
         "connic`: targets within 1.25x of 20 bare `docker run`s of its image and within 1.15x "
         "of 20 `import connic` containers (both as many at a time as the gate runs cases); a "
-        "first gate at most 1 s over a warm one",
+        "first gate at most 1 s over a warm one; the first gate after a restart, submitted when "
+        "/readyz first answers 200, at most 1 s over a warm one (also printed from /healthz)",
     ),
     (
         "bench_gate_scale",

@@ -20,6 +20,16 @@ of the import-only floor, and a first gate at most 1 s over a warm one.
 For each it also prints the CPU one case took, machine-wide (from /proc/stat: the engine,
 the containers, Postgres, the server and this client), and how much of it was `gate serve`'s.
 
+Then the first gate after a start, twice: `gate serve` is stopped and started again on the
+same data dir and database (its images and the first kind's test image cached, as when a CI
+job restarts the service), /healthz and /readyz are asked every 20 ms from the moment the
+process starts, each in a thread of its own, and the first kind's bundle is submitted the
+moment /readyz first answers 200 (`gate serve` answers it once a worker can claim a gate).
+It prints the verdict's time from /readyz's first 200 and from /healthz's, the gap between
+the two, each against the median warm gate of the same bundle (target: from /readyz at most
+1 s over it), the next two gates on the restarted server, and when the log says each step
+of the start happened.
+
 GATE_CASE_CONCURRENCY and GATE_LONG_POLL_SETTLE_SECONDS, if set, are passed on, to compare
 other values with the default. It prints figures and asserts nothing about timing: they depend on the machine (its CPU
 count is the default GATE_CASE_CONCURRENCY) and on what else runs on it.
@@ -28,11 +38,13 @@ count is the default GATE_CASE_CONCURRENCY) and on what else runs on it.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import httpx
 
 from gate_service.client.api import GateClient
 from gate_service.config import Settings
@@ -60,16 +73,21 @@ RUNNER_PYTHON = "/opt/gate-runner/bin/python"  # the runner's interpreter, with 
 FORMAT = "{{.Repository}}:{{.Tag}}"
 
 
-def serve(data_dir: Path, database: str | None) -> tuple[subprocess.Popen[bytes], str, Path]:
-    """`gate serve` on its defaults (its embedded Postgres unless ``database`` is given)."""
-    port = free_port()
+def server_settings(port: int, database: str | None) -> dict[str, str]:
+    """`gate serve`'s defaults on ``port`` (its embedded Postgres unless ``database``)."""
     settings = {"GATE_PORT": str(port)}
     if database:
         settings["GATE_DATABASE_URL"] = database
     for name in ("GATE_CASE_CONCURRENCY", "GATE_LONG_POLL_SETTLE_SECONDS"):
         if name in os.environ:  # to compare with the default
             settings[name] = os.environ[name]
-    proc, log_path = start("serve", data_dir, **settings)
+    return settings
+
+
+def serve(data_dir: Path, database: str | None) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """`gate serve` on its defaults (its embedded Postgres unless ``database`` is given)."""
+    port = free_port()
+    proc, log_path = start("serve", data_dir, **server_settings(port, database))
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc, log_path)  # a first start may bootstrap the base image
@@ -235,6 +253,123 @@ def seconds_between(start: str, end: str) -> float:
     return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
 
 
+RESTARTS = 2
+GATES_AFTER = 2  # gates judged after the first one on each restarted server
+POLL_SECONDS = 0.02  # how often /healthz and /readyz are asked while `gate serve` starts
+RESTART_SECONDS = 300.0  # cached images: a start takes seconds
+LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ [\w.]+: (.*)$")
+# What `gate serve`'s log says as it starts, in the order it happens: (label, what the line
+# contains, which occurrence). The API's process migrates first, then its worker process.
+START_EVENTS = (
+    ("API migrates", "migrating the database", 1),
+    ("worker process spawned", "embedded worker process", 1),
+    ("API's change listener", "gate change listener: listening", 1),
+    ("worker process migrates", "migrating the database", 2),
+    ("worker's runner image checked", "runner image gate-runner", 2),
+    ("worker started", "gate_service.worker.loop: worker ", 1),
+    ("'ready on'", "ready on http", 1),
+    ("gate claimed", " judging gate ", 1),
+)
+
+
+def start_events(log_path: Path, wall_start: float) -> list[tuple[str, float]]:
+    """START_EVENTS found in the log, as seconds after ``wall_start`` (the log's clock is
+    the wall clock, local time, to the millisecond)."""
+    seen: dict[str, int] = {}
+    found: list[tuple[str, float]] = []
+    wanted = list(START_EVENTS)
+    for line in log_path.read_text(errors="replace").splitlines():
+        if not (m := LOG_LINE.match(line)):
+            continue
+        for label, text, nth in list(wanted):
+            if text in line:
+                seen[text] = seen.get(text, 0) + 1
+                if seen[text] == nth:
+                    at = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                    found.append((label, at - wall_start))
+                    wanted.remove((label, text, nth))
+                break
+    return found
+
+
+def first_gate_after_start(
+    data_dir: Path, database: str | None, bundle: bytes
+) -> tuple[subprocess.Popen[bytes], Path, dict[str, Any]]:
+    """Start `gate serve` on ``data_dir`` and ``database`` (its images and the bundle's test
+    image cached), ask /healthz and /readyz every POLL_SECONDS from the moment the process
+    starts, each in a thread of its own, and submit ``bundle`` the moment /readyz first
+    answers 200, then GATES_AFTER more times. Returns the process (still serving), its log
+    and the moments, in seconds after the start (each endpoint's first 200, the first POST,
+    its verdict), the first gate, and the POST-to-verdict seconds of the later ones."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    wall_start, started = time.time(), time.monotonic()
+    proc, log_path = start("serve", data_dir, **server_settings(port, database))
+    firsts: dict[str, float] = {}
+    ready = threading.Event()
+    deadline = started + RESTART_SECONDS
+
+    def poll(path: str) -> None:
+        with httpx.Client(timeout=2) as http:
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    if http.get(f"{url}{path}").status_code == 200:
+                        firsts[path] = time.monotonic() - started
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(POLL_SECONDS)
+        if path == "/readyz":
+            ready.set()  # or it never will: the process ended, or the deadline passed
+
+    pollers = [
+        threading.Thread(target=poll, args=(path,), name=f"poll{path}", daemon=True)
+        for path in ("/healthz", "/readyz")
+    ]
+    for poller in pollers:
+        poller.start()
+    # Made before /readyz answers: an httpx client loads its TLS context as it is made
+    # (30 ms here, 140 ms for a process's first), which is no part of the start.
+    client = GateClient(url, token=ADMIN_TOKEN)
+    try:
+        ready.wait()
+        if "/readyz" not in firsts:
+            raise RuntimeError(
+                f"/readyz did not answer 200 in {RESTART_SECONDS:.0f} s (exit status {proc.poll()})"
+            )
+        posted = time.monotonic() - started
+        _, done = judge(client, bundle)
+        verdict = time.monotonic() - started
+        # The same gate again on this server, now warm: what the first is to them says the
+        # same as what it is to the earlier warm gates, without the drift between the two.
+        after = [judge(client, bundle)[0] for _ in range(GATES_AFTER)]
+        for poller in pollers:
+            poller.join(timeout=RESTART_SECONDS)
+    except BaseException:
+        stop(proc)
+        raise
+    finally:
+        client.close()
+    return (
+        proc,
+        log_path,
+        {
+            "healthz": firsts.get("/healthz", float("nan")),
+            "readyz": firsts["/readyz"],
+            "posted": posted,
+            "verdict": verdict,
+            "gate": done,
+            "after": after,
+            "events": start_events(log_path, wall_start),
+        },
+    )
+
+
+def claim_wait(gate: dict[str, Any]) -> float:
+    """Seconds from the gate's creation to its start (the server's clock)."""
+    return seconds_between(gate["created_at"], gate["started_at"])
+
+
 KINDS = (
     ("project code without `import connic`", "", 1.25, "bare"),
     (
@@ -267,6 +402,7 @@ def main() -> None:
     engine = docker.from_env()
     at_once = int(os.environ.get("GATE_CASE_CONCURRENCY") or Settings().case_concurrency)
     figures: list[dict[str, Any]] = []
+    restarts: list[dict[str, Any]] = []
     try:
         # A first gate of another bundle: the server, its worker and their connections are
         # warm before anything is timed, so a first build is timed as a build.
@@ -311,10 +447,26 @@ def main() -> None:
                     "plain": plain,
                     "last": last,
                     "cpu": {k: m.used for k, m in meters.items()},
+                    "bundle": bundle,
                 }
             )
+        # The first gate after a start: `gate serve` stopped and started again on the same
+        # data dir and database (its images and the first kind's test image cached), as a CI
+        # job that restarts the service, and that kind's bundle submitted at once.
+        client.close()
+        for n in range(RESTARTS):
+            stop(proc)
+            log_path.rename(data_dir / f"serve-{n}.log")
+            log_path = data_dir / "serve.log"
+            proc, log_path, moments = first_gate_after_start(
+                data_dir, database, figures[0]["bundle"]
+            )
+            restarts.append(moments)
     except Exception:
-        print(f"gate serve's log, last lines:\n{log_path.read_text()[-4000:]}", file=sys.stderr)
+        if log_path.exists():
+            lines = log_path.read_text(errors="replace").splitlines()
+            lines = [x for x in lines if "GET /healthz" not in x and "GET /readyz" not in x]
+            print("gate serve's log, last lines:\n" + "\n".join(lines[-60:]), file=sys.stderr)
         raise
     finally:
         client.close()
@@ -390,6 +542,53 @@ def main() -> None:
             f"{seconds_between(last['started_at'], last['finished_at']):.2f} s; runner-reported "
             f"case time median {statistics.median(durations):.3f} s"
         )
+    print_restarts(figures[0], restarts)
+
+
+def print_restarts(kind: dict[str, Any], restarts: list[dict[str, Any]]) -> None:
+    """The first gate after each start against the median warm gate of the same bundle."""
+    if not restarts:
+        return
+    warm = statistics.median(kind["gates"])
+    warm_wait = claim_wait(kind["last"])
+    print(
+        f"  first gate after a start ({kind['label']}; `gate serve` stopped and started "
+        f"again on the same data dir and database, its test image cached; /healthz and "
+        f"/readyz asked every {POLL_SECONDS * 1000:.0f} ms from the process's start, the gate "
+        f"submitted at /readyz's first 200; the warm gate {warm:.2f} s, created to started "
+        f"{warm_wait:.2f} s in the last one):"
+    )
+    for n, r in enumerate(restarts, 1):
+        from_ready = r["verdict"] - r["readyz"]
+        from_health = r["verdict"] - r["healthz"]
+        gate = r["gate"]
+        print(
+            f"    start {n}: /healthz 200 at {r['healthz']:.2f} s, /readyz 200 at "
+            f"{r['readyz']:.2f} s ({r['readyz'] - r['healthz']:+.2f} s), POST at "
+            f"{r['posted']:.2f} s, verdict at {r['verdict']:.2f} s: {from_ready:.2f} s from "
+            f"/readyz ({from_ready - warm:+.2f} s over warm), {from_health:.2f} s from /healthz "
+            f"({from_health - warm:+.2f} s); created to started {claim_wait(gate):.2f} s, "
+            f"started to finished {seconds_between(gate['started_at'], gate['finished_at']):.2f} s"
+        )
+        print(
+            f"      the next {len(r['after'])} gates on it: "
+            f"{', '.join(f'{a:.2f}' for a in r['after'])} s (the first from /readyz is "
+            f"{from_ready - statistics.median(r['after']):+.2f} s over their median)"
+        )
+        print(
+            "      its log, s after the start: "
+            + ", ".join(f"{label} {at:.2f}" for label, at in r["events"])
+        )
+    over_ready = [r["verdict"] - r["readyz"] - warm for r in restarts]
+    over_health = [r["verdict"] - r["healthz"] - warm for r in restarts]
+    gaps = [r["readyz"] - r["healthz"] for r in restarts]
+    print(
+        f"  first gate after a start: from /readyz {', '.join(f'{o:+.2f}' for o in over_ready)} "
+        f"s over the warm gate ({warm:.2f} s), from /healthz "
+        f"{', '.join(f'{o:+.2f}' for o in over_health)} s; /readyz "
+        f"{', '.join(f'{g:.2f}' for g in gaps)} s after /healthz; target ≤ +1 s from "
+        f"/readyz: {'met' if max(over_ready) <= 1 else 'NOT met'}"
+    )
 
 
 if __name__ == "__main__":
