@@ -125,6 +125,16 @@ class Settings(BaseSettings):
             "the choices"
         ),
     )
+    case_runtime: str | None = Field(
+        default=None,
+        description=(
+            "the OCI runtime of case containers and of the build step that compiles a "
+            "bundle's code (Docker's `--runtime`): unset, the engine's default (runc); "
+            "`runsc` runs them under gVisor, a user-space kernel between a bundle and the "
+            "host's (docs/threat-model.md). A worker whose engine has no runtime of that name "
+            "stops at start-up, saying how to register it"
+        ),
+    )
     base_image: str = Field(
         default="python:3.11-slim", description="what the runner image is built FROM"
     )
@@ -735,6 +745,12 @@ class Settings(BaseSettings):
             if why:
                 raise ValueError(f"GATE_CASE_ENV names {name!r}: {why}")
         return value
+
+    @field_validator("case_runtime")
+    @classmethod
+    def _runtime_or_default(cls, value: str | None) -> str | None:
+        # Empty (compose's `${GATE_CASE_RUNTIME:-}`) is unset: the engine's default runtime.
+        return (value or "").strip() or None
 
     @field_validator("trusted_proxies")
     @classmethod

@@ -250,6 +250,9 @@ class Gate(Base):
     # Incremental: cases whose closure passed in the baseline (scripted or replay) are
     # reported as reused, not run again.
     changed_only: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    # What ran its cases: {"backend": GATE_SANDBOX_BACKEND, "runtime": the OCI runtime}, as
+    # the worker that started it had them; NULL before it started.
+    sandbox: Mapped[dict[str, str] | None] = mapped_column(JSONB)
     # Stored bytes of the gate's runs and model calls (their stored_bytes): the project's
     # quota sums it.
     result_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")

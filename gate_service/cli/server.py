@@ -86,9 +86,21 @@ def _lifetime() -> Iterator[ExitStack]:
 
 
 def _prepare_images(settings: Settings) -> None:
-    from ..sandbox import open_sandbox
+    """The runner image, once the sandbox's settings hold: a backend, network or runtime the
+    engine cannot act on stops the process here, saying why (exit 2)."""
+    from ..sandbox import SandboxSettingError, open_sandbox
 
-    sandbox = open_sandbox(settings)
+    try:
+        sandbox = open_sandbox(settings)
+    except SandboxSettingError as exc:
+        log.error("%s", exc)
+        typer.echo(f"gate: {exc}", err=True)
+        raise typer.Exit(2) from None
+    log.info(
+        "cases run on the %s backend under the %s runtime",
+        settings.sandbox_backend,
+        getattr(sandbox, "runtime", "?"),
+    )
     try:
         log.info("preparing the runner image (the first time builds it; later starts reuse it)")
         tag = sandbox.runner_image()
@@ -228,13 +240,19 @@ class FirstTokenNotice:
         async def started() -> None:
             from ..main import settled
 
-            if ready is not None:
-                threading.Thread(target=ready, name="gate-ready-line", daemon=True).start()
             with self._lock:
                 held = self._text is not None
             if held:
                 await settled(app)
-                self.show_when(workers_ready)
+
+            def then() -> None:
+                # The ready line first, then the notice: the token stays the last thing.
+                if ready is not None:
+                    ready()
+                if held:
+                    self.show_when(workers_ready)
+
+            threading.Thread(target=then, name="gate-ready-line", daemon=True).start()
 
         return started
 
@@ -245,7 +263,14 @@ def ready_line(address: str, workers_up: Callable[[], int] | None) -> Callable[[
 
     def say() -> None:
         if workers_up is not None:
+            deadline = time.monotonic() + READY_SECONDS
             while workers_up() < 1:
+                if time.monotonic() > deadline:
+                    log.warning(
+                        "no worker has started in %s s: /readyz answers 503 until one does",
+                        READY_SECONDS,
+                    )
+                    return
                 time.sleep(0.05)
         up = "" if workers_up is None else f", {max(1, workers_up())} worker(s) claiming gates"
         log.info("ready on %s (GET /readyz answers 200%s)", address, up)

@@ -535,6 +535,12 @@ def render_results(
     compared = baseline_line(gate)
     if compared:
         facts.append(compared)
+    sandbox = gate.sandbox or {}
+    if sandbox.get("runtime"):
+        gvisor = " (gVisor)" if sandbox.get("runtime") == "runsc" else ""
+        facts.append(
+            f"sandbox: {sandbox.get('backend', '?')}, cases under {sandbox['runtime']}{gvisor}"
+        )
     if facts:
         say("")
         for fact in facts:

@@ -264,3 +264,6 @@ class GateView(Lenient):
     baseline: str | None = None
     baseline_gate_id: str | None = None
     changed_only: bool | None = None
+    # What ran its cases ({backend, runtime}); None before a worker started it, or from an
+    # older service.
+    sandbox: dict[str, str] | None = None

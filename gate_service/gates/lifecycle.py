@@ -241,7 +241,10 @@ def _end(gate: Gate, status: GateStatus, *, phase: Phase, reason: str | None) ->
     gate.revision += 1
 
 
-def start_gate(gate: Gate) -> None:
+def start_gate(gate: Gate, sandbox: dict[str, str] | None = None) -> None:
+    """The gate runs; ``sandbox`` says what runs its cases (backend and runtime)."""
+    if sandbox is not None:
+        gate.sandbox = sandbox
     gate.status = GateStatus.running
     gate.phase = Phase.validating
     gate.started_at = gate.started_at or utcnow()

@@ -194,6 +194,14 @@ class CaseRead(_CASE_FIELDS):  # type: ignore[misc]
     pass
 
 
+class SandboxRead(Schema):
+    backend: str = Field(description="GATE_SANDBOX_BACKEND: docker")
+    runtime: str = Field(
+        description="The OCI runtime of its case containers: GATE_CASE_RUNTIME (runsc: "
+        "gVisor), or the engine's default (runc)"
+    )
+
+
 class GateRead(Schema):
     id: uuid.UUID
     status: str
@@ -238,6 +246,11 @@ class GateRead(Schema):
         default=False,
         description="Cases whose closure passed unchanged in the baseline (scripted or replay) "
         "were reported as reused (their reused_from) instead of run",
+    )
+    sandbox: SandboxRead | None = Field(
+        default=None,
+        description="What ran its cases: the sandbox backend and the OCI runtime of the case "
+        "containers (runc, or runsc under gVisor); null until a worker started the gate",
     )
     bundle: BundleRead
     total_cases: int

@@ -186,6 +186,7 @@ def read_gate_view(
         baseline=gate.baseline,
         baseline_gate_id=gate.baseline_gate_id,
         changed_only=gate.changed_only,
+        sandbox=gate.sandbox,
         bundle=BundleRead.model_validate(bundle),
         total_cases=total,
         passed_cases=passed,

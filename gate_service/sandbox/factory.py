@@ -13,11 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from ..config import Settings
-from .port import NetworkPolicy, Sandbox
+from .port import NetworkPolicy, Sandbox, SandboxSettingError
 
-
-class SandboxSettingError(ValueError):
-    """A sandbox setting no backend can act on: the worker stops at start-up, saying why."""
+__all__ = ["BACKENDS", "SandboxSettingError", "backend_names", "case_network", "open_sandbox"]
 
 
 def _docker(settings: Settings) -> Sandbox:

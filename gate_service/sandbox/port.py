@@ -201,6 +201,11 @@ class SandboxError(GateError):
     status_code = 502
 
 
+class SandboxSettingError(ValueError):
+    """A sandbox setting no backend can act on (a backend, network or runtime it does not
+    have): the worker stops at start-up, saying why."""
+
+
 class BuildRefused(Exception):
     """A test image build went past its time limit or output cap.
 
@@ -263,6 +268,12 @@ class CaseContainer(Protocol):
 
 class CaseRunner(Protocol):
     """One hardened container per case, and the removal of those no worker judges any more."""
+
+    @property
+    def runtime(self) -> str:
+        """The OCI runtime its case containers run under (runc, runsc), as the gate's JSON
+        and page report it: GATE_CASE_RUNTIME, or the engine's default."""
+        ...
 
     def create(
         self,

@@ -411,7 +411,9 @@ def _judge(ctx: WorkerContext, job: ClaimedJob, slots: WorkerSlots) -> None:
             ctx.metrics.gate_ended_unstarted(session, gate)
             return False, "", None, {}, None, ("", None), ("", "")
         first_start = gate.started_at is None  # a retry has left the queue already
-        lifecycle.start_gate(gate)
+        lifecycle.start_gate(
+            gate, {"backend": ctx.settings.sandbox_backend, "runtime": ctx.sandbox.runtime}
+        )
         if first_start:
             ctx.metrics.gate_started(session, gate)
         time_left(ctx.settings, gate.started_at)  # a retry may start past the deadline

@@ -30,6 +30,16 @@ the two, each against the median warm gate of the same bundle (target: from /rea
 1 s over it), the next two gates on the restarted server, and when the log says each step
 of the start happened.
 
+Last, the cost of gVisor (issue 42): the first kind's bundle again under runsc. It starts the
+engine of `.ci/runsc-engine start` (a second dockerd with runsc registered; reused if it is
+running, and then left running; stopped at the end if this run started it), a second `gate
+serve` on it (DOCKER_HOST, GATE_CASE_RUNTIME=runsc, its own data dir and database), warms
+it, times the first gate (which builds the test image on that engine, its build step under
+runsc) and REPEATS warm gates, each followed by the bare floor there under runsc (the same
+20 `docker run`s, with `--runtime runsc`) and, as a control, under runc; then prints runc's
+and runsc's figures side by side and what runsc costs. Only the first kind, for time.
+GATE_BENCH_RUNSC=0 skips it; it says why it is skipped when runsc or the script is missing.
+
 GATE_CASE_CONCURRENCY and GATE_LONG_POLL_SETTLE_SECONDS, if set, are passed on, to compare
 other values with the default. It prints figures and asserts nothing about timing: they depend on the machine (its CPU
 count is the default GATE_CASE_CONCURRENCY) and on what else runs on it.
@@ -84,10 +94,13 @@ def server_settings(port: int, database: str | None) -> dict[str, str]:
     return settings
 
 
-def serve(data_dir: Path, database: str | None) -> tuple[subprocess.Popen[bytes], str, Path]:
-    """`gate serve` on its defaults (its embedded Postgres unless ``database`` is given)."""
+def serve(
+    data_dir: Path, database: str | None, **extra: str
+) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """`gate serve` on its defaults (its embedded Postgres unless ``database`` is given), with
+    ``extra`` in its environment (the runsc pass: DOCKER_HOST and GATE_CASE_RUNTIME)."""
     port = free_port()
-    proc, log_path = start("serve", data_dir, **server_settings(port, database))
+    proc, log_path = start("serve", data_dir, **server_settings(port, database), **extra)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc, log_path)  # a first start may bootstrap the base image
@@ -174,11 +187,21 @@ def judge(client: GateClient, bundle: bytes) -> tuple[float, dict[str, Any]]:
     return elapsed, done
 
 
-def bare_runs(image: str, *, at_once: int = 1) -> float:
-    """Seconds for CASES bare `docker run` of ``image``, ``at_once`` at a time."""
+def docker_env(host: str | None) -> dict[str, str] | None:
+    """The environment of a `docker` CLI call on the engine at ``host`` (None: DOCKER_HOST's)."""
+    return {**os.environ, "DOCKER_HOST": host} if host else None
+
+
+def bare_runs(
+    image: str, *, at_once: int = 1, host: str | None = None, runtime: str | None = None
+) -> float:
+    """Seconds for CASES bare `docker run` of ``image``, ``at_once`` at a time, on the engine
+    at ``host`` (None: DOCKER_HOST's) under ``runtime`` (None: the engine's default)."""
+    argv = [*BARE_RUN, *(["--runtime", runtime] if runtime else []), image, "-c", "pass"]
+    env = docker_env(host)
 
     def one(_: int) -> None:
-        subprocess.run([*BARE_RUN, image, "-c", "pass"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env=env)
 
     started = time.monotonic()
     with ThreadPoolExecutor(at_once) as pool:
@@ -237,12 +260,13 @@ def import_only_runs(
     return time.monotonic() - started
 
 
-def test_image_of(sha256: str) -> str:
+def test_image_of(sha256: str, host: str | None) -> str:
     out = subprocess.run(
         ["docker", "images", "--filter", f"label=gate.bundle={sha256}", "--format", FORMAT],
         capture_output=True,
         text=True,
         check=True,
+        env=docker_env(host),
     ).stdout.split()
     if not out:
         raise RuntimeError(f"no test image labelled gate.bundle={sha256}")
@@ -403,14 +427,16 @@ def main() -> None:
     at_once = int(os.environ.get("GATE_CASE_CONCURRENCY") or Settings().case_concurrency)
     figures: list[dict[str, Any]] = []
     restarts: list[dict[str, Any]] = []
+    load_before = os.getloadavg()[0]
     try:
         # A first gate of another bundle: the server, its worker and their connections are
         # warm before anything is timed, so a first build is timed as a build.
-        judge(client, bundle_of(tool_cases_project(src / "warm-up", CASES)))
+        warm_up = bundle_of(tool_cases_project(src / "warm-up", CASES))
+        judge(client, warm_up)
         for label, header, target, floor_kind in KINDS:
             bundle = bundle_of(kind_project(src / floor_kind, header))
             cold, first = judge(client, bundle)  # builds and caches the test image
-            image = test_image_of(first["bundle"]["sha256"])
+            image = test_image_of(first["bundle"]["sha256"], None)
             gates: list[float] = []
             bare: list[float] = []
             importing: list[float] = []
@@ -463,10 +489,7 @@ def main() -> None:
             )
             restarts.append(moments)
     except Exception:
-        if log_path.exists():
-            lines = log_path.read_text(errors="replace").splitlines()
-            lines = [x for x in lines if "GET /healthz" not in x and "GET /readyz" not in x]
-            print("gate serve's log, last lines:\n" + "\n".join(lines[-60:]), file=sys.stderr)
+        print_log_tail(log_path)
         raise
     finally:
         client.close()
@@ -479,7 +502,8 @@ def main() -> None:
         shutil.rmtree(data_dir, ignore_errors=True)
     print(
         f"{CASES}-case tool-agent gates, `gate serve` defaults "
-        f"(GATE_CASE_CONCURRENCY={at_once}, {os.cpu_count()} CPUs), medians of {REPEATS}"
+        f"(GATE_CASE_CONCURRENCY={at_once}, {os.cpu_count()} CPUs), medians of {REPEATS}; "
+        f"load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} over the runc part"
     )
     for f in figures:
         gate_s = statistics.median(f["gates"])
@@ -543,6 +567,7 @@ def main() -> None:
             f"case time median {statistics.median(durations):.3f} s"
         )
     print_restarts(figures[0], restarts)
+    runsc_pass(server_url, figures[0], warm_up, at_once)
 
 
 def print_restarts(kind: dict[str, Any], restarts: list[dict[str, Any]]) -> None:
@@ -588,6 +613,194 @@ def print_restarts(kind: dict[str, Any], restarts: list[dict[str, Any]]) -> None
         f"{', '.join(f'{o:+.2f}' for o in over_health)} s; /readyz "
         f"{', '.join(f'{g:.2f}' for g in gaps)} s after /healthz; target ≤ +1 s from "
         f"/readyz: {'met' if max(over_ready) <= 1 else 'NOT met'}"
+    )
+
+
+# The same gate under gVisor: a second engine with the runsc runtime registered, started (or
+# reused) by the script CI's runsc pass uses, and a second `gate serve` on it.
+RUNSC = "runsc"
+RUNSC_SCRIPT = Path(__file__).resolve().parents[2] / ".ci" / "runsc-engine"
+# Where the script's engine listens (its GATE_RUNSC_ENGINE_ROOT), to tell whether it was
+# running before this run: only an engine this run started is stopped at its end.
+RUNSC_HOST = (
+    f"unix://{os.environ.get('GATE_RUNSC_ENGINE_ROOT', '/var/tmp/gate-runsc-engine')}/docker.sock"
+)
+RUNSC_OFF = ("0", "no", "false", "off")
+
+
+def runsc_skipped() -> str | None:
+    """Why the runsc pass is skipped (GATE_BENCH_RUNSC=0, no script, no runsc), or None."""
+    if os.environ.get("GATE_BENCH_RUNSC", "1").strip().lower() in RUNSC_OFF:
+        return "GATE_BENCH_RUNSC=0"
+    if not RUNSC_SCRIPT.is_file():
+        return f"{RUNSC_SCRIPT} is missing: it starts the engine with the runsc runtime"
+    if shutil.which(RUNSC) is None:
+        return "runsc is not installed (apt-get install runsc; see docs/threat-model.md)"
+    return None
+
+
+def engine_answers(host: str) -> bool:
+    """Whether a Docker engine answers at ``host``."""
+    try:
+        client = docker.DockerClient(base_url=host, timeout=5)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:  # no socket, refused, not an engine: not running
+        return False
+
+
+def print_log_tail(log_path: Path) -> None:
+    """`gate serve`'s last log lines, without the health probes, on stderr."""
+    if log_path.exists():
+        lines = log_path.read_text(errors="replace").splitlines()
+        lines = [x for x in lines if "GET /healthz" not in x and "GET /readyz" not in x]
+        print("gate serve's log, last lines:\n" + "\n".join(lines[-60:]), file=sys.stderr)
+
+
+def measure_runsc(
+    host: str, database_server: str | None, bundle: bytes, warm_up: bytes, at_once: int
+) -> dict[str, Any]:
+    """On the engine at ``host``: a `gate serve` with GATE_CASE_RUNTIME=runsc (its own data
+    dir, and its own database on ``database_server``, else its embedded Postgres), warmed
+    with ``warm_up``; the first gate of ``bundle`` (builds its test image on that engine,
+    its build step under runsc), then REPEATS warm gates, each followed by the bare floor
+    under runsc on that engine and, as a control, the same floor there under runc."""
+    database = create_database(database_server) if database_server else None
+    data_dir = Path(tempfile.mkdtemp(prefix="gate-bench-runsc-"))
+    proc: subprocess.Popen[bytes] | None = None
+    log_path = data_dir / "serve.log"
+    client: GateClient | None = None
+    try:
+        proc, url, log_path = serve(data_dir, database, DOCKER_HOST=host, GATE_CASE_RUNTIME=RUNSC)
+        client = GateClient(url, token=ADMIN_TOKEN)
+        judge(client, warm_up)  # the server, its worker and the engine warm before timing
+        cold, first = judge(client, bundle)
+        runtime = (first.get("sandbox") or {}).get("runtime")
+        if runtime not in (None, RUNSC):  # None: a server that does not say it yet
+            raise RuntimeError(f"the gate's cases ran under {runtime!r}, not {RUNSC}")
+        image = test_image_of(first["bundle"]["sha256"], host)
+        gates: list[float] = []
+        bare: list[float] = []
+        bare_runc: list[float] = []
+        last: dict[str, Any] = {}
+        meters = {k: CpuMeter(proc.pid) for k in ("gate", "bare")}
+        for _ in range(REPEATS):
+            with meters["gate"]:
+                elapsed, last = judge(client, bundle)
+            gates.append(elapsed)
+            with meters["bare"]:
+                bare.append(bare_runs(image, at_once=at_once, host=host, runtime=RUNSC))
+            bare_runc.append(bare_runs(image, at_once=at_once, host=host))
+    except Exception:
+        print_log_tail(log_path)
+        raise
+    finally:
+        if client is not None:
+            client.close()
+        if proc is not None:
+            stop(proc)
+        if database_server and database:
+            drop_database(database_server, database)
+        shutil.rmtree(data_dir, ignore_errors=True)
+    return {
+        "cold": cold,
+        "gates": gates,
+        "bare": bare,
+        "bare_runc": bare_runc,
+        "last": last,
+        "runtime": runtime,
+        "cpu": {k: m.used for k, m in meters.items()},
+    }
+
+
+def runsc_pass(
+    database_server: str | None, runc: dict[str, Any], warm_up: bytes, at_once: int
+) -> None:
+    """The first kind's gate again under runsc, on the runsc engine (started if it is not
+    running, and then stopped at the end), and the comparison with ``runc``'s figures."""
+    print(f"runc vs runsc (gVisor), {runc['label']} only (the second kind is left out for time):")
+    if why := runsc_skipped():
+        print(f"  runsc: skipped ({why})")
+        return
+    was_running = engine_answers(RUNSC_HOST)
+    load_before = os.getloadavg()[0]
+    started = subprocess.run(
+        [str(RUNSC_SCRIPT), "start"], capture_output=True, text=True, timeout=600, check=False
+    )
+    try:
+        if started.returncode != 0 or not started.stdout.strip():
+            print(
+                f"  runsc: skipped (`{RUNSC_SCRIPT.name} start` exited {started.returncode}: "
+                f"{started.stderr.strip()[-600:]})"
+            )
+            return
+        host = started.stdout.strip().splitlines()[-1]
+        f = measure_runsc(host, database_server, runc["bundle"], warm_up, at_once)
+    finally:
+        if not was_running:  # started by this run (or half-started): not left behind
+            subprocess.run(
+                [str(RUNSC_SCRIPT), "stop"], capture_output=True, timeout=300, check=False
+            )
+    print_runsc(runc, f, at_once)
+    print(
+        f"  the runsc engine ({host}): "
+        + ("running before this run, left running" if was_running else "started, then stopped")
+        + f"; load average {load_before:.1f} -> {os.getloadavg()[0]:.1f} over this pass"
+    )
+
+
+def print_runsc(runc: dict[str, Any], runsc: dict[str, Any], at_once: int) -> None:
+    """runc's and runsc's warm gate, bare floor, first gate and CPU a case, side by side."""
+    rows: dict[str, dict[str, float]] = {}
+    for name, f in (("runc", runc), ("runsc", runsc)):
+        gate_s = statistics.median(f["gates"])
+        bare_s = statistics.median(f["bare"])
+        durations = [c["duration_ms"] / 1000 for c in f["last"]["cases"] if c.get("duration_ms")]
+        rows[name] = {
+            "gate": gate_s,
+            "bare": bare_s,
+            "ratio": statistics.median(g / b for g, b in zip(f["gates"], f["bare"], strict=True)),
+            "cold": f["cold"],
+            "case": statistics.median(durations) if durations else float("nan"),
+            "cpu_gate": 1000 * f["cpu"]["gate"]["total"] / REPEATS / CASES,
+            "cpu_bare": 1000 * f["cpu"]["bare"]["total"] / REPEATS / CASES,
+        }
+        r = rows[name]
+        print(
+            f"  {name:5}: warm gate {gate_s:.2f} s ({', '.join(f'{g:.2f}' for g in f['gates'])}), "
+            f"bare floor {bare_s:.2f} s ({gate_s / bare_s:.2f}x; median of each gate over the "
+            f"floor after it {r['ratio']:.2f}x), first gate (builds its test image) "
+            f"{r['cold']:.2f} s ({r['cold'] - gate_s:+.2f} s over warm); runner-reported case "
+            f"time {r['case']:.3f} s; CPU a case, machine-wide, {r['cpu_gate']:.0f} ms (a bare "
+            f"floor container {r['cpu_bare']:.0f} ms)"
+        )
+    a, b = rows["runc"], rows["runsc"]
+    print(
+        f"  runsc costs {b['gate'] - a['gate']:+.2f} s per warm gate ({b['gate'] / a['gate']:.2f}x "
+        f"runc's; {(b['gate'] - a['gate']) / CASES:+.3f} s a case, {at_once} at a time), "
+        f"{(b['bare'] - a['bare']) / CASES * at_once:+.3f} s per bare container in its slot (the floor "
+        f"{b['bare'] - a['bare']:+.2f} s, {b['bare'] / a['bare']:.2f}x, {CASES} containers "
+        f"{at_once} at a time), {b['cold'] - a['cold']:+.2f} s on the first gate, "
+        f"{b['case'] - a['case']:+.3f} s of runner-reported case time, "
+        f"{b['cpu_gate'] - a['cpu_gate']:+.0f} ms of CPU a case"
+    )
+    control = statistics.median(runsc["bare_runc"])
+    print(
+        f"  control: the same bare floor on the runsc engine under runc: {control:.2f} s "
+        f"({', '.join(f'{c:.2f}' for c in runsc['bare_runc'])}; the main engine's "
+        f"{a['bare']:.2f} s): the engine itself, not the runtime, is {control - a['bare']:+.2f} s "
+        f"of the floor's difference"
+    )
+    # Each runsc floor against the runc floor run right after it on the same engine: the
+    # runtime's own cost, without the two engines' difference (the main engine may be busier).
+    same = [r / c for r, c in zip(runsc["bare"], runsc["bare_runc"], strict=True)]
+    print(
+        f"  runsc over runc on the same engine: {b['bare'] - control:+.2f} s per bare floor "
+        f"({statistics.median(same):.2f}x, median of each runsc floor over the runc floor "
+        f"after it), {(b['bare'] - control) / CASES * at_once:+.3f} s per bare container in "
+        f"its slot"
     )
 
 

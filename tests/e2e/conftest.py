@@ -30,6 +30,8 @@ def start(command: str, data_dir: Path, **settings: str) -> tuple[subprocess.Pop
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATE_")}
     if "GATE_BASE_IMAGE_SOURCE" in os.environ:  # the base the tests pin (tests/conftest.py)
         env["GATE_BASE_IMAGE_SOURCE"] = os.environ["GATE_BASE_IMAGE_SOURCE"]
+    if "GATE_CASE_RUNTIME" in os.environ:  # CI's second pass: every case under gVisor
+        env["GATE_CASE_RUNTIME"] = os.environ["GATE_CASE_RUNTIME"]
     env.update(
         {
             "GATE_DATA_DIR": str(data_dir),

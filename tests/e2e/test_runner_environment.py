@@ -38,6 +38,7 @@ from tests.e2e.conftest import running
 from tests.fixtures.auth import ADMIN_TOKEN
 from tests.fixtures.db import create_database, drop_database
 from tests.fixtures.projects import bundle_of, write
+from tests.fixtures.runtime import under_gvisor
 
 pytestmark = pytest.mark.docker
 
@@ -296,6 +297,9 @@ def test_a_preloaded_library_cannot_forge_a_pass(
     assert "preload ran without a nonce: uid 10001" in logs, logs
 
 
+@under_gvisor(
+    "a case's processes are gVisor's, not the host's: the test reads them from the host's /proc"
+)
 def test_project_values_are_in_the_invocations_environment_only(
     private_gate: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -12,6 +12,8 @@ import pytest
 from gate_runner import gateway_wire
 from gate_service.sandbox import LABEL, NO_NETWORK, ModelChannel, NetworkPolicy, RunLimits
 from gate_service.sandbox.docker.cases import case_container
+from gate_service.sandbox.docker.engine import engine_runtime
+from gate_service.sandbox.factory import SandboxSettingError
 
 LIMITS = RunLimits(
     memory_mb=512, cpus=1.5, pids=128, wall_seconds=60, tmpfs_mb=64, output_limit_bytes=4096
@@ -97,3 +99,24 @@ def test_a_channel_whose_socket_the_runner_would_not_find_is_refused(tmp_path: P
         case_container(
             ARGV, limits=LIMITS, labels={}, model_channel=ModelChannel(tmp_path / "other.sock")
         )
+
+
+def test_a_case_runtime_is_the_containers_runtime_and_none_leaves_the_engines() -> None:
+    host, _ = case_container(ARGV, limits=LIMITS, labels={}, model_channel=None, runtime="runsc")
+    assert host["runtime"] == "runsc"
+    assert hardening(host) == HARDENED  # gVisor is a second wall, not instead of the first
+    host, _ = case_container(ARGV, limits=LIMITS, labels={}, model_channel=None)
+    assert "runtime" not in host
+
+
+def test_a_runtime_the_engine_lacks_stops_the_worker_saying_how_to_register_it() -> None:
+    info = {"DefaultRuntime": "runc", "Runtimes": {"runc": {"path": "runc"}}}
+    assert engine_runtime(info, None) == "runc"
+    assert engine_runtime({**info, "Runtimes": {"runc": {}, "runsc": {}}}, "runsc") == "runsc"
+    with pytest.raises(SandboxSettingError) as refused:
+        engine_runtime(info, "runsc")
+    said = str(refused.value)
+    assert "GATE_CASE_RUNTIME is 'runsc'" in said and "it has: runc" in said
+    assert '"runtimeArgs": ["--network=none", "--fsgofer-host-uds"]' in said
+    with pytest.raises(SandboxSettingError, match="it has: none"):
+        engine_runtime({}, "kata")

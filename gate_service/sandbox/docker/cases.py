@@ -73,6 +73,7 @@ def case_container(
     limits: RunLimits,
     labels: Mapping[str, str],
     model_channel: ModelChannel | None,
+    runtime: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """A case container's host config and create parameters, as `CaseContainers.run` makes
     them (and tests/bench/bench_gate.py its import-only floor, so that floor pays the same
@@ -126,6 +127,8 @@ def case_container(
             config={"max-size": str(limits.output_limit_bytes), "max-file": "1"},
         ),
     }
+    if runtime is not None:
+        host["runtime"] = runtime  # GATE_CASE_RUNTIME (runsc: under gVisor); else the engine's
     create: dict[str, Any] = {
         "command": list(argv),
         "user": "0:0",
@@ -166,7 +169,11 @@ class CaseContainers(DockerEngine):
         if halt is not None and halt.is_set():
             raise Halted("the job was halted; no case container was created")
         host, create = case_container(
-            argv, limits=limits, labels=labels, model_channel=model_channel
+            argv,
+            limits=limits,
+            labels=labels,
+            model_channel=model_channel,
+            runtime=self.settings.case_runtime,
         )
         started = time.monotonic()
         with docker_errors(f"creating a case container from {image}"):

@@ -18,7 +18,7 @@ import docker.errors
 import requests.exceptions
 
 from ...config import Settings
-from ..port import SandboxError
+from ..port import SandboxError, SandboxSettingError
 from . import wire
 from .wire import EngineCallError
 
@@ -69,6 +69,31 @@ def read_logs(
     return bytes(api._get_result_tty(False, response, False))
 
 
+# How an operator gives Docker gVisor's runtime (docs/threat-model.md, "Under gVisor").
+RUNSC_CONFIG = (
+    '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": '
+    '["--network=none", "--fsgofer-host-uds"]}}}'
+)
+
+
+def engine_runtime(info: dict[str, Any], wanted: str | None) -> str:
+    """The runtime case containers get: ``wanted`` (GATE_CASE_RUNTIME) when the engine has
+    it, else SandboxSettingError naming it and how to register it; unset, the engine's
+    default (``DefaultRuntime``, runc unless its operator changed it)."""
+    runtimes = info.get("Runtimes") or {}
+    if wanted is None:
+        return str(info.get("DefaultRuntime") or "runc")
+    if wanted in runtimes:
+        return wanted
+    known = ", ".join(sorted(runtimes)) or "none"
+    raise SandboxSettingError(
+        f"GATE_CASE_RUNTIME is {wanted!r}, and the Docker engine has no runtime of that name "
+        f"(it has: {known}). Register it in the engine's daemon.json and restart the engine"
+        + (f", for gVisor: {RUNSC_CONFIG}" if wanted == "runsc" else "")
+        + "; or unset GATE_CASE_RUNTIME to run cases under the engine's default"
+    )
+
+
 class DockerEngine:
     """The settings and the engine client that each part of the backend works through."""
 
@@ -82,8 +107,24 @@ class DockerEngine:
                 # for them costs requests a fifth of each engine call's CPU.
                 api.trust_env = False
             self.client.ping()
+            # GATE_CASE_RUNTIME, checked once per connection: a runtime the engine does not
+            # have stops a worker at start-up, not each case.
+            self._runtime = (
+                engine_runtime(self.client.info(), settings.case_runtime)
+                if settings.case_runtime is not None
+                else None
+            )
         # The case path's calls: on a wire of our own when the engine's transport allows.
         self.wire: wire.Wire = wire.of(getattr(self.client, "api", None))
+
+    @property
+    def runtime(self) -> str:
+        """The OCI runtime its case containers run under: GATE_CASE_RUNTIME, or the engine's
+        default (asked once, when first read)."""
+        if self._runtime is None:
+            with docker_errors("asking the Docker engine for its default runtime"):
+                self._runtime = engine_runtime(self.client.info(), None)
+        return self._runtime
 
     def close(self) -> None:
         self.wire.close()

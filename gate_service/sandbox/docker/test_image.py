@@ -119,6 +119,8 @@ class DockerImageBuilder(RunnerImages):
             BUILD_DEADLINE_LABEL: str(int(time.time() + limit + STEP_DEADLINE_MARGIN_SECONDS)),
         }
         host = api.create_host_config(
+            # The step runs the bundle's code (its compile and plan): under the cases' runtime.
+            runtime=self.settings.case_runtime,
             network_mode="none",
             cap_drop=["ALL"],
             cap_add=["SETUID", "SETGID"],  # the plan's drop to the invocation uid
