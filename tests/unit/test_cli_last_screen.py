@@ -13,6 +13,7 @@ import httpx
 import pytest
 from rich.console import Console
 
+from gate_service.cli import main
 from gate_service.client import api
 from gate_service.client.render import (
     GateProgress,
@@ -444,3 +445,40 @@ def test_a_bundles_huge_numbers_and_a_redacting_guardrail_read_plainly() -> None
     assert trace_lines([huge, redacted], indent=0, failing_path=True) == []
     assert money(10**400) == duration(10**400) == "—"
     assert money(float("nan")) == "—" and money(5e-324) == "$0.00"
+
+
+class LackingScope(FakeGate):
+    """A gate whose token check answers 403: a read-only token of project shop."""
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/whoami":
+            self.requests.append(request)
+            problem = {"project": "shop", "scopes": ["read"], "needed": "submit"}
+            body = {"error": "Forbidden", "detail": "lacks submit", "problems": [problem]}
+            return httpx.Response(403, json=body)
+        return super().__call__(request)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_refused_token_names_itself_whole_at_each_width(
+    width: int,
+    monkeypatch: pytest.MonkeyPatch,
+    use_api: Callable[[FakeGate], None],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Item 6 on a terminal of ``width`` columns: the refusal names the token's prefix, what
+    it lacks and GATE_TOKEN, soft-wrapped (no word cut), and nothing was packed or sent."""
+    monkeypatch.setenv("COLUMNS", str(width))
+    fake = LackingScope([])
+    use_api(fake)
+    project = calculator_project(tmp_path / "p", failing=False)
+    code = main(
+        ["submit", str(project), "--url", "http://gate.test", "--token", "gate_abcdef0123456789"]
+    )
+    _, err = capsys.readouterr()
+    said = " ".join(err.split())  # the sentence, whatever the wrapping
+    assert code == 2
+    assert "the token gate_abc… of project shop lacks the submit scope: it holds read" in said
+    assert "GATE_TOKEN" in said
+    assert [(r.method, r.url.path) for r in fake.requests] == [("GET", "/v1/whoami")]
