@@ -256,6 +256,14 @@ def read_run(session: Session, run_id: uuid.UUID, project_id: uuid.UUID) -> RunR
     return _run_view(get_run(session, run_id, project_id))
 
 
+def case_sandbox(session: Session, case: Case) -> dict[str, str] | None:
+    """What ran the case's gate: {backend, runtime}; None before a worker started it."""
+    sandbox: dict[str, str] | None = session.scalar(
+        select(Gate.sandbox).where(Gate.id == case.gate_id)
+    )
+    return sandbox
+
+
 def get_case(session: Session, case_id: uuid.UUID, project_id: uuid.UUID) -> Case:
     """The case; another project's is 404."""
     case = session.scalar(

@@ -415,6 +415,7 @@ def case_page(
         "runs": runs,
         "notes": views.row_notes(case),
         "result": views.row_result(case),
+        "sandbox": gates.case_sandbox(session, case),
         "history": views.history_rows(history),
     }
     return render(request, "case.html", context)
@@ -429,7 +430,13 @@ def run_page(
     return render(
         request,
         "run.html",
-        {"me": me, "case": case, "run": run, "tree": views.trace_tree(run.traces)},
+        {
+            "me": me,
+            "case": case,
+            "run": run,
+            "tree": views.trace_tree(run.traces),
+            "sandbox": gates.case_sandbox(session, case),
+        },
     )
 
 

@@ -223,6 +223,14 @@ def test_the_pages_show_cases_failed_first_runs_and_a_mocked_tool_call(
     run = page.get(f"/ui/runs/{run_id.group(1)}").text
     assert 'class="fact mocked">mocked<' in run and "lookup" in run
     assert "model call" in run and "Run context" in run
+    # What ran it (issue 42): the gate's sandbox, on the gate, case and run pages alike.
+    ran = "docker, its container under <code>in-process</code>"
+    assert ran in case and ran in run
+    assert "case containers under <code>in-process</code>" in gate
+    assert client.get(f"/v1/gates/{failed_gate}").json()["sandbox"] == {
+        "backend": "docker",
+        "runtime": "in-process",
+    }
 
 
 def test_a_bundles_text_is_escaped_and_a_hostile_trace_still_renders(
