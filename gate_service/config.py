@@ -15,6 +15,11 @@ from gate_service.resources import runner_image_dir
 from gate_service.stored_runs import MIN_STORED_RUN_BYTES
 
 MIB = 1024 * 1024
+# The most case containers GATE_MAX_CASE_CONTAINERS=0 picks for one worker, whatever its
+# memory: a live case's calls take connections of the worker process's model gateway, at
+# most 256 in all (gateway/channel.py MAX_PROCESS_CONNECTIONS, each a thread once it is a
+# call in flight), so a case past it would only wait there, holding its memory.
+MAX_AUTO_CASE_CONTAINERS = 256
 # Under GATE_DATA_DIR: the admin token a first start made (without GATE_BOOTSTRAP_TOKEN).
 ADMIN_TOKEN_FILE = "admin-token"
 
@@ -22,6 +27,14 @@ ADMIN_TOKEN_FILE = "admin-token"
 def default_case_concurrency() -> int:
     """One case container per CPU: each is mostly one busy Python process."""
     return os.cpu_count() or 1
+
+
+def machine_memory_bytes() -> int | None:
+    """The machine's physical memory, None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
 
 
 class BaseImageSource(StrEnum):
@@ -222,8 +235,10 @@ class Settings(BaseSettings):
         ge=0,
         description=(
             "case containers one worker keeps at once, those waiting on a model included, "
-            "shared by the same fair-share rule; `0`: half the machine's memory over "
-            "`GATE_CASE_MEMORY_MB`, between `GATE_CASE_CONCURRENCY` and 8 times it"
+            "shared by the same fair-share rule; `0`: as many as half the machine's memory "
+            "holds at `GATE_CASE_MEMORY_MB` each, at least `GATE_CASE_CONCURRENCY` and at "
+            "most 256 (the model gateway's connections per worker process: a live case past "
+            "them would only wait for one)"
         ),
         json_schema_extra={"shown_default": "`0` (auto)"},
     )
@@ -772,12 +787,16 @@ class Settings(BaseSettings):
         """GATE_MAX_CASE_CONTAINERS, or when 0 what the machine's memory allows (see there)."""
         if self.max_case_containers:
             return max(self.max_case_containers, self.case_concurrency)
-        try:
-            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError):
+        fits = self.containers_memory_holds()
+        if fits is None:
             return self.case_concurrency
-        fits = memory // 2 // (self.case_memory_mb * 1024 * 1024)
-        return max(self.case_concurrency, min(fits, 8 * self.case_concurrency))
+        return max(self.case_concurrency, min(fits, MAX_AUTO_CASE_CONTAINERS))
+
+    def containers_memory_holds(self) -> int | None:
+        """Case containers of GATE_CASE_MEMORY_MB each that half the machine's memory holds;
+        None where the memory is not known."""
+        memory = machine_memory_bytes()
+        return None if memory is None else memory // 2 // (self.case_memory_mb * MIB)
 
     def case_env_names(self) -> list[str]:
         """GATE_CASE_ENV's names; a refused one is left out even where validation was skipped."""

@@ -56,8 +56,9 @@ BENCHES: list[tuple[str, str]] = [
     (
         "bench_live_cases",
         "a gate of 20 live cases, each 2 model calls answered after 1 s, against one such "
-        "case alone: target <= 3x; and an invocation's model-client CPU before and after "
-        "LiteLLM left the runner",
+        "case alone: target <= 2x, with a 100-case gate per case beside it and what bounds the "
+        "overlap (memory or the gateway); and an invocation's model-client CPU before and "
+        "after LiteLLM left the runner",
     ),
     (
         "bench_early_stop",

@@ -1,14 +1,25 @@
 """Benchmark: a gate of 20 live cases that wait on their model (run:
-python -m tests.bench.bench_live_cases).
+python -m tests.bench.bench_live_cases [GATE_NAME=VALUE ...]).
 
 Starts `gate serve` (on GATE_TEST_DATABASE_URL, else its embedded Postgres) with its default
-settings and the OpenAI-compatible fake provider on this host, which answers every call after
-1 s. Each case's agent makes 2 calls (a tool call, then its answer), through its worker's
-model gateway. After one submission that builds the test image, it times, POST to verdict,
-a gate of the one case alone and a gate of all 20, and prints their ratio against the 3x
-target: a case waiting on its model lends its case slot, so the worker overlaps live cases
-beyond its core count (bounded by GATE_MAX_CASE_CONTAINERS), where running them
-GATE_CASE_CONCURRENCY at a time would take about 20 / that times one case.
+settings (or those given as arguments, to see what a bound does) and the OpenAI-compatible
+fake provider on this host, which answers every call after 1 s. Each case's agent makes 2
+calls (a tool call, then its answer), through its worker's model gateway. After one
+submission of each bundle that builds its test image, it times, POST to verdict, a gate of
+the one case alone and a gate of all 20, and prints their ratio against the 2x target: a
+case waiting on its model lends its case slot, so the worker overlaps live cases beyond its
+core count, where running them GATE_CASE_CONCURRENCY at a time would take about 20 / that
+times one case. Beside it, a gate of 100 such cases, per case against the 20-case gate's.
+
+What bounds the overlap is printed with the figures: the worker's container slots
+(GATE_MAX_CASE_CONTAINERS, by default what half the memory holds, and whether memory or the
+setting chose them), the gateway's concurrent calls per gate and per project, and its
+connections per worker process (each call in flight a thread); the smallest of these below a
+gate's case count is its bound, and the most calls the fake provider had in flight at once
+shows it. Then the CPU a case costs, its container's (from its cgroup, read while it runs)
+and `gate serve`'s, the engine's and Postgres's part (from /proc), and so the least time the
+machine's CPUs need for all of a gate's cases: where that is near the gate's time, the CPUs
+bound it, whatever the slots.
 
 It also prints the CPU-seconds an invocation paid for its model client before the gateway
 (a fresh process importing LiteLLM, as each live invocation did) and now (the runner's
@@ -18,6 +29,7 @@ only: nothing is asserted; they depend on the machine and what else runs on it.
 
 from __future__ import annotations
 
+import bisect
 import os
 import resource
 import shutil
@@ -25,14 +37,19 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import docker
 import httpx
 
 from gate_service.client.api import GateClient
-from gate_service.config import Settings
+from gate_service.config import MAX_AUTO_CASE_CONTAINERS, Settings, machine_memory_bytes
+from gate_service.gateway.channel import MAX_PROCESS_CONNECTIONS
+from tests.bench.bench_gate import CpuMeter
 from tests.e2e.conftest import start, stop, wait_ready
 from tests.fixtures.auth import ADMIN_TOKEN, bearer, project_token
 from tests.fixtures.db import create_database, drop_database
@@ -42,8 +59,10 @@ from tests.fixtures.projects import bundle_of, write
 
 CASES = 20
 REPEATS = 3
+MANY = 100  # the larger gate, printed beside the 20-case one
+MANY_REPEATS = 2
 LATENCY_S = 1.0
-TARGET = 3.0
+TARGET = 2.0
 ANSWER = "hello from the fake provider"
 
 
@@ -76,7 +95,161 @@ def tool_then_answer(body: dict[str, Any]) -> str:
     return "ok" if any(m.get("role") == "tool" for m in body.get("messages", [])) else "tool"
 
 
-def judge(client: GateClient, bundle: bytes, cases: int) -> float:
+class InFlight:
+    """The most calls the fake provider had in flight at once, per gate: each call starts
+    when the provider decides its answer and ends LATENCY_S later (its sleep)."""
+
+    def __init__(self, provider: FakeProvider) -> None:
+        self._decide = tool_then_answer
+        self._lock = threading.Lock()
+        self.starts: list[float] = []
+        provider.decide = self.decide
+
+    def decide(self, body: dict[str, Any]) -> str:
+        with self._lock:
+            self.starts.append(time.monotonic())
+        return self._decide(body)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.starts = []
+
+    def peak(self) -> int:
+        with self._lock:
+            starts = sorted(self.starts)
+        return max(
+            (bisect.bisect_right(starts, s) - bisect.bisect_right(starts, s - LATENCY_S)
+             for s in starts),
+            default=0,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Bound:
+    name: str
+    limit: int  # 0: none
+
+    def binds(self, cases: int) -> bool:
+        return 0 < self.limit < cases
+
+
+def bounds(settings: Settings) -> list[Bound]:
+    """What caps the live cases of one gate that wait on their model at once, smallest first."""
+    holds = settings.containers_memory_holds()
+    if settings.max_case_containers:
+        source = f"GATE_MAX_CASE_CONTAINERS={settings.max_case_containers}"
+    elif holds is None:
+        source = "memory unknown: GATE_CASE_CONCURRENCY"
+    else:
+        memory_gib = (machine_memory_bytes() or 0) / 1024**3
+        source = (
+            f"memory: half of {memory_gib:.0f} GiB holds {holds} at "
+            f"GATE_CASE_MEMORY_MB={settings.case_memory_mb}"
+            + (
+                f", capped at {MAX_AUTO_CASE_CONTAINERS}"
+                if holds > MAX_AUTO_CASE_CONTAINERS
+                else ""
+            )
+        )
+    found = [
+        Bound(f"container slots ({source})", settings.case_container_limit()),
+        Bound(
+            "the gateway's concurrent calls per gate (GATE_GATEWAY_GATE_MAX_CONCURRENT_CALLS)",
+            settings.gateway_gate_max_concurrent_calls,
+        ),
+        Bound(
+            "the gateway's concurrent calls per project and worker process "
+            "(GATE_GATEWAY_PROJECT_MAX_CONCURRENT_CALLS)",
+            settings.gateway_project_max_concurrent_calls,
+        ),
+        Bound(
+            "the gateway's connections per worker process, a thread each in flight "
+            "(MAX_PROCESS_CONNECTIONS)",
+            MAX_PROCESS_CONNECTIONS,
+        ),
+    ]
+    return sorted(found, key=lambda b: b.limit or sys.maxsize)
+
+
+def the_bound(found: list[Bound], cases: int) -> str:
+    binding = [b for b in found if b.binds(cases)]
+    if not binding:
+        return f"none below {cases}: all {cases} may wait on their model at once"
+    return f"{binding[0].limit} at once: {binding[0].name}"
+
+
+# Where a case container's CPU use is, by cgroup layout: (path, seconds per unit).
+CGROUP_USAGE = (
+    ("/sys/fs/cgroup/cpuacct/docker/{id}/cpuacct.usage", 1e-9),  # v1, cgroupfs driver
+    ("/sys/fs/cgroup/cpuacct/system.slice/docker-{id}.scope/cpuacct.usage", 1e-9),  # v1, systemd
+    ("/sys/fs/cgroup/docker/{id}/cpu.stat", 1e-6),  # v2, cgroupfs driver
+    ("/sys/fs/cgroup/system.slice/docker-{id}.scope/cpu.stat", 1e-6),  # v2, systemd
+)
+POLL_S = 0.02
+
+
+def cgroup_cpu_seconds(container_id: str) -> float | None:
+    """A running container's CPU-seconds so far, from its cgroup; None where none is found."""
+    for pattern, unit in CGROUP_USAGE:
+        try:
+            text = Path(pattern.format(id=container_id)).read_text()
+        except OSError:
+            continue
+        if text.startswith("usage_usec"):  # v2's cpu.stat: its first line
+            text = text.split()[1]
+        return int(text.split()[0]) * unit
+    return None
+
+
+class ContainerCpu:
+    """CPU-seconds each case container used, per gate: the engine's start events name the
+    containers (and their gate, a label), and their cgroups are read every POLL_S while they
+    run (a container's cgroup goes with it: its last POLL_S or so may be missed)."""
+
+    def __init__(self) -> None:
+        self._engine = docker.from_env()
+        self._events = self._engine.events(
+            decode=True,
+            filters={"type": "container", "event": "start", "label": "gate.gate_id"},
+        )
+        self._lock = threading.Lock()
+        self._used: dict[str, tuple[str, float]] = {}  # container id -> (its gate, CPU-s)
+        self._done = threading.Event()
+        threading.Thread(target=self._listen, daemon=True).start()
+        threading.Thread(target=self._poll, daemon=True).start()
+
+    def _listen(self) -> None:
+        try:
+            for event in self._events:
+                gate = event.get("Actor", {}).get("Attributes", {}).get("gate.gate_id", "")
+                with self._lock:
+                    self._used.setdefault(event["id"], (gate, 0.0))
+        except Exception:  # closed
+            pass
+
+    def _poll(self) -> None:
+        while not self._done.wait(POLL_S):
+            with self._lock:
+                containers = list(self._used.items())
+            for container, (gate, _) in containers:
+                seconds = cgroup_cpu_seconds(container)
+                if seconds is not None:
+                    with self._lock:
+                        self._used[container] = (gate, seconds)
+
+    def of(self, gate: str) -> list[float]:
+        """The CPU-seconds of each container of ``gate`` seen so far."""
+        with self._lock:
+            return [seconds for g, seconds in self._used.values() if g == gate]
+
+    def close(self) -> None:
+        self._done.set()
+        self._events.close()
+        self._engine.close()
+
+
+def judge(client: GateClient, bundle: bytes, cases: int) -> tuple[float, str]:
+    """Seconds from POST to the verdict, and the gate's id."""
     started = time.monotonic()
     gate = client.submit(bundle)
     done = client.wait(gate["id"], timeout_s=900)
@@ -86,7 +259,7 @@ def judge(client: GateClient, bundle: bytes, cases: int) -> float:
             c.get("failure_reason") for c in done.get("cases", []) if c.get("failure_reason")
         ][:3]
         raise RuntimeError(f"the gate did not pass all {cases} cases: {done['status']} {reasons}")
-    return elapsed
+    return elapsed, str(gate["id"])
 
 
 def import_cpu_seconds(statement: str) -> float:
@@ -99,21 +272,29 @@ def import_cpu_seconds(statement: str) -> float:
 
 
 def main() -> None:
+    overrides = dict(arg.split("=", 1) for arg in sys.argv[1:])
+    if any(not name.startswith("GATE_") for name in overrides):
+        raise SystemExit("usage: python -m tests.bench.bench_live_cases [GATE_NAME=VALUE ...]")
     server_url = os.environ.get("GATE_TEST_DATABASE_URL")
     database = create_database(server_url) if server_url else None
     data_dir = Path(tempfile.mkdtemp(prefix="gate-bench-live-"))
     src = Path(tempfile.mkdtemp(prefix="gate-bench-live-src-"))
     provider = FakeProvider()
-    provider.decide = tool_then_answer
+    in_flight = InFlight(provider)
     provider.delay_s = LATENCY_S
     port = free_port()
-    settings = {"GATE_PORT": str(port)}
+    settings = {**overrides, "GATE_PORT": str(port)}
     if database:
         settings["GATE_DATABASE_URL"] = database
     proc, log_path = start("serve", data_dir, **settings)
     url = f"http://127.0.0.1:{port}"
     ones: list[float] = []
     gates: list[float] = []
+    larges: list[float] = []
+    peaks: dict[int, list[int]] = {CASES: [], MANY: []}
+    meters = {CASES: CpuMeter(proc.pid), MANY: CpuMeter(proc.pid)}
+    containers = ContainerCpu()
+    container_cpu: dict[int, list[float]] = {CASES: [], MANY: []}
     try:
         wait_ready(url, proc, log_path)
         with httpx.Client(base_url=url, headers=bearer(ADMIN_TOKEN), timeout=60) as admin:
@@ -125,14 +306,29 @@ def main() -> None:
                 admin.put(f"/v1/projects/bench/secrets/{name}", json={"value": value})
         client = GateClient(url, token=token)
         one, many = live_project(src / "one", 1), live_project(src / "many", CASES)
+        large = live_project(src / "large", MANY)
         try:
             judge(client, one, 1)  # builds the test image of the one-case bundle
             judge(client, many, CASES)  # and of the 20-case bundle
+            judge(client, large, MANY)  # and of the 100-case bundle
             for _ in range(REPEATS):
-                ones.append(judge(client, one, 1))
-                gates.append(judge(client, many, CASES))
+                ones.append(judge(client, one, 1)[0])
+                in_flight.reset()
+                with meters[CASES]:
+                    elapsed, gate = judge(client, many, CASES)
+                gates.append(elapsed)
+                peaks[CASES].append(in_flight.peak())
+                container_cpu[CASES] += containers.of(gate)
+            for _ in range(MANY_REPEATS):
+                in_flight.reset()
+                with meters[MANY]:
+                    elapsed, gate = judge(client, large, MANY)
+                larges.append(elapsed)
+                peaks[MANY].append(in_flight.peak())
+                container_cpu[MANY] += containers.of(gate)
         finally:
             client.close()
+            containers.close()
     except Exception:
         print(f"gate serve's log, last lines:\n{log_path.read_text()[-4000:]}", file=sys.stderr)
         raise
@@ -143,11 +339,14 @@ def main() -> None:
             drop_database(server_url, database)
         shutil.rmtree(src, ignore_errors=True)
         shutil.rmtree(data_dir, ignore_errors=True)
+    os.environ.update(overrides)  # what `gate serve` ran with
     defaults = Settings()
     one_s, gate_s = statistics.median(ones), statistics.median(gates)
+    large_s = statistics.median(larges)
+    given = f" with {' '.join(sys.argv[1:])}" if overrides else " defaults"
     print(
-        f"{CASES} live cases x 2 model calls, each answered after {LATENCY_S:.0f} s; `gate serve` "
-        f"defaults (GATE_CASE_CONCURRENCY={defaults.case_concurrency}, container slots "
+        f"{CASES} live cases x 2 model calls, each answered after {LATENCY_S:.0f} s; `gate serve`"
+        f"{given} (GATE_CASE_CONCURRENCY={defaults.case_concurrency}, container slots "
         f"{defaults.case_container_limit()}, {os.cpu_count()} CPUs)"
     )
     print(
@@ -161,6 +360,40 @@ def main() -> None:
         f"  ratio {ratio:.2f}x (target <= {TARGET:.0f}x: {'met' if ratio <= TARGET else 'NOT met'}; "
         f"{defaults.case_concurrency} at a time would be about {CASES / defaults.case_concurrency:.0f}x)"
     )
+    print(
+        f"  all {MANY}, POST to verdict: median {large_s:.2f} s "
+        f"({', '.join(f'{g:.2f}' for g in larges)}): {large_s / MANY:.3f} s per case against "
+        f"{gate_s / CASES:.3f} s per case of the {CASES}-case gate "
+        f"({large_s / MANY / (gate_s / CASES):.2f}x)"
+    )
+    found = bounds(defaults)
+    print("  what caps the cases of one gate waiting on their model at once, smallest first:")
+    for bound in found:
+        print(f"    {bound.limit or 'no limit'}: {bound.name}")
+    for cases in (CASES, MANY):
+        print(
+            f"  the bound of a {cases}-case gate: {the_bound(found, cases)}; most calls in "
+            f"flight at the provider: {', '.join(str(p) for p in peaks[cases])}"
+        )
+    cores = os.cpu_count() or 1
+    for cases, runs, gate_time in ((CASES, REPEATS, gate_s), (MANY, MANY_REPEATS, large_s)):
+        used = {k: v / runs / cases for k, v in meters[cases].used.items()}
+        seen = container_cpu[cases]
+        container = statistics.mean(seen) if seen else float("nan")
+        own = container + used["server"] + used["engine"] + used["postgres"]
+        floor = cases * own / cores
+        print(
+            f"  CPU-seconds per case of the {cases}-case gate: its container {container:.3f} "
+            f"({len(seen)} seen), `gate serve` and its worker {used['server']:.3f} (the "
+            f"gateway's calls among it), engine {used['engine']:.3f}, Postgres "
+            f"{used['postgres']:.3f}: {own:.3f} in all; the machine {used['total']:.3f} (with "
+            "whatever else runs)"
+        )
+        target = f"; the {TARGET:.0f}x target: {TARGET * one_s:.2f} s" if cases == CASES else ""
+        print(
+            f"    so {cases} cases need {floor:.2f} s of {cores} CPUs at least, "
+            f"{floor / gate_time:.0%} of the gate's {gate_time:.2f} s{target}"
+        )
     before = import_cpu_seconds("import litellm")
     after = import_cpu_seconds("import gate_runner.models")
     print(
