@@ -99,7 +99,7 @@ def _prepare_images(settings: Settings) -> None:
     log.info(
         "cases run on the %s backend under the %s runtime",
         settings.sandbox_backend,
-        getattr(sandbox, "runtime", "?"),
+        sandbox.runtime,
     )
     try:
         log.info("preparing the runner image (the first time builds it; later starts reuse it)")

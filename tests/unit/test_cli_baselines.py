@@ -13,7 +13,6 @@ import httpx
 import pytest
 from rich.console import Console
 
-from gate_service.client import api
 from gate_service.client.api import absolute_links
 from gate_service.client.render import render_results
 from gate_service.client.shapes import CaseView, GateView
@@ -68,21 +67,6 @@ def marked_gate() -> dict[str, Any]:
         baseline_gate_id=BASE,
         changed_only=True,
     )
-
-
-@pytest.fixture
-def use_api(monkeypatch: pytest.MonkeyPatch) -> Callable[[FakeGate], None]:
-    """The CLI's client answered by ``handler`` (test_cli_submit's fixture, again here)."""
-    real = api.GateClient
-
-    def install(handler: FakeGate) -> None:
-        class Scripted(real):  # type: ignore[misc, valid-type]
-            def __init__(self, base_url: str, **kwargs: Any) -> None:
-                super().__init__(base_url, transport=httpx.MockTransport(handler), **kwargs)
-
-        monkeypatch.setattr(api, "GateClient", Scripted)
-
-    return install
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ import pytest
 from rich.console import Console
 
 from gate_service.cli import main
-from gate_service.client import api
 from gate_service.client.render import (
     GateProgress,
     progress_line,
@@ -389,21 +388,6 @@ def test_the_live_bar_says_queued_in_words_too() -> None:
 
 
 # -- through the CLI -----------------------------------------------------------------------
-
-
-@pytest.fixture
-def use_api(monkeypatch: pytest.MonkeyPatch) -> Callable[[FakeGate], None]:
-    """The CLI's client answered by ``handler`` (test_cli_submit's fixture, again here)."""
-    real = api.GateClient
-
-    def install(handler: FakeGate) -> None:
-        class Scripted(real):  # type: ignore[misc, valid-type]
-            def __init__(self, base_url: str, **kwargs: Any) -> None:
-                super().__init__(base_url, transport=httpx.MockTransport(handler), **kwargs)
-
-        monkeypatch.setattr(api, "GateClient", Scripted)
-
-    return install
 
 
 @pytest.fixture

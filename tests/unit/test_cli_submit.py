@@ -132,18 +132,6 @@ class FakeGate:
 
 
 @pytest.fixture
-def use_api(monkeypatch: pytest.MonkeyPatch) -> Callable[[Callable[..., httpx.Response]], None]:
-    def install(handler: Callable[..., httpx.Response]) -> None:
-        class Scripted(REAL_CLIENT):
-            def __init__(self, base_url: str, **kwargs: Any) -> None:
-                super().__init__(base_url, transport=httpx.MockTransport(handler), **kwargs)
-
-        monkeypatch.setattr(api, "GateClient", Scripted)
-
-    return install
-
-
-@pytest.fixture
 def project(tmp_path: Path) -> Path:
     return calculator_project(tmp_path / "p", failing=False)
 
