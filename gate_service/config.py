@@ -20,6 +20,11 @@ MIB = 1024 * 1024
 # most 256 in all (gateway/channel.py MAX_PROCESS_CONNECTIONS, each a thread once it is a
 # call in flight), so a case past it would only wait there, holding its memory.
 MAX_AUTO_CASE_CONTAINERS = 256
+# GATE_CASE_RUNTIME's value that means gVisor, and a case container's host tasks under it per
+# square of its guest tasks (Settings.case_host_pids): 4 n^2 is 1,024 at the default 16,
+# against the ~700 a fork bomb held at 16 reached on gVisor's ptrace platform.
+GVISOR_RUNTIME = "runsc"
+GVISOR_HOST_TASKS_PER_SQUARE = 4
 # Under GATE_DATA_DIR: the admin token a first start made (without GATE_BOOTSTRAP_TOKEN).
 ADMIN_TOKEN_FILE = "admin-token"
 
@@ -27,6 +32,15 @@ ADMIN_TOKEN_FILE = "admin-token"
 def default_case_concurrency() -> int:
     """One case container per CPU: each is mostly one busy Python process."""
     return os.cpu_count() or 1
+
+
+def machine_pid_max() -> int | None:
+    """The host's pid_max (one table for the whole machine, containers included), None where
+    the system does not say."""
+    try:
+        return int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def machine_memory_bytes() -> int | None:
@@ -236,9 +250,9 @@ class Settings(BaseSettings):
         description=(
             "case containers one worker keeps at once, those waiting on a model included, "
             "shared by the same fair-share rule; `0`: as many as half the machine's memory "
-            "holds at `GATE_CASE_MEMORY_MB` each, at least `GATE_CASE_CONCURRENCY` and at "
-            "most 256 (the model gateway's connections per worker process: a live case past "
-            "them would only wait for one)"
+            "holds at `GATE_CASE_MEMORY_MB` each and half its `pid_max` at each one's pids "
+            "limit, at least `GATE_CASE_CONCURRENCY` and at most 256 (the model gateway's "
+            "connections per worker process: a live case past them would only wait for one)"
         ),
         json_schema_extra={"shown_default": "`0` (auto)"},
     )
@@ -313,7 +327,27 @@ class Settings(BaseSettings):
         default=512, description="memory (and swap) limit per case container"
     )
     case_cpus: float = Field(default=1.0, description="CPU limit per case container")
-    case_pids_limit: int = Field(default=256, description="process limit per case container")
+    case_pids_limit: int = Field(
+        default=256,
+        ge=16,
+        description=(
+            "processes and threads per case container (its pids limit); under gVisor "
+            "(`GATE_CASE_RUNTIME=runsc`) the case's code has `GATE_CASE_GVISOR_TASKS` and the "
+            "container the host tasks those cost"
+        ),
+    )
+    case_gvisor_tasks: int = Field(
+        default=16,
+        ge=4,
+        le=64,
+        description=(
+            "processes and threads a case's code may have at once under gVisor "
+            "(`GATE_CASE_RUNTIME=runsc`), held by gVisor's own kernel (`RLIMIT_NPROC`): on "
+            "gVisor's ptrace platform each process costs host threads for each of gVisor's, "
+            "so the container's host pids limit grows as the square of this "
+            '(docs/threat-model.md, "Under gVisor")'
+        ),
+    )
     case_tmpfs_mb: int = Field(
         default=64, description="size of the writable `/tmp` in a case container"
     )
@@ -790,7 +824,42 @@ class Settings(BaseSettings):
         fits = self.containers_memory_holds()
         if fits is None:
             return self.case_concurrency
+        pids = self.containers_pids_hold()
+        if pids is not None:
+            fits = min(fits, pids)
         return max(self.case_concurrency, min(fits, MAX_AUTO_CASE_CONTAINERS))
+
+    def under_gvisor(self) -> bool:
+        return self.case_runtime == GVISOR_RUNTIME
+
+    def case_guest_tasks(self) -> int | None:
+        """RLIMIT_NPROC for a case's code: GATE_CASE_GVISOR_TASKS under gVisor, else None.
+
+        Only under gVisor: its kernel counts a user's tasks per sandbox, while the host's
+        counts them per uid across the machine, and every case's code runs as the same uid.
+        """
+        return self.case_gvisor_tasks if self.under_gvisor() else None
+
+    def case_host_pids(self) -> int:
+        """A case container's pids limit, in host tasks.
+
+        Under gVisor's ptrace platform each guest address space has a host thread for each
+        of gVisor's own, so a case's host tasks grow as the square of its guest tasks: a
+        fork bomb held at 16 guest tasks peaked at about 700 host ones here (8: 240; 32:
+        2,150). Below that, gVisor's kernel itself cannot start a thread and dies, and the
+        case ends `error` where it should end `failed`.
+        """
+        guest = self.case_guest_tasks()
+        if guest is None:
+            return self.case_pids_limit
+        return max(self.case_pids_limit, GVISOR_HOST_TASKS_PER_SQUARE * guest * guest)
+
+    def containers_pids_hold(self) -> int | None:
+        """Case containers at their pids limit that half the host's pid_max holds (pids are
+        one machine-wide table: cases that fill it stop every process on the machine from
+        forking); None where pid_max is not known."""
+        pid_max = machine_pid_max()
+        return None if pid_max is None else max(1, pid_max // 2 // self.case_host_pids())
 
     def containers_memory_holds(self) -> int | None:
         """Case containers of GATE_CASE_MEMORY_MB each that half the machine's memory holds;

@@ -309,11 +309,26 @@ class GateList(Schema):
 RUN_IDS = {"id": (uuid.UUID, ...), "case_id": (uuid.UUID, ...)}
 
 
-_RUN_FIELDS: Any = shape_model("RunFields", Schema, RUN_IDS | contract_fields(Invocation))
+RUN_SANDBOX = {
+    "sandbox": (
+        SandboxRead | None,
+        Field(
+            default=None,
+            description="What ran it: its gate's sandbox backend and the OCI runtime of the "
+            "case container (runc, or runsc under gVisor), as the gate's own `sandbox`",
+        ),
+    )
+}
 
 
-# A run: its ids, then every field of the runner's ``Invocation`` in its order, its spans in
-# the runner's ``Span`` shape. (No docstring: it would become the OpenAPI description.)
+_RUN_FIELDS: Any = shape_model(
+    "RunFields", Schema, RUN_IDS | RUN_SANDBOX | contract_fields(Invocation)
+)
+
+
+# A run: its ids and what ran it, then every field of the runner's ``Invocation`` in its
+# order, its spans in the runner's ``Span`` shape. (No docstring: it would become the
+# OpenAPI description.)
 class RunRead(_RUN_FIELDS):  # type: ignore[misc]
     pass
 

@@ -253,7 +253,11 @@ def get_run(session: Session, run_id: uuid.UUID, project_id: uuid.UUID) -> Run:
 
 def read_run(session: Session, run_id: uuid.UUID, project_id: uuid.UUID) -> RunRead:
     """The run as the API answers it: every shared value back in each place it stood."""
-    return _run_view(get_run(session, run_id, project_id))
+    run = get_run(session, run_id, project_id)
+    sandbox: dict[str, str] | None = session.scalar(
+        select(Gate.sandbox).join(Case, Case.gate_id == Gate.id).where(Case.id == run.case_id)
+    )
+    return _run_view(run, sandbox)
 
 
 def case_sandbox(session: Session, case: Case) -> dict[str, str] | None:
@@ -280,11 +284,12 @@ def get_case(session: Session, case_id: uuid.UUID, project_id: uuid.UUID) -> Cas
 def read_case_runs(session: Session, case: Case) -> list[RunRead]:
     """Every invocation of the case, in order, as read_run answers each."""
     runs = session.scalars(select(Run).where(Run.case_id == case.id).order_by(Run.index)).all()
-    return [_run_view(run) for run in runs]
+    sandbox = case_sandbox(session, case)
+    return [_run_view(run, sandbox) for run in runs]
 
 
-def _run_view(run: Run) -> RunRead:
-    return RunRead(id=run.id, case_id=run.case_id, **read_back(run))
+def _run_view(run: Run, sandbox: dict[str, str] | None) -> RunRead:
+    return RunRead(id=run.id, case_id=run.case_id, sandbox=sandbox, **read_back(run))
 
 
 # The gate's model_mode before validating worked its agents' modes out (none forced).

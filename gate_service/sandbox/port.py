@@ -154,6 +154,10 @@ class RunLimits:
     tmpfs_mb: int
     output_limit_bytes: int
     network: NetworkPolicy = NO_NETWORK
+    # Tasks (processes and threads) the case's code may have at once, held by the kernel the
+    # case runs on (RLIMIT_NPROC), where that kernel is the case's own (gVisor); None: only
+    # ``pids`` holds them.
+    guest_tasks: int | None = None
 
 
 @dataclass(frozen=True)

@@ -1006,7 +1006,8 @@ def case_limits(settings: Settings, wall_seconds: float) -> RunLimits:
     return RunLimits(
         memory_mb=settings.case_memory_mb,
         cpus=settings.case_cpus,
-        pids=settings.case_pids_limit,
+        pids=settings.case_host_pids(),
+        guest_tasks=settings.case_guest_tasks(),
         wall_seconds=wall_seconds,
         tmpfs_mb=settings.case_tmpfs_mb,
         output_limit_bytes=settings.case_output_limit_bytes,

@@ -82,10 +82,12 @@ def test_the_gate_names_its_runtime_and_the_case_sees_that_kernel(
         info = client.gate(str(gate["id"]))
         (case,) = info["cases"]
         (run_id,) = case["agent_run_ids"]
-        release = client.run(str(run_id)).output["release"]
+        ran = client.run(str(run_id))
+        release = ran.output["release"]
     finally:
         client.close()
     assert info["sandbox"]["backend"] == "docker"
+    assert (ran.model_extra or {})["sandbox"] == info["sandbox"]  # the run's trace says it too
     if RUNTIME == "runsc":
         assert info["sandbox"]["runtime"] == "runsc"
         assert release == GVISOR_RELEASE  # gVisor's kernel, not the host's

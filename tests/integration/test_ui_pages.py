@@ -231,6 +231,11 @@ def test_the_pages_show_cases_failed_first_runs_and_a_mocked_tool_call(
         "backend": "docker",
         "runtime": "in-process",
     }
+    # And the run's own answer, so a pipeline reading one trace knows what ran it.
+    assert client.get(f"/v1/runs/{run_id.group(1)}").json()["sandbox"] == {
+        "backend": "docker",
+        "runtime": "in-process",
+    }
 
 
 def test_a_bundles_text_is_escaped_and_a_hostile_trace_still_renders(

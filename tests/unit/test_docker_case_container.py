@@ -109,6 +109,16 @@ def test_a_case_runtime_is_the_containers_runtime_and_none_leaves_the_engines() 
     assert "runtime" not in host
 
 
+def test_guest_tasks_are_the_containers_nproc_ulimit() -> None:
+    limits = RunLimits(**{**LIMITS.__dict__, "pids": 1024, "guest_tasks": 16})
+    host, _ = case_container(ARGV, limits=limits, labels={}, model_channel=None, runtime="runsc")
+    assert hardening(host) == {
+        **HARDENED,
+        "pids_limit": 1024,
+        "ulimits": [*HARDENED["ulimits"], ("nproc", 16, 16)],
+    }
+
+
 def test_a_runtime_the_engine_lacks_stops_the_worker_saying_how_to_register_it() -> None:
     info = {"DefaultRuntime": "runc", "Runtimes": {"runc": {"path": "runc"}}}
     assert engine_runtime(info, None) == "runc"

@@ -261,7 +261,7 @@ def hints(cls: Any, names: list[str]) -> dict[str, Any]:
 
 def test_the_api_answers_a_run_with_every_field_of_an_invocation_and_its_ids() -> None:
     names = [f.name for f in fields(Invocation)]
-    assert set(RunRead.model_fields) == {"id", "case_id", *names}
+    assert set(RunRead.model_fields) == {"id", "case_id", "sandbox", *names}
     answered = {name: RunRead.model_fields[name].annotation for name in names}
     assert answered == hints(Invocation, names)
 

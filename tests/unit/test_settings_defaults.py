@@ -35,6 +35,7 @@ def test_case_containers_default_to_what_half_the_memory_holds(
     monkeypatch.delenv("GATE_CASE_MEMORY_MB", raising=False)
     gib = 1024 * MIB
     settings = Settings(case_concurrency=2)
+    monkeypatch.setattr(config, "machine_pid_max", lambda: 4_194_304)  # 64-bit Linux's most
     # 23 GiB at 512 MiB a case: 23 containers, past 8 times the case slots (no such cap now).
     monkeypatch.setattr(config, "machine_memory_bytes", lambda: 23 * gib)
     assert settings.containers_memory_holds() == 23
@@ -57,3 +58,39 @@ def test_case_containers_stay_a_setting(monkeypatch: pytest.MonkeyPatch) -> None
     assert Settings(case_concurrency=2, max_case_containers=500).case_container_limit() == 500
     # Never fewer than the case slots.
     assert Settings(case_concurrency=4, max_case_containers=1).case_container_limit() == 4
+
+
+def test_case_containers_are_bounded_by_half_the_hosts_pid_max(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pids are one table for the whole machine: cases that filled it would stop every
+    process on it (the engine, Postgres, the gate) from forking."""
+    monkeypatch.setattr(config, "machine_memory_bytes", lambda: 1024 * 1024 * MIB)
+    monkeypatch.setattr(config, "machine_pid_max", lambda: 32_768)
+    runc = Settings(case_concurrency=2, case_pids_limit=256)
+    assert runc.containers_pids_hold() == 64  # 16,384 / 256
+    assert runc.case_container_limit() == 64
+    # Under gVisor a case's host tasks are 4 n^2 of its guest tasks (16: 1,024).
+    gvisor = Settings(case_concurrency=2, case_pids_limit=256, case_runtime="runsc")
+    assert gvisor.case_host_pids() == 1024
+    assert gvisor.case_container_limit() == 16
+    # Never fewer than the case slots, nor than one.
+    monkeypatch.setattr(config, "machine_pid_max", lambda: 1000)
+    assert gvisor.containers_pids_hold() == 1
+    assert gvisor.case_container_limit() == 2
+    monkeypatch.setattr(config, "machine_pid_max", lambda: None)
+    assert gvisor.containers_pids_hold() is None
+
+
+def test_guest_tasks_are_held_only_under_gvisor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RLIMIT_NPROC counts a uid's tasks machine-wide on the host's kernel, and every case's
+    code runs as the same uid, so under runc it would let cases starve each other."""
+    runc = Settings(case_pids_limit=300)
+    assert (runc.case_guest_tasks(), runc.case_host_pids()) == (None, 300)
+    gvisor = Settings(case_pids_limit=300, case_runtime="runsc", case_gvisor_tasks=8)
+    assert (gvisor.case_guest_tasks(), gvisor.case_host_pids()) == (8, 300)  # 4*8*8 < 300
+    gvisor = Settings(case_runtime="runsc", case_gvisor_tasks=32)
+    assert (gvisor.case_guest_tasks(), gvisor.case_host_pids()) == (32, 4096)
+    monkeypatch.setenv("GATE_CASE_GVISOR_TASKS", "65")
+    with pytest.raises(ValueError, match="case_gvisor_tasks"):
+        Settings()

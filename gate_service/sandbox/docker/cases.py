@@ -100,6 +100,11 @@ def case_container(
             Ulimit(name="nofile", soft=1024, hard=1024),
             Ulimit(name="core", soft=0, hard=0),
             Ulimit(name="fsize", soft=limits.tmpfs_mb * MIB, hard=limits.tmpfs_mb * MIB),
+            *(
+                [Ulimit(name="nproc", soft=limits.guest_tasks, hard=limits.guest_tasks)]
+                if limits.guest_tasks is not None
+                else []
+            ),
         ],
         "read_only": True,
         "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={limits.tmpfs_mb}m,mode=1777"},
