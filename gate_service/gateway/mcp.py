@@ -30,7 +30,7 @@ from gate_runner.gateway_wire import McpRequest
 
 from ..endpoints import header_name_problem, header_value_problem, refused_address, shown
 from .failure import Failure, first_line
-from .transport import RefusedAddress, foreign_host
+from .transport import RefusedAddress, foreign_host, shared_tls_context
 
 # A server offers at most this many tools, over at most this many pages of tools/list.
 MAX_TOOLS = 500
@@ -70,6 +70,7 @@ class GuardedAsyncTransport(httpx.AsyncHTTPTransport):
     or cloud-metadata address, and every response counts against the session's bytes."""
 
     def __init__(self, overflowed: Callable[[], None] = lambda: None, **kwargs: Any) -> None:
+        kwargs.setdefault("verify", shared_tls_context())  # made once: see there
         super().__init__(**kwargs)
         self.left = MAX_SESSION_BYTES
         self.overflowed = overflowed

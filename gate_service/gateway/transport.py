@@ -17,6 +17,8 @@ failure a readable reason instead of a client library's exception.
 
 from __future__ import annotations
 
+import functools
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,7 +55,20 @@ def foreign_host(request: httpx.Request) -> str | None:
     return None
 
 
+@functools.cache
+def shared_tls_context() -> ssl.SSLContext:
+    """The TLS context of every client here, made once (httpx's default: certifi's roots, or
+    SSL_CERT_FILE / SSL_CERT_DIR). Loading the roots is about 50 ms of CPU, and each model
+    call's try builds a client of its own, so a context per client was most of what a call
+    cost the worker; an SSLContext is safe to share between threads."""
+    return httpx.create_ssl_context()
+
+
 class GuardedTransport(httpx.HTTPTransport):
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("verify", shared_tls_context())
+        super().__init__(**kwargs)
+
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         problem = refused_address(str(request.url)) or foreign_host(request)
         if problem is not None:

@@ -265,3 +265,20 @@ def test_a_bundles_mcp_server_with_a_refused_url_or_header_fails_validation(
     )
     assert any("mcp_servers.orders: header 'Host' is refused" in m for m in messages), messages
     assert not any("X-User-Id" in m for m in messages), messages
+
+
+def test_every_guarded_client_shares_one_tls_context() -> None:
+    """Loading the CA roots is about 50 ms of CPU and each model call's try builds a client:
+    made per client, it was most of what a live call cost the worker (bench_live_cases)."""
+    from gate_service.gateway.transport import model_client, shared_tls_context
+
+    contexts = []
+    for client in (model_client(5), model_client(5), guarded_client(timeout=5)):
+        with client:
+            contexts.append(client._transport._pool._ssl_context)  # type: ignore[attr-defined]
+    contexts.append(GuardedAsyncTransport()._pool._ssl_context)
+    assert all(context is shared_tls_context() for context in contexts)
+    # Still httpx's default verification: roots loaded, hostnames checked.
+    assert shared_tls_context().verify_mode.name == "CERT_REQUIRED"
+    assert shared_tls_context().check_hostname
+    assert shared_tls_context().cert_store_stats()["x509_ca"] > 0
