@@ -453,13 +453,16 @@ class Settings(BaseSettings):
         json_schema_extra={"shown_default": "`0`"},
     )
     gateway_gate_max_concurrent_calls: int = Field(
-        default=8,
+        default=0,
         ge=0,
         description=(
             "calls of one gate in flight at once; one more waits for a place (a case's "
             "verdict must not depend on what ran beside it), and fails as a `deadline` model "
-            "error naming `gate.concurrent_calls` only at the gate's deadline; `0`: no limit"
+            "error naming `gate.concurrent_calls` only at the gate's deadline; `0`: none of "
+            "its own, so a gate's live cases overlap as far as the worker's container slots "
+            "and its project's limit below allow (a case waits on one call at a time)"
         ),
+        json_schema_extra={"shown_default": "`0`"},
     )
     gateway_project_max_calls: int = Field(
         default=0,
@@ -487,11 +490,13 @@ class Settings(BaseSettings):
         json_schema_extra={"shown_default": "`0`"},
     )
     gateway_project_max_concurrent_calls: int = Field(
-        default=16,
+        default=32,
         ge=0,
         description=(
             "calls of one project in flight at once in one worker process; one more waits, as "
-            "for a gate's (`project.concurrent_calls`); `0`: no limit"
+            "for a gate's (`project.concurrent_calls`); `0`: no limit. What one project's key "
+            "is asked at once: a key on a provider's low rate-limit tier wants fewer (a 429 is "
+            "tried again after its `Retry-After`, within the agent's tries)"
         ),
     )
     gateway_project_window_seconds: float = Field(
