@@ -204,7 +204,9 @@ def cgroup_cpu_seconds(container_id: str) -> float | None:
 class ContainerCpu:
     """CPU-seconds each case container used, per gate: the engine's start events name the
     containers (and their gate, a label), and their cgroups are read every POLL_S while they
-    run (a container's cgroup goes with it: its last POLL_S or so may be missed)."""
+    run (a container's cgroup goes with it: its last POLL_S or so may be missed). A container
+    whose cgroup is gone is read no more: reading every container ever seen, every POLL_S,
+    cost the bench itself more CPU the longer it ran, on the CPUs the gates it times use."""
 
     def __init__(self) -> None:
         self._engine = docker.from_env()
@@ -214,6 +216,8 @@ class ContainerCpu:
         )
         self._lock = threading.Lock()
         self._used: dict[str, tuple[str, float]] = {}  # container id -> (its gate, CPU-s)
+        self._gone: set[str] = set()  # its cgroup went with it (or was never found)
+        self._misses: dict[str, int] = {}
         self._done = threading.Event()
         threading.Thread(target=self._listen, daemon=True).start()
         threading.Thread(target=self._poll, daemon=True).start()
@@ -230,12 +234,16 @@ class ContainerCpu:
     def _poll(self) -> None:
         while not self._done.wait(POLL_S):
             with self._lock:
-                containers = list(self._used.items())
-            for container, (gate, _) in containers:
+                containers = [c for c in self._used.items() if c[0] not in self._gone]
+            for container, (gate, seen) in containers:
                 seconds = cgroup_cpu_seconds(container)
-                if seconds is not None:
-                    with self._lock:
+                with self._lock:
+                    if seconds is not None:
                         self._used[container] = (gate, seconds)
+                    else:
+                        misses = self._misses[container] = self._misses.get(container, 0) + 1
+                        if seen or misses * POLL_S > 2:
+                            self._gone.add(container)
 
     def of(self, gate: str) -> list[float]:
         """The CPU-seconds of each container of ``gate`` seen so far."""
