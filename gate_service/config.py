@@ -20,11 +20,23 @@ MIB = 1024 * 1024
 # most 256 in all (gateway/channel.py MAX_PROCESS_CONNECTIONS, each a thread once it is a
 # call in flight), so a case past it would only wait there, holding its memory.
 MAX_AUTO_CASE_CONTAINERS = 256
-# GATE_CASE_RUNTIME's value that means gVisor, and a case container's host tasks under it per
-# square of its guest tasks (Settings.case_host_pids): 4 n^2 is 1,024 at the default 16,
-# against the ~700 a fork bomb held at 16 reached on gVisor's ptrace platform.
+# GATE_CASE_RUNTIME's value that means gVisor.
 GVISOR_RUNTIME = "runsc"
-GVISOR_HOST_TASKS_PER_SQUARE = 4
+
+
+def is_gvisor(runtime: str | None) -> bool:
+    """Whether a case runtime's name is gVisor's: runsc, or a variant registered as runsc-*
+    (runsc-kvm, runsc-debug). A runtime registered under another name is not recognised."""
+    return runtime is not None and (runtime == GVISOR_RUNTIME or runtime.startswith("runsc-"))
+
+
+def gvisor_host_tasks(guest_tasks: int) -> int:
+    """Host tasks a gVisor case container needs for ``guest_tasks`` (Settings.case_host_pids):
+    4 n^2 + 64, over what a fork bomb held at n reached here (4: 103 of 128; 8: 240 of 320;
+    16: about 700 of 1,088; 32: 2,150 of 4,160)."""
+    return 4 * guest_tasks * guest_tasks + 64
+
+
 # Under GATE_DATA_DIR: the admin token a first start made (without GATE_BOOTSTRAP_TOKEN).
 ADMIN_TOKEN_FILE = "admin-token"
 
@@ -341,11 +353,11 @@ class Settings(BaseSettings):
         ge=4,
         le=64,
         description=(
-            "processes and threads a case's code may have at once under gVisor "
-            "(`GATE_CASE_RUNTIME=runsc`), held by gVisor's own kernel (`RLIMIT_NPROC`): on "
-            "gVisor's ptrace platform each process costs host threads for each of gVisor's, "
-            "so the container's host pids limit grows as the square of this "
-            '(docs/threat-model.md, "Under gVisor")'
+            "processes and threads a case's code may have at once under gVisor (a case "
+            "runtime named `runsc` or `runsc-*`), held by gVisor's own kernel per user "
+            "(`RLIMIT_NPROC`, the invocation's uid and root's each): on gVisor's ptrace "
+            "platform each process costs host threads for each of gVisor's, so the container's "
+            'host pids limit is 4 n² + 64 (docs/threat-model.md, "Under gVisor")'
         ),
     )
     case_tmpfs_mb: int = Field(
@@ -460,7 +472,7 @@ class Settings(BaseSettings):
             "verdict must not depend on what ran beside it), and fails as a `deadline` model "
             "error naming `gate.concurrent_calls` only at the gate's deadline; `0`: none of "
             "its own, so a gate's live cases overlap as far as the worker's container slots "
-            "and its project's limit below allow (a case waits on one call at a time)"
+            "and its project's limit below allow"
         ),
         json_schema_extra={"shown_default": "`0`"},
     )
@@ -822,49 +834,53 @@ class Settings(BaseSettings):
     def trusted_proxy_list(self) -> list[str]:
         return [item.strip() for item in self.trusted_proxies.split(",") if item.strip()]
 
-    def case_container_limit(self) -> int:
-        """GATE_MAX_CASE_CONTAINERS, or when 0 what the machine's memory allows (see there)."""
+    def case_container_limit(self, runtime: str | None = None) -> int:
+        """GATE_MAX_CASE_CONTAINERS, or when 0 what the machine allows: half its memory at
+        GATE_CASE_MEMORY_MB each, at least GATE_CASE_CONCURRENCY, at most 256; and never more
+        than a quarter of its pid_max holds at each one's pids limit (containers_pids_hold).
+        ``runtime``: the one its cases run under (the sandbox's), else GATE_CASE_RUNTIME."""
         if self.max_case_containers:
             return max(self.max_case_containers, self.case_concurrency)
         fits = self.containers_memory_holds()
         if fits is None:
             return self.case_concurrency
-        pids = self.containers_pids_hold()
-        if pids is not None:
-            fits = min(fits, pids)
-        return max(self.case_concurrency, min(fits, MAX_AUTO_CASE_CONTAINERS))
+        limit = max(self.case_concurrency, min(fits, MAX_AUTO_CASE_CONTAINERS))
+        pids = self.containers_pids_hold(runtime)
+        return limit if pids is None else min(limit, pids)
 
-    def under_gvisor(self) -> bool:
-        return self.case_runtime == GVISOR_RUNTIME
-
-    def case_guest_tasks(self) -> int | None:
+    def case_guest_tasks(self, runtime: str | None = None) -> int | None:
         """RLIMIT_NPROC for a case's code: GATE_CASE_GVISOR_TASKS under gVisor, else None.
 
         Only under gVisor: its kernel counts a user's tasks per sandbox, while the host's
         counts them per uid across the machine, and every case's code runs as the same uid.
+        ``runtime``: the one its cases run under (the sandbox's), else GATE_CASE_RUNTIME.
         """
-        return self.case_gvisor_tasks if self.under_gvisor() else None
+        return self.case_gvisor_tasks if is_gvisor(runtime or self.case_runtime) else None
 
-    def case_host_pids(self) -> int:
+    def case_host_pids(self, runtime: str | None = None) -> int:
         """A case container's pids limit, in host tasks.
 
         Under gVisor's ptrace platform each guest address space has a host thread for each
         of gVisor's own, so a case's host tasks grow as the square of its guest tasks: a
-        fork bomb held at 16 guest tasks peaked at about 700 host ones here (8: 240; 32:
-        2,150). Below that, gVisor's kernel itself cannot start a thread and dies, and the
-        case ends `error` where it should end `failed`.
+        fork bomb held at 4 guest tasks peaked at about 100 host ones here, at 8 at 240, 16
+        at 700, 32 at 2,150. Below that, gVisor's kernel itself cannot start a thread and
+        dies, and the case ends `error` where it should end `failed`.
         """
-        guest = self.case_guest_tasks()
+        guest = self.case_guest_tasks(runtime)
         if guest is None:
             return self.case_pids_limit
-        return max(self.case_pids_limit, GVISOR_HOST_TASKS_PER_SQUARE * guest * guest)
+        return max(self.case_pids_limit, gvisor_host_tasks(guest))
 
-    def containers_pids_hold(self) -> int | None:
-        """Case containers at their pids limit that half the host's pid_max holds (pids are
-        one machine-wide table: cases that fill it stop every process on the machine from
-        forking); None where pid_max is not known."""
+    def containers_pids_hold(self, runtime: str | None = None) -> int | None:
+        """Case containers at their pids limit that a quarter of the host's pid_max holds, at
+        least one: pids are one table for the whole machine, so cases that filled it would
+        stop every process on it from forking, and a project under its fair share may take
+        up to twice a worker's slots for a while (worker/slots.py). None where pid_max is not
+        known."""
         pid_max = machine_pid_max()
-        return None if pid_max is None else max(1, pid_max // 2 // self.case_host_pids())
+        if pid_max is None:
+            return None
+        return max(1, pid_max // 4 // self.case_host_pids(runtime))
 
     def containers_memory_holds(self) -> int | None:
         """Case containers of GATE_CASE_MEMORY_MB each that half the machine's memory holds;

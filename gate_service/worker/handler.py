@@ -302,7 +302,7 @@ def judge_gate(
     holds; without them the gate has its own.
     """
     try:
-        _judge_gate(ctx, job, WorkerSlots.of(ctx.settings, slots, containers))
+        _judge_gate(ctx, job, WorkerSlots.of(ctx, slots, containers))
     except LeaseLost:  # a write that ends the attempt (a rejection, a release) found it lost
         _lease_lost(ctx, job)
     finally:
@@ -737,11 +737,11 @@ class WorkerSlots:
 
     @classmethod
     def of(
-        cls, settings: Settings, cpu: CaseSlots | None, containers: CaseSlots | None
+        cls, ctx: WorkerContext, cpu: CaseSlots | None, containers: CaseSlots | None
     ) -> WorkerSlots:
         return cls(
-            cpu or CaseSlots(settings.case_concurrency),
-            containers or CaseSlots(settings.case_container_limit()),
+            cpu or CaseSlots(ctx.settings.case_concurrency),
+            containers or CaseSlots(ctx.settings.case_container_limit(ctx.sandbox.runtime)),
         )
 
 
@@ -822,7 +822,7 @@ def _run_case_in_slot(
                     wilson_max_runs=wilson_cap(ctx.settings, inputs.wilson_max_runs, *judging),
                 ),
                 # Its wall deadline is the start's (see _run_case), not the container's.
-                limits=case_limits(ctx.settings, 0),
+                limits=case_limits(ctx.settings, 0, ctx.sandbox.runtime),
                 labels={
                     "gate.gate_id": str(job.gate_id),
                     "gate.case_id": str(case_id),
@@ -1001,13 +1001,15 @@ def _model_channel(
         channel.close()
 
 
-def case_limits(settings: Settings, wall_seconds: float) -> RunLimits:
-    """A case container's limits on these settings, with its wall deadline."""
+def case_limits(settings: Settings, wall_seconds: float, runtime: str | None = None) -> RunLimits:
+    """A case container's limits on these settings, with its wall deadline, under
+    ``runtime`` (the sandbox's; else GATE_CASE_RUNTIME): under gVisor its code's tasks are
+    held by gVisor's kernel and its host pids sized for them (Settings.case_host_pids)."""
     return RunLimits(
         memory_mb=settings.case_memory_mb,
         cpus=settings.case_cpus,
-        pids=settings.case_host_pids(),
-        guest_tasks=settings.case_guest_tasks(),
+        pids=settings.case_host_pids(runtime),
+        guest_tasks=settings.case_guest_tasks(runtime),
         wall_seconds=wall_seconds,
         tmpfs_mb=settings.case_tmpfs_mb,
         output_limit_bytes=settings.case_output_limit_bytes,

@@ -48,7 +48,7 @@ class Worker:
         self._last_reap = -math.inf  # the first housekeeping reaps, however young the clock
         # The case containers this worker runs at once, shared by every gate it holds.
         self.slots = CaseSlots(ctx.settings.case_concurrency)
-        self.containers = CaseSlots(ctx.settings.case_container_limit())
+        self.containers = CaseSlots(ctx.settings.case_container_limit(ctx.sandbox.runtime))
         # Shared by every worker of the process: one retention pass per interval per process.
         self.retention_clock = retention_clock
         self.idle = threading.Event()  # set while it waits for work (for tests)

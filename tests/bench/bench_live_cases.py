@@ -47,7 +47,12 @@ import docker
 import httpx
 
 from gate_service.client.api import GateClient
-from gate_service.config import MAX_AUTO_CASE_CONTAINERS, Settings, machine_memory_bytes
+from gate_service.config import (
+    MAX_AUTO_CASE_CONTAINERS,
+    Settings,
+    machine_memory_bytes,
+    machine_pid_max,
+)
 from gate_service.gateway.channel import MAX_PROCESS_CONNECTIONS
 from tests.bench.bench_gate import CpuMeter
 from tests.e2e.conftest import start, stop, wait_ready
@@ -151,6 +156,12 @@ def bounds(settings: Settings) -> list[Bound]:
                 else ""
             )
         )
+        pids = settings.containers_pids_hold()
+        if pids is not None and pids < min(holds, MAX_AUTO_CASE_CONTAINERS):
+            source = (
+                f"pids: a quarter of pid_max {machine_pid_max()} holds {pids} at "
+                f"{settings.case_host_pids()} a case; {source}"
+            )
     found = [
         Bound(f"container slots ({source})", settings.case_container_limit()),
         Bound(

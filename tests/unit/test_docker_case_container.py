@@ -110,11 +110,11 @@ def test_a_case_runtime_is_the_containers_runtime_and_none_leaves_the_engines() 
 
 
 def test_guest_tasks_are_the_containers_nproc_ulimit() -> None:
-    limits = RunLimits(**{**LIMITS.__dict__, "pids": 1024, "guest_tasks": 16})
+    limits = RunLimits(**{**LIMITS.__dict__, "pids": 1088, "guest_tasks": 16})
     host, _ = case_container(ARGV, limits=limits, labels={}, model_channel=None, runtime="runsc")
     assert hardening(host) == {
         **HARDENED,
-        "pids_limit": 1024,
+        "pids_limit": 1088,
         "ulimits": [*HARDENED["ulimits"], ("nproc", 16, 16)],
     }
 

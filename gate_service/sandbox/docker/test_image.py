@@ -17,6 +17,7 @@ from typing import Any
 from docker.types import LogConfig, Ulimit
 from docker.utils import parse_repository_tag
 
+from ...config import gvisor_host_tasks
 from ..port import (
     BUILD_DEADLINE_LABEL,
     BUILD_ID_LABEL,
@@ -118,6 +119,9 @@ class DockerImageBuilder(RunnerImages):
             **build_labels(spec, build_id),
             BUILD_DEADLINE_LABEL: str(int(time.time() + limit + STEP_DEADLINE_MARGIN_SECONDS)),
         }
+        # Under gVisor the step's tasks are held as a case's are (Settings.case_host_pids):
+        # in gVisor's kernel by RLIMIT_NPROC, and its host pids sized for what they cost.
+        guest = self.settings.case_guest_tasks(self.runtime)
         host = api.create_host_config(
             # The step runs the bundle's code (its compile and plan): under the cases' runtime.
             runtime=self.settings.case_runtime,
@@ -125,12 +129,13 @@ class DockerImageBuilder(RunnerImages):
             cap_drop=["ALL"],
             cap_add=["SETUID", "SETGID"],  # the plan's drop to the invocation uid
             security_opt=["no-new-privileges"],
-            pids_limit=STEP_PIDS,
+            pids_limit=STEP_PIDS if guest is None else gvisor_host_tasks(guest),
             mem_limit=f"{STEP_MEMORY_MB}m",
             memswap_limit=f"{STEP_MEMORY_MB}m",
             ulimits=[
                 Ulimit(name="nofile", soft=1024, hard=1024),
                 Ulimit(name="core", soft=0, hard=0),
+                *([] if guest is None else [Ulimit(name="nproc", soft=guest, hard=guest)]),
             ],
             log_config=LogConfig(
                 type="json-file", config={"max-size": str(STEP_LOG_BYTES), "max-file": "1"}
