@@ -117,3 +117,62 @@ def test_a_step_out_of_memory_refuses_the_bundle() -> None:
 def test_a_step_killed_from_outside_is_an_engine_error_with_its_log() -> None:
     with pytest.raises(SandboxError, match="exited with code 137\nKilled"):
         wait_for_killed_step(oom=False)
+
+
+class _Stop(Exception):
+    """Ends the build once the step's host config is made: nothing else is under test."""
+
+
+class HostConfigApi:
+    """Records the step's host config; the engine's default runtime is ``default``."""
+
+    def __init__(self, default: str) -> None:
+        self.default = default
+        self.host: dict[str, Any] = {}
+
+    def create_host_config(self, **host: Any) -> dict[str, Any]:
+        self.host = host
+        return host
+
+
+class HostConfigClient(StubClient):
+    class images:  # docker-py's attribute name
+        @staticmethod
+        def get(name: str) -> Any:
+            raise _Stop
+
+    def info(self) -> dict[str, Any]:
+        return {"DefaultRuntime": self.api.default, "Runtimes": {"runc": {}, "runsc": {}}}
+
+
+def step_host(tmp_path: Path, default: str, **settings: Any) -> dict[str, Any]:
+    """The host config of a one-stage build's step, on an engine whose default is ``default``."""
+    from gate_service.sandbox import TestImageSpec
+
+    (tmp_path / "bundle").mkdir(exist_ok=True)
+    api = HostConfigApi(default)
+    sandbox = DockerSandbox(Settings(**settings), client=HostConfigClient(api))  # type: ignore[arg-type]
+    sandbox.runner_image = lambda: "runner:test"  # type: ignore[method-assign]
+    with pytest.raises(_Stop):
+        sandbox.build_test_image(TestImageSpec(tag="gate-test:x", context_dir=tmp_path))
+    return api.host
+
+
+def test_under_gvisor_the_build_step_gets_a_cases_task_limits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step runs a bundle's code (its compile and plan), so under gVisor its tasks are
+    held in gVisor's kernel and its host pids sized for them, as a case's are."""
+    for name in ("GATE_CASE_RUNTIME", "GATE_CASE_GVISOR_TASKS"):
+        monkeypatch.delenv(name, raising=False)
+
+    def nproc(host: dict[str, Any]) -> list[tuple[int, int]]:
+        return [(u.soft, u.hard) for u in host["ulimits"] if u.name == "nproc"]
+
+    runc = step_host(tmp_path, "runc")
+    assert (runc["pids_limit"], nproc(runc), runc["runtime"]) == (64, [], None)
+    named = step_host(tmp_path, "runc", case_runtime="runsc")
+    assert (named["pids_limit"], nproc(named), named["runtime"]) == (1088, [(16, 16)], "runsc")
+    # The engine's default runtime is gVisor's: the same limits, though no setting names it.
+    default = step_host(tmp_path, "runsc")
+    assert (default["pids_limit"], nproc(default)) == (1088, [(16, 16)])
