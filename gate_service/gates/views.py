@@ -238,25 +238,19 @@ def list_gates(
     )
 
 
-def get_run(session: Session, run_id: uuid.UUID, project_id: uuid.UUID) -> Run:
-    run = session.scalar(
-        select(Run)
+def read_run(session: Session, run_id: uuid.UUID, project_id: uuid.UUID) -> RunRead:
+    """The run as the API answers it: every shared value back in each place it stood, and
+    what ran it (its gate's sandbox, read by the same query that checks the project)."""
+    found = session.execute(
+        select(Run, Gate.sandbox)
         .join(Case, Case.id == Run.case_id)
         .join(Gate, Gate.id == Case.gate_id)
         .where(Run.id == run_id)
         .where(Gate.project_id == project_id)
-    )
-    if run is None:
+    ).first()
+    if found is None:
         raise NotFound(f"no run with id {run_id}")
-    return run
-
-
-def read_run(session: Session, run_id: uuid.UUID, project_id: uuid.UUID) -> RunRead:
-    """The run as the API answers it: every shared value back in each place it stood."""
-    run = get_run(session, run_id, project_id)
-    sandbox: dict[str, str] | None = session.scalar(
-        select(Gate.sandbox).join(Case, Case.gate_id == Gate.id).where(Case.id == run.case_id)
-    )
+    run, sandbox = found
     return _run_view(run, sandbox)
 
 

@@ -435,7 +435,7 @@ def run_page(
             "case": case,
             "run": run,
             "tree": views.trace_tree(run.traces),
-            "sandbox": gates.case_sandbox(session, case),
+            "sandbox": run.sandbox,
         },
     )
 

@@ -18,7 +18,7 @@ from gate_runner import gateway_wire
 from gate_runner.contract import END_MARKER
 
 from ..port import LABEL, Halted, ModelChannel, RunLimits, RunResult, SandboxError
-from .engine import HALT_POLL_SECONDS, MIB, DockerEngine, docker_errors
+from .engine import HALT_POLL_SECONDS, MIB, DockerEngine, docker_errors, task_ulimits
 from .wire import EngineCallError, EngineNotFound, EngineTimeout, Wire, demultiplex, path_of
 
 log = logging.getLogger(__name__)
@@ -100,11 +100,7 @@ def case_container(
             Ulimit(name="nofile", soft=1024, hard=1024),
             Ulimit(name="core", soft=0, hard=0),
             Ulimit(name="fsize", soft=limits.tmpfs_mb * MIB, hard=limits.tmpfs_mb * MIB),
-            *(
-                [Ulimit(name="nproc", soft=limits.guest_tasks, hard=limits.guest_tasks)]
-                if limits.guest_tasks is not None
-                else []
-            ),
+            *task_ulimits(limits.guest_tasks),
         ],
         "read_only": True,
         "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={limits.tmpfs_mb}m,mode=1777"},

@@ -16,6 +16,7 @@ from typing import Any
 import docker
 import docker.errors
 import requests.exceptions
+from docker.types import Ulimit
 
 from ...config import Settings
 from ..port import SandboxError, SandboxSettingError
@@ -67,6 +68,14 @@ def read_logs(
     }
     response = api._get(api._url("/containers/{0}/logs", container_id), params=params, stream=False)
     return bytes(api._get_result_tty(False, response, False))
+
+
+def task_ulimits(guest_tasks: int | None) -> list[Ulimit]:
+    """The nproc ulimit that holds a container's tasks in its own kernel (RunLimits.guest_tasks:
+    gVisor's), or none: on the host's kernel nproc counts a uid across the machine."""
+    if guest_tasks is None:
+        return []
+    return [Ulimit(name="nproc", soft=guest_tasks, hard=guest_tasks)]
 
 
 # How an operator gives Docker gVisor's runtime (docs/threat-model.md, "Under gVisor").

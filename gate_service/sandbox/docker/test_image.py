@@ -27,7 +27,7 @@ from ..port import (
     SandboxError,
     TestImageSpec,
 )
-from .engine import DOCKER_ERRORS, HALT_POLL_SECONDS, docker_errors, read_logs
+from .engine import DOCKER_ERRORS, HALT_POLL_SECONDS, docker_errors, read_logs, task_ulimits
 from .recipes import (
     STEP_LOG_BYTES,
     STEP_MEMORY_MB,
@@ -135,7 +135,7 @@ class DockerImageBuilder(RunnerImages):
             ulimits=[
                 Ulimit(name="nofile", soft=1024, hard=1024),
                 Ulimit(name="core", soft=0, hard=0),
-                *([] if guest is None else [Ulimit(name="nproc", soft=guest, hard=guest)]),
+                *task_ulimits(guest),
             ],
             log_config=LogConfig(
                 type="json-file", config={"max-size": str(STEP_LOG_BYTES), "max-file": "1"}
