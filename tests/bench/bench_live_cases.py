@@ -330,21 +330,21 @@ def main() -> None:
             judge(client, one, 1)  # builds the test image of the one-case bundle
             judge(client, many, CASES)  # and of the 20-case bundle
             judge(client, large, MANY)  # and of the 100-case bundle
+
+            def timed(bundle: bytes, cases: int) -> float:
+                """One gate of ``cases``, POST to verdict, with its peak calls and CPU."""
+                in_flight.reset()
+                with meters[cases]:
+                    elapsed, gate = judge(client, bundle, cases)
+                peaks[cases].append(in_flight.peak())
+                container_cpu[cases] += containers.of(gate)
+                return elapsed
+
             for _ in range(REPEATS):
                 ones.append(judge(client, one, 1)[0])
-                in_flight.reset()
-                with meters[CASES]:
-                    elapsed, gate = judge(client, many, CASES)
-                gates.append(elapsed)
-                peaks[CASES].append(in_flight.peak())
-                container_cpu[CASES] += containers.of(gate)
+                gates.append(timed(many, CASES))
             for _ in range(MANY_REPEATS):
-                in_flight.reset()
-                with meters[MANY]:
-                    elapsed, gate = judge(client, large, MANY)
-                larges.append(elapsed)
-                peaks[MANY].append(in_flight.peak())
-                container_cpu[MANY] += containers.of(gate)
+                larges.append(timed(large, MANY))
         finally:
             client.close()
             containers.close()
