@@ -58,11 +58,6 @@ REACH_VARIABLE = "REACH_TARGETS"
 REPORTS = "reports_its_environment"
 NAPS = "naps"  # long enough to be reaped, halted or cut off while it runs
 PROBE_VARIABLE = "CONTRACT_PROBE"
-# A case container's limits where the contract does not test them (a create does not read
-# the wall deadline: the start takes it).
-LIMITS_ANY = port.RunLimits(
-    memory_mb=256, cpus=1, pids=64, wall_seconds=0, tmpfs_mb=16, output_limit_bytes=1_000_000
-)
 PROJECT = {
     "agents/probe.yaml": """
         version: "1.0"
@@ -201,17 +196,27 @@ class Backend:
             self.image,
             runner_argv(self.settings, suite, case),
             stdin=case_env.encode(env or {}, nonce or secrets.token_hex(32)),
-            limits=RunLimits(
-                memory_mb=256,
-                cpus=1,
-                pids=64,
-                wall_seconds=wall_seconds,
-                tmpfs_mb=16,
-                output_limit_bytes=1_000_000,
-            ),
+            limits=self.limits(wall_seconds),
             labels=labels or contract_labels(),
             halt=halt,
             model_channel=model_channel,
+        )
+
+    def limits(self, wall_seconds: float = 0) -> RunLimits:
+        """A case container's limits where the contract does not test them (a create does
+        not read the wall deadline: the start takes it), with its tasks sized as the worker
+        sizes them for the backend's runtime: under gVisor a container held to the pids of
+        runc cannot start gVisor's own threads, and its kernel dies mid-case (exit 2, no
+        result)."""
+        runtime = self.sandbox.runtime
+        return RunLimits(
+            memory_mb=256,
+            cpus=1,
+            pids=self.settings.case_host_pids(runtime),
+            guest_tasks=self.settings.case_guest_tasks(runtime),
+            wall_seconds=wall_seconds,
+            tmpfs_mb=16,
+            output_limit_bytes=1_000_000,
         )
 
     def start(self, case: str, **kwargs: object) -> Future[RunResult]:
@@ -390,7 +395,7 @@ def create(backend: Backend, case: str, labels: Mapping[str, str]) -> port.CaseC
     return backend.sandbox.create(
         backend.image,
         runner_argv(backend.settings, SUITE, case),
-        limits=LIMITS_ANY,
+        limits=backend.limits(),
         labels=labels,
     )
 
@@ -432,7 +437,7 @@ def test_a_created_container_removed_or_halted_before_its_start_never_runs(
     assert present(backend.sandbox, labels) == []
     with pytest.raises(Halted):  # and none is created once the job is halted
         backend.sandbox.create(
-            backend.image, ["run-case"], limits=LIMITS_ANY, labels=labels, halt=halt
+            backend.image, ["run-case"], limits=backend.limits(), labels=labels, halt=halt
         )
     assert present(backend.sandbox, labels) == []
 
@@ -524,6 +529,7 @@ def test_a_case_reaches_its_model_channel_and_nothing_else(
             listener.accept()  # nothing from the case ever connected to this host
     finally:
         listener.close()
+    assert result.exit_code == 0, (result, result.stderr[-2000:])
     parsed = parse_runner_output(result.stdout, nonce=nonce)
     (found,) = [invocation.output for invocation in parsed.invocations]
     assert found.pop("channel") == "pong"

@@ -10,15 +10,12 @@ import pytest
 
 from gate_service.config import Settings
 from gate_service.runner_contract import result_blocks
-from gate_service.sandbox import RunLimits, Sandbox, open_sandbox
+from gate_service.sandbox import Sandbox, open_sandbox
+from gate_service.worker.handler import case_limits
 from tests.fixtures.docker import docker_engine
 
 __all__ = ["docker_engine"]  # the fixture, used by name below
 pytestmark = pytest.mark.docker
-
-LIMITS = RunLimits(
-    memory_mb=256, cpus=1, pids=64, wall_seconds=60, tmpfs_mb=16, output_limit_bytes=100_000
-)
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +28,11 @@ def sandbox(docker_engine: None, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 def run(sandbox: Sandbox, *argv: str) -> tuple[int | None, bytes, bytes]:
+    # The worker's limits for the sandbox's runtime: under gVisor, runc's pids would leave
+    # gVisor's kernel short of threads, and it dies with exit 2, which this test reads.
+    limits = case_limits(Settings(), wall_seconds=60, runtime=sandbox.runtime)
     result = sandbox.run(
-        sandbox.runner_image(), list(argv), limits=LIMITS, labels={"gate.gate_id": "none"}
+        sandbox.runner_image(), list(argv), limits=limits, labels={"gate.gate_id": "none"}
     )
     return result.exit_code, result.stdout, result.stderr
 
