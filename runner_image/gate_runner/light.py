@@ -14,8 +14,10 @@ nothing to say. The SDK itself is imported only when user code imports it (the r
 still patches `connic.tools` first: runtime/sdk.py).
 
 A project qualifies (``light_agents``) when its load needs none of what the light path does
-not do: every agent a tool or sequential agent without guardrails, approvals, MCP servers or
-discoverable tools; no middleware, hook or guardrail modules and no `tools/__init__.py`; no
+not do: every agent a tool, sequential or LLM agent without guardrails, approvals, MCP
+servers or discoverable tools, an LLM agent's tools each a custom function named one by one
+(no predefined or `api:` tool, no wildcard), described by the schema the SDK would make of it
+(function_schema); no middleware, hook or guardrail modules and no `tools/__init__.py`; no
 load error and no warning; and nothing at the bundle's top that would shadow a module the
 SDK's path imports before user code (there, user code gets the module already imported;
 here it could get the bundle's file, and so could the SDK when user code imports it).
@@ -44,7 +46,7 @@ from typing import Any
 from . import BUNDLE_DEPS_DIR
 from .runtime.sdk import SDK
 
-LIGHT_KINDS = ("tool", "sequential")
+LIGHT_KINDS = ("tool", "sequential", "llm")
 PROJECT_PACKAGES = ("tools", "middleware", "hooks", "guardrails")  # the SDK's, loader.py
 # Defaults the SDK compares with inspect.Parameter.empty, which cannot run user code.
 PLAIN_DEFAULTS = (type(None), bool, int, float, complex, str, bytes, tuple, list, dict, set)
@@ -91,22 +93,52 @@ def sdk_modules() -> frozenset[str]:
 
 
 class Namespace:
-    """A config read as the SDK's pydantic model is read: attributes, nested."""
+    """A config read as the SDK's pydantic model is read: attributes, and nested ones where
+    the SDK's value is a model (``models``, from model_shapes at build time); a field the SDK
+    types as a dict (an output schema, a conditional tool entry) stays a dict."""
 
-    def __init__(self, values: Mapping[str, Any]) -> None:
+    def __init__(self, values: Mapping[str, Any], models: Mapping[str, Any]) -> None:
         for name, value in values.items():
-            setattr(self, name, _namespaced(value))
+            setattr(self, name, _namespaced(value, models.get(name)))
 
     def __repr__(self) -> str:
         return f"Namespace({vars(self)!r})"
 
 
-def _namespaced(value: Any) -> Any:
-    if isinstance(value, dict):
-        return Namespace(value)
-    if isinstance(value, list):
-        return [_namespaced(v) for v in value]
+def _namespaced(value: Any, shape: Mapping[str, Any] | None) -> Any:
+    if shape is None:
+        return value
+    if "model" in shape and isinstance(value, dict):
+        return Namespace(value, shape["model"])
+    if "items" in shape and isinstance(value, list):
+        return [_namespaced(v, s) for v, s in zip(value, shape["items"], strict=True)]
+    if "entries" in shape and isinstance(value, dict):
+        return {k: _namespaced(v, shape["entries"].get(k)) for k, v in value.items()}
     return value
+
+
+def model_shapes(model: Any) -> dict[str, Any]:
+    """Where a pydantic model's fields hold models, nested in lists and dicts, for Namespace
+    to rebuild from the model's JSON: {field: {"model": {...}} | {"items": [...]} |
+    {"entries": {...}}}, fields holding no model left out."""
+    shapes = {}
+    for name in type(model).model_fields:
+        shape = _shape_of(getattr(model, name, None))
+        if shape is not None:
+            shapes[name] = shape
+    return shapes
+
+
+def _shape_of(value: Any) -> dict[str, Any] | None:
+    if hasattr(type(value), "model_fields"):
+        return {"model": model_shapes(value)}
+    if isinstance(value, list | tuple):
+        items = [_shape_of(v) for v in value]
+        return {"items": items} if any(s is not None for s in items) else None
+    if isinstance(value, dict):
+        entries = {str(k): s for k, v in value.items() if (s := _shape_of(v)) is not None}
+        return {"entries": entries} if entries else None
+    return None
 
 
 @dataclass
@@ -188,19 +220,55 @@ def light_agents(project: Path) -> tuple[list[dict[str, Any]] | None, str]:
             return None, f"agent {config.name!r} has guardrails, approvals or MCP servers"
         if agent.discoverable_tools:
             return None, f"agent {config.name!r} has discoverable tools"
-        tool = None
+        loaded: dict[str, Any] = {
+            "config": config.model_dump(mode="json"),
+            "models": model_shapes(config),
+            "tool": None,
+        }
+        why = ""
         if kind == "tool":
             if len(agent.tools) != 1 or not agent.tools[0].ref:
                 return None, f"agent {config.name!r} has no single custom tool"
-            module, _, function = agent.tools[0].ref.rpartition(".")
-            path = modules.get(module)
-            if path is None:
-                return None, f"agent {config.name!r}: tool module {module!r} not found"
-            tool = {"module": module, "function": function, "file": str(path)}
+            loaded["tool"], why = _tool_spec(agent.tools[0], modules)
+        elif kind == "llm":
+            loaded["tools"], why = _llm_tool_specs(config, agent.tools, modules)
         elif agent.tools:
             return None, f"agent {config.name!r} has tools"
-        entries.append({"config": config.model_dump(mode="json"), "tool": tool})
+        if why:
+            return None, f"agent {config.name!r}: {why}"
+        entries.append(loaded)
     return entries, ""
+
+
+def _tool_spec(tool: Any, modules: Mapping[str, Path]) -> tuple[dict[str, Any], str]:
+    """Where a custom tool's function lives, as an invocation imports it (LightLoad.tool)."""
+    module, _, function = tool.ref.rpartition(".")
+    path = modules.get(module)
+    if path is None:
+        return {}, f"tool module {module!r} not found"
+    return {"module": module, "function": function, "file": str(path)}, ""
+
+
+def _llm_tool_specs(
+    config: Any, tools: list[Any], modules: Mapping[str, Path]
+) -> tuple[list[dict[str, Any]], str]:
+    """An LLM agent's tools, each a custom function of tools/ named one by one: a predefined
+    or `api:` tool needs the SDK's stubs or specs, and what a wildcard matches is what the
+    module holds when it runs, which the build's reading of it (validation mode, without
+    running it) cannot promise."""
+    entries = config.tools or []
+    if any("*" in str(e if isinstance(e, str) else next(iter(e), "")) for e in entries):
+        return [], "a wildcard names its tools"
+    specs = []
+    for tool in tools:
+        ref = str(tool.ref or "")
+        if tool.is_predefined or not ref or ref.startswith("api:"):
+            return [], f"tool {tool.name!r} is a predefined or API tool"
+        spec, why = _tool_spec(tool, modules)
+        if why:
+            return [], why
+        specs.append({**spec, "condition": tool.condition})
+    return specs, ""
 
 
 def pydantic_plugin(deps: Path) -> str:
@@ -248,14 +316,18 @@ class LightLoad:
         """The project's agents, as the SDK's full load would give them, or Fallback."""
         loaded: dict[str, LightAgent] = {}
         for entry in entries:
-            config = Namespace(entry["config"])
+            config = Namespace(entry["config"], entry["models"])
             tools = []
             if entry["tool"] is not None:
                 tools.append(self.tool(entry["tool"]))
+            # An LLM agent's tools, in the order the SDK resolves them (its config's).
+            tools += [self.tool(spec, offered=True) for spec in entry.get("tools") or ()]
             loaded[entry["config"]["name"]] = LightAgent(config=config, tools=tools)
         return loaded
 
-    def tool(self, spec: Mapping[str, str]) -> LightTool:
+    def tool(self, spec: Mapping[str, Any], *, offered: bool = False) -> LightTool:
+        """A tool agent's function, or with ``offered`` a tool an LLM agent offers its model,
+        described by the schema the SDK's loader would give it (function_schema)."""
         module_name, function = spec["module"], spec["function"]
         module = self.modules.get(module_name)
         if module is None:
@@ -268,7 +340,11 @@ class LightLoad:
         # From the module's namespace: a module-level __getattr__ (user code) runs only on
         # the SDK's path, once.
         func = module.__dict__.get(function)
-        if not _plain_tool_function(func, f"tools.{module_name}"):
+        if not (
+            type(func) is types.FunctionType  # not isinstance: no __class__ of the project's
+            and _plain_function(func, f"tools.{module_name}")
+            and (offered or _takes_a_payload(func))
+        ):
             raise Fallback(f"{module_name}.{function} is not a plain tool function")
         return LightTool(
             name=function,
@@ -276,6 +352,8 @@ class LightLoad:
             func=func,
             description=inspect.getdoc(func) or "No description provided.",
             is_async=inspect.iscoroutinefunction(func),
+            parameters=function_schema(func) if offered else {},
+            condition=spec.get("condition"),
         )
 
     def _import(self, module_name: str, file: Path) -> types.ModuleType:
@@ -333,22 +411,129 @@ class LightLoad:
             loader._activate_tool_imports()
 
 
-def _plain_tool_function(func: Any, module: str) -> bool:
-    """Whether the SDK's full load would take ``func`` as a tool agent's function without a
-    word, and without running any user code doing so (_resolve_tools, _generate_schema,
-    _tool_agent_signature_error): a plain function of the module, with `payload` and
-    optionally `context`, plain defaults and annotations of plain types."""
+def function_schema(func: types.FunctionType) -> dict[str, Any]:
+    """The JSON schema of a plain tool function's parameters, exactly as the SDK's loader
+    makes it (ProjectLoader._generate_schema, with _type_to_schema and
+    _parse_docstring_params, in the SDK the runner image pins; a unit test holds the two
+    equal): a hidden `context` skipped, each parameter's type from its evaluated annotation,
+    its description from a Google-style `Args:` section, required where it has no default."""
+    signature = inspect.signature(func)
+    try:
+        hints = typing.get_type_hints(func)
+    except Exception:  # as the SDK: the annotations as written
+        hints = {}
+    described = _docstring_params(func.__doc__ or "")
+    properties: dict[str, Any] = {}
+    required = []
+    for name, param in signature.parameters.items():
+        if name == "context":
+            continue
+        schema = _type_schema(hints.get(name, param.annotation))
+        if name in described:
+            schema["description"] = described[name]
+        properties[name] = schema
+        if param.default == inspect.Parameter.empty:
+            required.append(name)
+    return {"type": "object", "properties": properties, "required": required}
+
+
+_BASIC_SCHEMAS: dict[Any, dict[str, str]] = {
+    str: {"type": "string"},
+    int: {"type": "integer"},
+    float: {"type": "number"},
+    bool: {"type": "boolean"},
+    list: {"type": "array"},
+    dict: {"type": "object"},
+    type(None): {"type": "null"},
+}
+
+
+def _type_schema(annotation: Any) -> dict[str, Any]:
+    """The SDK's _type_to_schema: what a model is told a parameter of this type takes."""
+    if annotation == inspect.Parameter.empty:
+        return {"type": "string"}
+    if annotation is type(None):
+        return {"type": "null"}
+    if annotation in _BASIC_SCHEMAS:
+        return _BASIC_SCHEMAS[annotation].copy()
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        schema: dict[str, Any] = {"enum": list(args)}
+        if len({type(value) for value in args}) == 1:
+            schema.update(_type_schema(type(args[0])))
+        return schema
+    if origin is typing.Union or origin is types.UnionType:
+        # Optional[X] is X; any other union its first type that is not None.
+        not_none = [a for a in args if a is not type(None)]
+        return _type_schema(not_none[0]) if not_none else {"type": "string"}
+    if origin is list:
+        schema = {"type": "array"}
+        if args:
+            schema["items"] = _type_schema(args[0])
+        return schema
+    if origin is dict:
+        schema = {"type": "object"}
+        if len(args) >= 2:
+            schema["additionalProperties"] = _type_schema(args[1])
+        return schema
+    return {"type": "string"}  # any other type
+
+
+def _docstring_params(docstring: str) -> dict[str, str]:
+    """The SDK's _parse_docstring_params: each parameter's description in a Google-style
+    `Args:` (or `Arguments:`, `Parameters:`) section, up to the next line ending in ':'."""
+    params: dict[str, str] = {}
+    in_args = False
+    current: str | None = None
+    words: list[str] = []
+    for line in docstring.split("\n") if docstring else ():
+        stripped = line.strip()
+        if stripped.lower() in ("args:", "arguments:", "parameters:"):
+            in_args = True
+            continue
+        if stripped.lower().endswith(":") and not stripped.startswith(" "):
+            if in_args and current:
+                params[current] = " ".join(words).strip()
+            in_args, current, words = False, None, []
+            continue
+        if in_args and stripped:
+            if ":" in stripped and not stripped.startswith(" "):
+                if current:
+                    params[current] = " ".join(words).strip()
+                name, _, rest = stripped.partition(":")
+                name = name.strip()
+                current = name.split("(")[0].strip() if "(" in name else name
+                words = [rest.strip()]
+            elif current:
+                words.append(stripped)
+    if current:
+        params[current] = " ".join(words).strip()
+    return params
+
+
+def _takes_a_payload(func: types.FunctionType) -> bool:
+    """A tool agent's function as the SDK takes it without a word
+    (_tool_agent_signature_error): `payload`, and optionally `context`."""
+    params = inspect.signature(func).parameters
+    return "payload" in params and not set(params) - {"payload", "context"}
+
+
+def _plain_function(func: Any, module: str) -> bool:
+    """Whether the SDK's full load would take ``func`` as a tool of the module, and describe
+    it, without running any user code doing so (_resolve_tools, _generate_schema): a plain
+    function of the module, with named parameters, plain defaults and annotations of plain
+    types (which function_schema then reads as the SDK does)."""
     if type(func) is not types.FunctionType or func.__module__ != module:
         return False
-    if "__wrapped__" in func.__dict__ or "__signature__" in func.__dict__:
+    # What inspect.signature would follow, and the marker that makes asyncio (the SDK's
+    # is_async) see a coroutine function where inspect does not.
+    if {"__wrapped__", "__signature__", "_is_coroutine"} & func.__dict__.keys():
         return False
     if not (func.__doc__ is None or type(func.__doc__) is str):
         return False
     if func.__doc__ is None and "." in func.__qualname__:
         return False  # inspect.getdoc would look for it on an enclosing class
     params = inspect.signature(func).parameters
-    if "payload" not in params or set(params) - {"payload", "context"}:
-        return False
     for name, param in params.items():
         if param.kind not in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
             return False
@@ -357,9 +542,10 @@ def _plain_tool_function(func: Any, module: str) -> bool:
         ):
             return False
     # The SDK evaluates every annotation (get_type_hints): only ones whose evaluation runs no
-    # user code, and whose value its schema reads without a word, are taken here. Nothing is
-    # evaluated: for such annotations the evaluation has no effect (its names are looked up,
-    # each plain), so a hand-over never evaluates one a second time.
+    # user code, and whose value its schema reads without a word, are taken here. Only an LLM
+    # agent's tools have them evaluated here (function_schema, as the SDK would): for such
+    # annotations the evaluation has no effect (its names are looked up, each plain), so a
+    # hand-over that evaluates one a second time is not seen.
     annotations = func.__annotations__  # a plain function's own dict
     if type(annotations) is not dict:
         return False
@@ -416,6 +602,8 @@ def _plain_node(node: ast.AST, names: Mapping[str, Any], depth: int) -> bool:
         # Subscripted: a typing construct or a builtin class (dict[...]), whose [] is never
         # the project's __class_getitem__.
         items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if _value_of(node.value, names) is typing.Literal:  # values, not annotations
+            return _plain_node(node.value, names, depth) and all(map(_literal_value, items))
         return (
             _plain_node(node.value, names, depth)
             and _generic(_value_of(node.value, names))
@@ -427,6 +615,15 @@ def _plain_node(node: ast.AST, names: Mapping[str, Any], depth: int) -> bool:
         value = node.value
         return value is None or (type(value) is str and _plain_text(value, names, depth + 1))
     return False
+
+
+def _literal_value(node: ast.AST) -> bool:
+    """A value of a Literal[...] as _plain_annotation takes one: a str, int, bool or None,
+    written as a constant (a negative number is a unary minus on one)."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        node = node.operand
+        return isinstance(node, ast.Constant) and type(node.value) is int
+    return isinstance(node, ast.Constant) and type(node.value) in (str, int, bool, type(None))
 
 
 def _value_of(node: ast.AST, names: Mapping[str, Any]) -> Any:

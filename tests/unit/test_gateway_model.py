@@ -51,6 +51,7 @@ def through(gateway: FakeGateway, project: Path) -> CaseResult:
         "answers",
         isolation=Isolation(gateway=gateway.channel),
         judgeable=False,
+        fresh=gateway.rewind,
     )
 
 
@@ -118,6 +119,7 @@ def test_a_wrong_token_is_refused_and_the_refusal_surfaces(
         "answers",
         isolation=Isolation(gateway=wrong),
         judgeable=False,
+        fresh=fake_gateway.rewind,
     )
     assert fake_gateway.refused == 1 and not fake_gateway.requests
     error = result.invocations[0].error or ""
@@ -245,7 +247,9 @@ def test_the_token_is_not_in_the_invocations_environment(
 ) -> None:
     project = write(tmp_path / "p", TOKEN_PROJECT)
     isolation = Isolation(env={"PROJECT_KEY": "from-the-secrets"}, gateway=fake_gateway.channel)
-    result = judged(project, "tests/peek.yaml", "peeks", isolation=isolation)
+    result = judged(
+        project, "tests/peek.yaml", "peeks", isolation=isolation, fresh=fake_gateway.rewind
+    )
     assert result.passed, result.failure_reason
     output = json.dumps(result.invocations[0].output)
     assert "from-the-secrets" in output  # the case's environment is there ...

@@ -10,6 +10,7 @@ and a fresh interpreter shows which modules each path imported.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 
+import gate_runner
 from gate_runner.light import pydantic_plugin
 from gate_runner.plan_build import build_plan
 from gate_runner.reports import BUILDER, CLEANUP, INVOCATION, SPAN, Shape, checked
@@ -81,8 +83,15 @@ def run_fresh(project: Path, suite: str, case: str) -> dict[str, Any]:
         }}))
         """
     )
+    # The runner this test imports, whatever another checkout installed.
+    runner_root = str(Path(gate_runner.__file__).parent.parent)
     out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": runner_root},
     )
     return dict(json.loads(out.stdout.splitlines()[-1]))
 
@@ -414,9 +423,16 @@ def test_code_that_imports_the_sdk_gets_the_runtimes_trigger_agent(
         (
             {
                 "agents/bot.yaml": 'version: "1.0"\nname: bot\ndescription: b\n'
-                "model: openai/gpt-4o\nsystem_prompt: hi\n"
+                "model: openai/gpt-4o\nsystem_prompt: hi\ntools: [web_search]\n"
             },
-            "agent 'bot' is a llm agent",
+            "agent 'bot': tool 'web_search' is a predefined or API tool",
+        ),
+        (
+            {
+                "agents/bot.yaml": 'version: "1.0"\nname: bot\ndescription: b\n'
+                "model: openai/gpt-4o\nsystem_prompt: hi\ntools: [checks.*]\n"
+            },
+            "agent 'bot': a wildcard names its tools",
         ),
     ],
 )
@@ -496,3 +512,218 @@ def test_the_fast_shapes_are_the_models_fields() -> None:
         assert {n for n, f in fields.items() if f.is_required()} == set(shape.required)
         assert {n for n, f in fields.items() if not f.is_required()} == set(shape.optional)
     assert set(report_models.SpanReport.model_fields) == set(SPAN.required)
+
+
+# --- LLM agents ---------------------------------------------------------------------------
+
+# Tool functions whose schema the light path makes itself (function_schema): each must be
+# the SDK loader's, for the SDK the runner image pins.
+SCHEMA_CORPUS = {
+    "bare": "def f(q):\n    return q\n",
+    "basics": (
+        "def f(s: str, i: int, x: float, b: bool, items: list, d: dict, n: None) -> dict:\n"
+        "    return {}\n"
+    ),
+    "generics": (
+        "from typing import Dict, List, Optional, Union\n\n\n"
+        "def f(a: list[str], b: List[int], c: dict[str, int], d: Dict[str, list[bool]],\n"
+        "      e: Optional[int], g: int | None, h: Union[str, int], k: list, m: dict[str, 'int'],\n"
+        "      n: list[list[float]], o: tuple[int, str], p: set[str]) -> None:\n"
+        "    pass\n"
+    ),
+    "literals": (
+        "from typing import Literal, Optional\n\n\n"
+        "def f(a: Literal['x', 'y'], b: Literal[1, 2], c: Literal['x', 1],\n"
+        "      d: Optional[Literal[True, False]] = None) -> None:\n"
+        "    pass\n"
+    ),
+    "strings": (
+        "from __future__ import annotations\n\nimport typing\n\n\n"
+        "def f(a: int, b: typing.Optional[str], c: list[int] | None = None,\n"
+        "      d: 'dict[str, float]' = {}) -> str:\n"
+        "    return ''\n"
+    ),
+    "string_literals": (
+        "from __future__ import annotations\n\nimport typing\nfrom typing import Literal\n\n\n"
+        "def f(a: Literal['x', 'y'], b: typing.Literal[-1, 2] = 2, c: Literal[None, True] = None,\n"
+        "      d: list[Literal['u']] | None = None) -> None:\n"
+        "    pass\n"
+    ),
+    "defaults_and_context": (
+        "def f(a: int, b: str = 'x', *, c: bool = False, d: int, context: dict) -> None:\n"
+        "    pass\n"
+    ),
+    "docstring": (
+        "def f(city: str, days: int = 3, units: str = 'metric', note=None) -> dict:\n"
+        '    """Forecast for a city.\n\n'
+        "    Args:\n"
+        "        city: The city's name,\n"
+        "            as people spell it.\n"
+        "        days (int): How many days.\n"
+        "        units: metric or imperial: either\n"
+        "        unknown: not a parameter\n\n"
+        "    Returns:\n"
+        "        note: not an argument\n"
+        '    """\n'
+        "    return {}\n"
+    ),
+    "parameters_section": (
+        "def f(a: int, b: int) -> int:\n"
+        '    """Adds.\n\nParameters:\n    a: first\nb: second\nRaises:\n    c: no\n"""\n'
+        "    return a + b\n"
+    ),
+    "a_class_of_its_own": (
+        "class Point:\n    pass\n\n\n"
+        "def f(p: Point, ps: list[Point], q: 'Point | None' = None) -> None:\n"
+        "    pass\n"
+    ),
+    "async": "async def f(q: str) -> str:\n    return q\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMA_CORPUS))
+def test_an_llm_tools_schema_is_the_sdks(tmp_path: Path, name: str) -> None:
+    from connic import ProjectLoader
+
+    from gate_runner.light import _plain_function, function_schema
+
+    namespace: dict[str, Any] = {"__name__": "tools.corpus"}
+    # Its own future imports only, not this module's.
+    exec(compile(SCHEMA_CORPUS[name], f"<{name}>", "exec", dont_inherit=True), namespace)
+    func = namespace["f"]
+    assert _plain_function(func, "tools.corpus")  # what the light path describes itself
+    expected = ProjectLoader(str(tmp_path))._generate_schema(func)
+    assert function_schema(func) == expected
+
+
+LLM_PROJECT = {
+    "agents/helper.yaml": """
+        version: "1.0"
+        name: helper
+        description: Looks things up with its tools.
+        model: openai/gpt-4o
+        system_prompt: Use your tools.
+        max_iterations: 3
+        retry_options: {attempts: 2, initial_delay: 0, max_delay: 1}
+        tools:
+          - weather.forecast
+          - weather.alerts: "context.get('region') == 'north'"
+          - lookup.find
+    """,
+    "tools/weather.py": '''
+        from typing import Literal, Optional
+
+
+        def forecast(city: str, days: int = 3, units: Literal["metric", "imperial"] = "metric"):
+            """Forecast for a city.
+
+            Args:
+                city: The city's name.
+                days: How many days ahead.
+            """
+            return {"city": city, "days": days}
+
+
+        def alerts(region: Optional[str] = None) -> list:
+            return []
+    ''',
+    "tools/lookup.py": """
+        import sys
+
+
+        def find(q: str, context: dict) -> dict:
+            # The SDK's name spelled so that the plan does not see the project name it.
+            return {"found": q, "sdk": "con" + "nic" in sys.modules}
+    """,
+    # What the model is offered, as it sees it, is the run's output.
+    "tests/models/helper.py": """
+        import json
+
+
+        def respond(messages, tools, context, options):
+            results = [m for m in messages if m["role"] == "tool"]
+            if not results:
+                return {"tool_calls": [{"name": "find", "arguments": {"q": "umbrellas"}}]}
+            return {"content": {"tools": tools, "found": json.loads(results[-1]["content"])}}
+    """,
+    "tests/helper.yaml": """
+        tests:
+          - name: offers_its_tools
+            payload: what should I take?
+            expected_result: output.found.found == "umbrellas"
+    """,
+}
+
+
+def test_an_llm_agent_runs_without_the_sdk_and_offers_the_sdks_tools(tmp_path: Path) -> None:
+    project = write(tmp_path / "p", LLM_PROJECT)
+    plan = build_plan(project)
+    assert plan["light"] is not None, plan.get("light_refused")
+    fresh = run_fresh(project, "tests/helper.yaml", "offers_its_tools")
+    assert fresh["runner"] == []  # neither the SDK nor pydantic nor PyYAML
+    (invocation,) = fresh["result"]["invocations"]
+    assert json.loads(invocation["output"])["found"]["sdk"] is False  # the answer, as JSON
+    # The same both ways, the tools offered to the model among it (the run's output).
+    result = judged(project, "tests/helper.yaml", "offers_its_tools")
+    assert result.passed, result.failure_reason
+    answer = json.loads(result.invocations[0].output)
+    offered = {t["function"]["name"]: t["function"] for t in answer["tools"]}
+    assert sorted(offered) == ["find", "forecast"]  # alerts' condition does not hold
+    assert offered["forecast"]["parameters"] == {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "description": "The city's name."},
+            "days": {"type": "integer", "description": "How many days ahead."},
+            "units": {"enum": ["metric", "imperial"], "type": "string"},
+        },
+        "required": ["city"],
+    }
+    assert offered["find"]["parameters"]["properties"] == {"q": {"type": "string"}}
+
+
+def test_an_llm_tool_the_light_path_cannot_describe_is_left_to_the_sdk(tmp_path: Path) -> None:
+    decorated = """
+        import functools
+        import sys
+
+
+        def traced(func):
+            @functools.wraps(func)
+            def call(*args, **kwargs):
+                return func(*args, **kwargs)
+            return call
+
+
+        @traced
+        def find(q: str, context: dict) -> dict:
+            return {"found": q, "sdk": "con" + "nic" in sys.modules}
+    """
+    project = write(tmp_path / "p", {**LLM_PROJECT, "tools/lookup.py": decorated})
+    assert build_plan(project)["light"] is not None
+    fresh = run_fresh(project, "tests/helper.yaml", "offers_its_tools")["result"]
+    assert fresh["passed"], fresh["failure_reason"]
+    # The SDK's loader ran.
+    assert json.loads(fresh["invocations"][0]["output"])["found"]["sdk"] is True
+    result = judged(project, "tests/helper.yaml", "offers_its_tools")  # and the same both ways
+    assert result.passed, result.failure_reason
+
+
+def test_a_config_field_the_sdk_types_as_a_dict_stays_one() -> None:
+    from connic.core import AgentConfig
+
+    from gate_runner.light import Namespace, model_shapes
+
+    config = AgentConfig(
+        version="1.0",
+        name="a",
+        description="d",
+        model="openai/gpt-4o",
+        system_prompt="s",
+        tools=["m.f", {"m.g": "context.x"}],
+        retry_options={"attempts": 2},
+        output_schema_dict={"type": "object", "properties": {"a": {"type": "string"}}},
+    )
+    light = Namespace(json.loads(json.dumps(config.model_dump(mode="json"))), model_shapes(config))
+    assert light.output_schema_dict == config.output_schema_dict  # a dict, as the SDK's
+    assert light.tools == ["m.f", {"m.g": "context.x"}]
+    assert light.retry_options.attempts == 2  # a model, read by attribute

@@ -25,7 +25,7 @@ def test_a_429_is_retried_by_the_library_then_succeeds(
 ) -> None:
     project = live_project(tmp_path / "p")
     fake_provider.script = ["429", "ok"]
-    result = judged(project, "tests/live-bot.yaml", "answers")
+    result = judged(project, "tests/live-bot.yaml", "answers", fresh=fake_provider.rewind)
     assert result.passed, result.failure_reason
     # Requests live in the forked child; the server saw both attempts.
     assert len(fake_provider.requests) == 2
@@ -41,7 +41,9 @@ def test_a_hang_past_the_timeout_fails_the_invocation(
     monkeypatch.setenv("GATE_MODEL_TIMEOUT_SECONDS", "1")
     project = live_project(tmp_path / "p")
     fake_provider.script = ["hang"]
-    result = judged(project, "tests/impatient-bot.yaml", "gives_up_at_the_timeout")
+    result = judged(
+        project, "tests/impatient-bot.yaml", "gives_up_at_the_timeout", fresh=fake_provider.rewind
+    )
     assert result.passed, result.failure_reason
     # The model call's own timeout ended it, not the case's 60 s timeout_s (no wall-clock
     # assertion here: importing LiteLLM alone can take seconds on a loaded machine).

@@ -82,6 +82,7 @@ def run(gateway: FakeGateway, tmp_path: Path, suite: str, case: str) -> CaseResu
         case,
         isolation=Isolation(gateway=gateway.channel),
         judgeable=False,
+        fresh=gateway.rewind,
     )
 
 

@@ -168,7 +168,11 @@ def test_a_live_request_without_retry_options_asks_the_gateway_for_3_attempts(
         },
     )
     result = judged(
-        root, "tests/bare.yaml", "answers", isolation=Isolation(gateway=fake_gateway.channel)
+        root,
+        "tests/bare.yaml",
+        "answers",
+        isolation=Isolation(gateway=fake_gateway.channel),
+        fresh=fake_gateway.rewind,
     )
     assert result.passed, result.failure_reason
     assert [r["attempts"] for r in fake_gateway.requests] == [3]

@@ -364,7 +364,9 @@ def test_live_through_litellm_then_recorded_then_replayed(
     )
     fake_provider.structured_answer = GOOD
     monkeypatch.setenv("GATE_MODEL_MODE", "record")
-    result = judged(project, "tests/live-reporter.yaml", "answers_a_report")
+    result = judged(
+        project, "tests/live-reporter.yaml", "answers_a_report", fresh=fake_provider.requests.clear
+    )
     assert result.passed, result.failure_reason
     (sent,) = fake_provider.requests
     assert sent["response_format"] == response_format(Config())
