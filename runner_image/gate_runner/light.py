@@ -25,6 +25,7 @@ here it could get the bundle's file, and so could the SDK when user code imports
 
 from __future__ import annotations
 
+import abc
 import ast
 import builtins
 import contextlib
@@ -296,6 +297,31 @@ def names_the_sdk(project: Path) -> bool:
     return False
 
 
+def shares_typing_forms(project: Path) -> bool:
+    """Whether any Python file of the project writes a typing form whose evaluation may give
+    back an equal one the SDK made first, in another order (_cache_proof): a `Literal` or
+    `Union`, or a `|` inside a subscript. Then the runner imports the SDK before any of the
+    project's code, as on the SDK's path, so that typing's cache holds the same forms when
+    the project's annotations are evaluated, and the schemas its tools are offered with
+    are the SDK path's. A file that does not parse counts (its import fails either way)."""
+    for path in project.rglob("*.py"):
+        try:
+            tree = ast.parse(path.read_bytes())
+        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+            return True
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name | ast.Attribute):
+                name = node.id if isinstance(node, ast.Name) else node.attr
+                if name in ("Literal", "Union"):
+                    return True
+            elif isinstance(node, ast.Subscript) and any(
+                isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.BitOr)
+                for inner in ast.walk(node.slice)
+            ):
+                return True
+    return False
+
+
 # --- in an invocation, without the SDK -----------------------------------------------------
 
 
@@ -311,6 +337,9 @@ class LightLoad:
     modules: dict[str, types.ModuleType] = field(default_factory=dict)  # by tool module name
     failed: dict[str, BaseException] = field(default_factory=dict)
     path_added: bool = False
+    # Whether the SDK was imported before any of the project's code, as on its path: then
+    # typing's cache is as the SDK's path has it (shares_typing_forms).
+    sdk_first: bool = field(default_factory=lambda: SDK in sys.modules)
 
     def agents(self, entries: list[dict[str, Any]]) -> dict[str, LightAgent]:
         """The project's agents, as the SDK's full load would give them, or Fallback."""
@@ -338,7 +367,10 @@ class LightLoad:
                 raise Fallback(f"tools.{module_name} raised on import") from exc
             self.modules[module_name] = module
         # From the module's namespace: a module-level __getattr__ (user code) runs only on
-        # the SDK's path, once.
+        # the SDK's path, once; and the SDK's getattr reads that namespace only while the
+        # module is a plain module (the project may replace its class).
+        if type(module) is not types.ModuleType:
+            raise Fallback(f"tools.{module_name} is not a plain module")
         func = module.__dict__.get(function)
         if not (
             type(func) is types.FunctionType  # not isinstance: no __class__ of the project's
@@ -346,6 +378,9 @@ class LightLoad:
             and (offered or _takes_a_payload(func))
         ):
             raise Fallback(f"{module_name}.{function} is not a plain tool function")
+        hints = _type_hints(func) if offered and not self.sdk_first else {}
+        if not all(map(_cache_proof, hints.values())):
+            raise Fallback(f"{module_name}.{function}: an annotation typing's cache may reorder")
         return LightTool(
             name=function,
             ref=f"{module_name}.{function}",
@@ -418,10 +453,7 @@ def function_schema(func: types.FunctionType) -> dict[str, Any]:
     equal): a hidden `context` skipped, each parameter's type from its evaluated annotation,
     its description from a Google-style `Args:` section, required where it has no default."""
     signature = inspect.signature(func)
-    try:
-        hints = typing.get_type_hints(func)
-    except Exception:  # as the SDK: the annotations as written
-        hints = {}
+    hints = _type_hints(func)
     described = _docstring_params(func.__doc__ or "")
     properties: dict[str, Any] = {}
     required = []
@@ -435,6 +467,36 @@ def function_schema(func: types.FunctionType) -> dict[str, Any]:
         if param.default == inspect.Parameter.empty:
             required.append(name)
     return {"type": "object", "properties": properties, "required": required}
+
+
+def _type_hints(func: types.FunctionType) -> dict[str, Any]:
+    """The SDK's evaluation of a tool's annotations: get_type_hints, or none when it fails
+    (then each parameter's annotation as written)."""
+    try:
+        return typing.get_type_hints(func)
+    except Exception:
+        return {}
+
+
+def _cache_proof(annotation: Any, nested: bool = False, depth: int = 0) -> bool:
+    """Whether ``annotation``'s evaluation gives the SDK's process the same object, in the
+    same order, as this one. typing caches its constructs by their arguments, and a Union or
+    a Literal argument is equal to one of the same members in any order (Literal[0, 1] to
+    Literal[False, True] too): where the SDK's process (connic, pydantic) made the equal one
+    first, its evaluation hands that back, and a Literal's enum or a union's first type, both
+    in the schema, are in that order. So: no Union of two types or more and no Literal of two
+    values or more inside another construct, and no Literal of a bool, 0 or 1."""
+    if depth > 8:
+        return False
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        if any(type(v) is bool or (type(v) is int and v in (0, 1)) for v in args):
+            return False
+        return not (nested and len(args) > 1)
+    if origin is typing.Union or origin is types.UnionType:
+        if nested and len([a for a in args if a is not type(None)]) > 1:
+            return False
+    return all(_cache_proof(a, True, depth + 1) for a in args)
 
 
 _BASIC_SCHEMAS: dict[Any, dict[str, str]] = {
@@ -523,7 +585,12 @@ def _plain_function(func: Any, module: str) -> bool:
     it, without running any user code doing so (_resolve_tools, _generate_schema): a plain
     function of the module, with named parameters, plain defaults and annotations of plain
     types (which function_schema then reads as the SDK does)."""
-    if type(func) is not types.FunctionType or func.__module__ != module:
+    if type(func) is not types.FunctionType:
+        return False
+    # Each attribute read below of the plain type its reading runs no code of (a str
+    # subclass's ==, a dict subclass's keys() would be the project's).
+    attributes = (func.__module__, func.__qualname__, func.__dict__, func.__globals__)
+    if tuple(map(type, attributes)) != (str, str, dict, dict) or func.__module__ != module:
         return False
     # What inspect.signature would follow, and the marker that makes asyncio (the SDK's
     # is_async) see a coroutine function where inspect does not.
@@ -571,11 +638,27 @@ def _plain_annotation(annotation: Any, names: Mapping[str, Any], depth: int = 0)
         return True
     if type(annotation) is typing.ForwardRef:
         return _plain_text(annotation.__forward_arg__, names, depth + 1)
-    if isinstance(annotation, PLAIN_FORMS) or type(annotation).__module__ == "typing":
-        if typing.get_origin(annotation) is typing.Literal:
+    if type(annotation) in PLAIN_FORMS or _of_typing(type(annotation)):
+        origin = typing.get_origin(annotation)
+        if origin is typing.Literal:
             return all(type(a) in (str, int, bool, type(None)) for a in typing.get_args(annotation))
+        # A generic's class (its hash and == are read): of the default metaclass, or abc's,
+        # or one of typing's forms.
+        if not (origin is None or type(origin) in (type, abc.ABCMeta) or _of_typing(type(origin))):
+            return False
         return all(_plain_annotation(a, names, depth + 1) for a in typing.get_args(annotation))
     return False
+
+
+def _of_typing(cls: type) -> bool:
+    """Whether ``cls`` is the typing module's own class of that name (not one that only
+    says it is typing's with a __module__ of its own)."""
+    return type(cls) is type and vars(typing).get(cls.__name__) is cls
+
+
+def _builtin(cls: type) -> bool:
+    """Whether ``cls`` is the builtins' class of that name (dict, list...)."""
+    return type(cls) is type and vars(builtins).get(cls.__name__) is cls
 
 
 def _plain_text(text: str, names: Mapping[str, Any], depth: int) -> bool:
@@ -637,8 +720,8 @@ def _value_of(node: ast.AST, names: Mapping[str, Any]) -> Any:
 
 def _generic(value: Any) -> bool:
     if type(value) is type:
-        return value.__module__ == "builtins"
-    return type(value).__module__ == "typing"
+        return _builtin(value)
+    return _of_typing(type(value))
 
 
 _MISSING = object()

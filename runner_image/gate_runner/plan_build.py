@@ -22,7 +22,7 @@ from .case import (
     suite_agent,
     suite_paths,
 )
-from .light import light_agents, names_the_sdk
+from .light import light_agents, names_the_sdk, shares_typing_forms
 from .plan import PLAN_VERSION
 
 
@@ -100,7 +100,8 @@ def _light_section(project: Path) -> dict[str, Any]:
     if entries is None:
         return {"light": None, "light_refused": why}
     try:
-        return {"light": _exact_json(entries), "imports_sdk": names_the_sdk(project)}
+        imports_sdk = names_the_sdk(project) or shares_typing_forms(project)
+        return {"light": _exact_json(entries), "imports_sdk": imports_sdk}
     except (TypeError, ValueError):
         return {"light": None, "light_refused": "an agent's config is not plain JSON"}
 

@@ -65,11 +65,13 @@ def project_with(
     )
 
 
-def run_fresh(project: Path, suite: str, case: str) -> dict[str, Any]:
+def run_fresh(project: Path, suite: str, case: str, *, light: bool = True) -> dict[str, Any]:
     """The case run by a fresh interpreter (as a case container's runner: nothing imported
-    but the runner), from the project's plan; its result, and the runner's own modules."""
+    but the runner), from the project's plan (without its light path unless ``light``); its
+    result, and the runner's own modules."""
     plan = project.parent / "plan.json"
-    plan.write_text(json.dumps(build_plan(project)))
+    built = build_plan(project)
+    plan.write_text(json.dumps(built if light else {**built, "light": None}))
     script = textwrap.dedent(
         f"""
         import json, sys
@@ -611,10 +613,10 @@ LLM_PROJECT = {
           - lookup.find
     """,
     "tools/weather.py": '''
-        from typing import Literal, Optional
+        from typing import Optional
 
 
-        def forecast(city: str, days: int = 3, units: Literal["metric", "imperial"] = "metric"):
+        def forecast(city: str, days: int = 3, units: str = "metric"):
             """Forecast for a city.
 
             Args:
@@ -674,7 +676,7 @@ def test_an_llm_agent_runs_without_the_sdk_and_offers_the_sdks_tools(tmp_path: P
         "properties": {
             "city": {"type": "string", "description": "The city's name."},
             "days": {"type": "integer", "description": "How many days ahead."},
-            "units": {"enum": ["metric", "imperial"], "type": "string"},
+            "units": {"type": "string"},
         },
         "required": ["city"],
     }
@@ -727,3 +729,169 @@ def test_a_config_field_the_sdk_types_as_a_dict_stays_one() -> None:
     assert light.output_schema_dict == config.output_schema_dict  # a dict, as the SDK's
     assert light.tools == ["m.f", {"m.g": "context.x"}]
     assert light.retry_options.attempts == 2  # a model, read by attribute
+
+
+# Tools the light path must leave to the SDK, found by attacking it: each would have it run
+# the project's code where the SDK's path does not, or describe the tool otherwise. CALLED
+# records any of the project's code that ran while the light path looked at the function.
+NOT_PLAIN = {
+    "dict_subclass_as_its_dict": """
+        class Spy(dict):
+            def keys(self):
+                CALLED.append("keys")
+                return super().keys()
+
+        def f(q: str) -> str:
+            return q
+
+        f.__dict__ = Spy()
+    """,
+    "str_subclass_as_its_module": """
+        class Spy(str):
+            def __ne__(self, other):
+                CALLED.append("!=")
+                return False
+
+        def f(q: str) -> str:
+            return q
+
+        f.__module__ = Spy("tools.corpus")
+    """,
+    "a_class_that_says_it_is_typings": """
+        class Fake:
+            __module__ = "typing"
+            def __eq__(self, other):
+                CALLED.append("==")
+                raise TypeError("no")
+            __hash__ = object.__hash__
+
+        def f(q: Fake()) -> str:
+            return q
+    """,
+    "a_class_that_says_it_is_a_builtin": """
+        class Box:
+            __module__ = "builtins"
+            def __class_getitem__(cls, item):
+                CALLED.append("[]")
+                return int
+
+        def f(n: "Box[int]") -> str:
+            return ""
+    """,
+    "a_generic_of_a_custom_metaclass": """
+        import typing
+
+        class Meta(type):
+            def __hash__(cls):
+                CALLED.append("hash")
+                return 1
+
+        T = typing.TypeVar("T")
+
+        class Thing(typing.Generic[T], metaclass=Meta):
+            pass
+
+        def f(n: Thing[int]) -> str:
+            return ""
+    """,
+}
+
+
+@pytest.mark.parametrize("name", sorted(NOT_PLAIN))
+def test_a_tool_that_would_run_the_projects_code_is_not_plain(name: str) -> None:
+    from gate_runner.light import _plain_function
+
+    called: list[str] = []
+    namespace: dict[str, Any] = {"__name__": "tools.corpus", "CALLED": called}
+    source = textwrap.dedent(NOT_PLAIN[name])
+    exec(compile(source, f"<{name}>", "exec", dont_inherit=True), namespace)
+    called.clear()  # what ran while the module ran is the project's either way
+    assert not _plain_function(namespace["f"], "tools.corpus")
+    assert called == []
+
+
+@pytest.mark.parametrize(
+    ("annotation", "proof"),
+    [
+        ("int", True),
+        ("Union[int, str]", True),  # cached by its arguments in order
+        ("Literal['b', 'a']", True),
+        ("Optional[int]", True),
+        ("List[Optional[int]]", True),
+        ("Optional[Literal['b', 'a']]", False),  # equal to Optional[Literal['a', 'b']]
+        ("List[Union[Dict[str, str], str]]", False),
+        ("Dict[str, int | str]", False),
+        ("Literal[0, 2]", False),  # equal to Literal[False, 2]
+        ("Literal[True]", False),
+    ],
+)
+def test_a_form_typings_cache_may_hand_back_reordered_is_not_cache_proof(
+    annotation: str, proof: bool
+) -> None:
+    from typing import Dict, List, Literal, Optional, Union  # noqa: F401, UP035
+
+    from gate_runner.light import _cache_proof
+
+    assert _cache_proof(eval(annotation)) is proof
+
+
+def test_a_module_whose_class_the_project_replaced_is_the_sdks(tmp_path: Path) -> None:
+    replaced = """
+        import sys
+        import types
+
+
+        def find(q: str, context: dict) -> dict:
+            return {"found": "the module's own", "sdk": False}
+
+
+        def _replacement(q: str, context: dict) -> dict:
+            return {"found": q, "sdk": "con" + "nic" in sys.modules}
+
+
+        class Module(types.ModuleType):
+            @property
+            def find(self):
+                return _replacement
+
+
+        sys.modules[__name__].__class__ = Module
+    """
+    project = write(tmp_path / "p", {**LLM_PROJECT, "tools/lookup.py": replaced})
+    assert build_plan(project)["light"] is not None
+    fresh = run_fresh(project, "tests/helper.yaml", "offers_its_tools")["result"]
+    assert fresh["passed"], fresh["failure_reason"]  # the property's function, as the SDK's
+    result = judged(project, "tests/helper.yaml", "offers_its_tools")
+    assert result.passed, result.failure_reason
+
+
+def test_a_project_with_forms_typings_cache_shares_imports_the_sdk_first(tmp_path: Path) -> None:
+    # connic's ApprovalConfig makes List[Union[str, Dict[str, str]]] first on the SDK's
+    # path: the project's equal form, evaluated after it, is handed back in that order.
+    tagger = """
+        from typing import Dict, List, Union
+
+
+        def find(q: List[Union[Dict[str, str], str]], context: dict) -> dict:
+            return {"found": "umbrellas", "sdk": True}
+    """
+    project = write(tmp_path / "p", {**LLM_PROJECT, "tools/lookup.py": tagger})
+    plan = build_plan(project)
+    assert plan["light"] is not None and plan["imports_sdk"] is True
+    light = run_fresh(project, "tests/helper.yaml", "offers_its_tools")
+    sdk = run_fresh(project, "tests/helper.yaml", "offers_its_tools", light=False)
+    assert light["result"]["passed"], light["result"]["failure_reason"]
+    offered = [json.loads(r["result"]["invocations"][0]["output"])["tools"] for r in (light, sdk)]
+    assert offered[0] == offered[1]
+    items = {t["function"]["name"]: t for t in offered[0]}["find"]["function"]["parameters"]
+    assert items["properties"]["q"]["items"] == {"type": "string"}  # the SDK's order
+
+
+def test_a_project_without_such_forms_does_not_import_the_sdk(tmp_path: Path) -> None:
+    assert build_plan(write(tmp_path / "p", LLM_PROJECT))["imports_sdk"] is False
+    for i, annotation in enumerate(("Literal['a', 'b']", "list[int | str]", "typing.Union[int]")):
+        source = (
+            f"import typing\nfrom typing import Literal\n\n\ndef f(q: {annotation}):\n    pass\n"
+        )
+        project = write(tmp_path / f"q{i}", {**LLM_PROJECT, "tools/other.py": source})
+        assert build_plan(project)["imports_sdk"] is True, annotation
