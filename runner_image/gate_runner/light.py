@@ -42,7 +42,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from . import BUNDLE_DEPS_DIR
 from .runtime.sdk import SDK
@@ -373,13 +373,11 @@ class LightLoad:
             raise Fallback(f"tools.{module_name} is not a plain module")
         func = module.__dict__.get(function)
         if not (
-            type(func) is types.FunctionType  # not isinstance: no __class__ of the project's
-            and _plain_function(func, f"tools.{module_name}")
-            and (offered or _takes_a_payload(func))
+            _plain_function(func, f"tools.{module_name}") and (offered or _takes_a_payload(func))
         ):
             raise Fallback(f"{module_name}.{function} is not a plain tool function")
-        hints = _type_hints(func) if offered and not self.sdk_first else {}
-        if not all(map(_cache_proof, hints.values())):
+        hints = _type_hints(func) if offered else {}
+        if not self.sdk_first and not all(map(_cache_proof, hints.values())):
             raise Fallback(f"{module_name}.{function}: an annotation typing's cache may reorder")
         return LightTool(
             name=function,
@@ -387,7 +385,7 @@ class LightLoad:
             func=func,
             description=inspect.getdoc(func) or "No description provided.",
             is_async=inspect.iscoroutinefunction(func),
-            parameters=function_schema(func) if offered else {},
+            parameters=function_schema(func, hints) if offered else {},
             condition=spec.get("condition"),
         )
 
@@ -446,14 +444,17 @@ class LightLoad:
             loader._activate_tool_imports()
 
 
-def function_schema(func: types.FunctionType) -> dict[str, Any]:
+def function_schema(
+    func: types.FunctionType, hints: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The JSON schema of a plain tool function's parameters, exactly as the SDK's loader
     makes it (ProjectLoader._generate_schema, with _type_to_schema and
     _parse_docstring_params, in the SDK the runner image pins; a unit test holds the two
     equal): a hidden `context` skipped, each parameter's type from its evaluated annotation,
-    its description from a Google-style `Args:` section, required where it has no default."""
+    its description from a Google-style `Args:` section, required where it has no default.
+    ``hints``: the function's _type_hints, when the caller has them already."""
     signature = inspect.signature(func)
-    hints = _type_hints(func)
+    hints = _type_hints(func) if hints is None else hints
     described = _docstring_params(func.__doc__ or "")
     properties: dict[str, Any] = {}
     required = []
@@ -548,7 +549,7 @@ def _docstring_params(docstring: str) -> dict[str, str]:
     in_args = False
     current: str | None = None
     words: list[str] = []
-    for line in docstring.split("\n") if docstring else ():
+    for line in docstring.split("\n"):
         stripped = line.strip()
         if stripped.lower() in ("args:", "arguments:", "parameters:"):
             in_args = True
@@ -580,12 +581,12 @@ def _takes_a_payload(func: types.FunctionType) -> bool:
     return "payload" in params and not set(params) - {"payload", "context"}
 
 
-def _plain_function(func: Any, module: str) -> bool:
+def _plain_function(func: Any, module: str) -> TypeGuard[types.FunctionType]:
     """Whether the SDK's full load would take ``func`` as a tool of the module, and describe
     it, without running any user code doing so (_resolve_tools, _generate_schema): a plain
     function of the module, with named parameters, plain defaults and annotations of plain
     types (which function_schema then reads as the SDK does)."""
-    if type(func) is not types.FunctionType:
+    if type(func) is not types.FunctionType:  # not isinstance: no __class__ of the project's
         return False
     # Each attribute read below of the plain type its reading runs no code of (a str
     # subclass's ==, a dict subclass's keys() would be the project's).
