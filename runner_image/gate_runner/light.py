@@ -309,16 +309,20 @@ def shares_typing_forms(project: Path) -> bool:
             tree = ast.parse(path.read_bytes())
         except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
             return True
-        for node in ast.walk(tree):
+        # One pass, each node once (the file is the project's): with whether it stands
+        # inside a subscript's brackets.
+        stack: list[tuple[ast.AST, bool]] = [(tree, False)]
+        while stack:
+            node, bracketed = stack.pop()
             if isinstance(node, ast.Name | ast.Attribute):
-                name = node.id if isinstance(node, ast.Name) else node.attr
-                if name in ("Literal", "Union"):
+                if (node.id if isinstance(node, ast.Name) else node.attr) in ("Literal", "Union"):
                     return True
-            elif isinstance(node, ast.Subscript) and any(
-                isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.BitOr)
-                for inner in ast.walk(node.slice)
-            ):
+            elif bracketed and isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
                 return True
+            if isinstance(node, ast.Subscript):
+                stack += [(node.value, bracketed), (node.slice, True)]
+            else:
+                stack += [(child, bracketed) for child in ast.iter_child_nodes(node)]
     return False
 
 

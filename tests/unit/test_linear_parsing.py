@@ -21,6 +21,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -259,3 +260,18 @@ def test_no_parse_of_tenant_text_takes_more_than_linear_time(name: str) -> None:
                 "interrupted" if took > STOP_S else f"{took:.2f} s"
             )
     assert slow == {}, f"{name} is super-linear on: {slow}"
+
+
+@pytest.mark.slow
+def test_reading_a_bundles_typing_forms_is_linear(tmp_path: Path) -> None:
+    """The test image's build reads each of the bundle's Python files for typing forms
+    (light.shares_typing_forms): subscripts nested 180 deep around 14,000 names, 100 KB, are
+    one pass over the tree (a walk of each subscript's brackets from each took 4.8 s)."""
+    from gate_runner.light import shares_typing_forms
+
+    names = ", ".join(f"b{i}" for i in range(14_000))
+    (tmp_path / "deep.py").write_text("x = " + "a[" * 180 + names + "]" * 180 + "\n")
+    took = _timed(lambda _: shares_typing_forms(tmp_path), "")
+    assert took <= BOUND_S, f"{took:.2f} s"
+    (tmp_path / "deep.py").write_text("x = " + "a[" * 180 + names + " | c" + "]" * 180 + "\n")
+    assert shares_typing_forms(tmp_path)  # and it still finds what it looks for
