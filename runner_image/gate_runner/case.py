@@ -41,6 +41,7 @@ from .assertions import (
     decode_output,
 )
 from .contract import MAX_CLEANUP_SECONDS, SCHEMA_VERSION, CaseResult, Invocation, Span, cut_mark
+from .dataclass_code import compiled_dataclasses
 from .expr import ExpressionError
 from .invocations import (
     MAX_REPORT_BYTES,
@@ -1077,20 +1078,30 @@ def runner_imports() -> None:
     from .runtime import orchestrator, tool_agent, triggers  # noqa: F401
 
 
+def later_runner_imports() -> None:
+    """The runner's modules that a case imports only when it needs them (the light path, a
+    live model's gateway client, an LLM agent's loop): collected with runner_imports' at
+    image build (dataclass_code.py), and lent that code where they are imported."""
+    from . import light, models  # noqa: F401
+    from .runtime import llm  # noqa: F401
+
+
 def _preload(prepared: PreparedCase, runs: int) -> None:
     """Import here, before the invocations fork, what each of them would import: once, not
     once per invocation. Only the runner's own modules and the SDK: this process still runs
     no user code."""
     runner_imports()  # in a case container, __main__ has imported them already
     if prepared.light is None or prepared.imports_sdk:
-        # Every invocation imports the SDK (its loader, or the project's code).
+        # Every invocation imports the SDK (its loader, or the project's code), never with
+        # the runner's dataclass code lent.
         import connic  # noqa: F401
-    if prepared.light is not None:
-        from . import light  # noqa: F401
-    if runs > 1:
-        # An LLM agent's loop and model clients, which a one-run case leaves to its
-        # invocation (to the agents that use them).
-        from .runtime import llm  # noqa: F401
+    with compiled_dataclasses():
+        if prepared.light is not None:
+            from . import light  # noqa: F401
+        if runs > 1:
+            # An LLM agent's loop and model clients, which a one-run case leaves to its
+            # invocation (to the agents that use them).
+            from .runtime import llm  # noqa: F401
 
 
 def run_case(

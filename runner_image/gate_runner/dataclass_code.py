@@ -6,11 +6,13 @@ The runner defines about 23 dataclasses on its way to a case, and that compiling
 the CPU its own imports cost in every case container (8 of 16 ms, Python 3.11).
 
 So ``gate_runner dataclass-code`` (a step of the runner image's build) imports the runner's
-modules (the run-case path's: ``case.runner_imports``) and keeps, for every source text
+modules (the run-case path's: ``case.runner_imports``, and those a case imports later as it
+needs them: ``case.later_runner_imports``) and keeps, for every source text
 ``dataclasses`` compiles, the compiled code, marshalled and keyed by the text itself. At
 run time ``compiled_dataclasses`` lends that code to ``dataclasses`` while the runner imports
 its own modules: a text found there runs its stored code, which is what compiling the same
-text gives; any other text is compiled as usual. The classes are the same either way. The
+text gives; any other text is compiled as usual. The file is read once a process, however
+many times the code is lent. The classes are the same either way. The
 file is the image's, root-owned on a read-only root, like the image's .pyc files; a file of
 another Python (its marshal format and bytecode differ), or none at all, is simply not used.
 Neither the SDK's imports nor user code ever run under it: it is lent for the runner's own
@@ -62,18 +64,30 @@ def write(path: str, code: dict[str, CodeType]) -> None:
         file.write(MAGIC + marshal.dumps(code))
 
 
+_loaded: dict[str, CodeType] | None = None
+
+
+def _image_code() -> dict[str, CodeType]:
+    """``load()`` of the image's file, read once: the runner lends it again for the modules
+    a case imports later (the gateway client, the light path)."""
+    global _loaded
+    if _loaded is None:
+        _loaded = load()
+    return _loaded
+
+
 @contextmanager
 def compiled_dataclasses(
     code: dict[str, CodeType] | None = None, *, collect: dict[str, CodeType] | None = None
 ) -> Iterator[None]:
     """Within the block, a dataclass defined anywhere runs the stored code of the source
-    texts ``code`` holds (default: ``load()``) instead of compiling them; every text compiled
+    texts ``code`` holds (default: the image's file) instead of compiling them; every text compiled
     meanwhile is added to ``collect`` when given (the image build's collection).
 
     ``dataclasses`` calls the builtin ``exec`` by name; a module global of that name takes
     its place for the block and is removed after it.
     """
-    stored = load() if code is None else code
+    stored = _image_code() if code is None else code
     if not stored and collect is None:
         yield
         return

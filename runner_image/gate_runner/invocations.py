@@ -230,6 +230,10 @@ class Supervisor:
             # Rebind the Python-level streams too, whatever they were (a test harness, say).
             sys.stdout = open(1, "w", buffering=1, closefd=False)
             sys.stderr = open(2, "w", buffering=1, closefd=False)
+            # User code runs with Python's collector on, as anywhere else; a case
+            # container's runner has it off (__main__.py). What this child inherited is
+            # frozen (spawn), so its collections never walk the runner's heap.
+            gc.enable()
             body(Channel())
         except BaseException:
             code = 70

@@ -14,8 +14,6 @@ Default: scripted if the module exists, else replay if recordings exist, else li
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import http.client
 import importlib.util
 import inspect
 import json
@@ -73,6 +71,8 @@ class Model(Protocol):
 
 def request_key(request: Mapping[str, Any]) -> str:
     """The replay key: a hash of the canonical JSON of the whole request."""
+    import hashlib  # replay and record only: a live case's runner need not import it
+
     canonical = json.dumps(request, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -599,36 +599,99 @@ class GatewayChannel:
     socket_path: str = wire.SOCKET_PATH
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    """HTTP/1.1 over the gateway's Unix socket: a case has no network to speak TCP on."""
-
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("gateway", timeout=timeout)  # the Host header; no name is resolved
-        self._path = path
-
-    def connect(self) -> None:
-        # A Unix socket's connect with a timeout fails at once while the listen backlog is
-        # full (EAGAIN): the channel bounds its connections, and the case's own code may be
-        # flooding it. Nothing was sent, so trying again is safe, for a few seconds at most.
-        give_up = time.monotonic() + CONNECT_RETRY_SECONDS
-        pause = 0.005
-        while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.settimeout(self.timeout)
-                sock.connect(self._path)
-            except BlockingIOError:
-                sock.close()
-                if time.monotonic() + pause > give_up:
-                    raise
-                time.sleep(pause)
-                pause = min(pause * 2, 0.2)
-                continue
-            except BaseException:
-                sock.close()
+def _connect(path: str, timeout: float) -> socket.socket:
+    """A connection to the gateway's Unix socket: a case has no network to speak TCP on."""
+    # A Unix socket's connect with a timeout fails at once while the listen backlog is full
+    # (EAGAIN): the channel bounds its connections, and the case's own code may be flooding
+    # it. Nothing was sent, so trying again is safe, for a few seconds at most.
+    give_up = time.monotonic() + CONNECT_RETRY_SECONDS
+    pause = 0.005
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(path)
+        except BlockingIOError:
+            sock.close()
+            if time.monotonic() + pause > give_up:
                 raise
-            self.sock = sock
-            return
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+
+class GatewayHungUp(OSError):
+    """The gateway's side of a connection ended before a whole answer's head."""
+
+
+# What an answer's status line and headers may take: the gateway's are a few lines
+# (channel.py); more is not an answer of it.
+MAX_ANSWER_HEAD_BYTES = 16 * 1024
+
+
+def _post(sock: socket.socket, path: str, body: bytes, token: str) -> tuple[int, bytes, bool]:
+    """One request on ``sock`` and the gateway's answer: its status, its body (up to
+    MAX_REPLY_BYTES + 1) and whether that body is over MAX_REPLY_BYTES (then not all read).
+
+    The wire is the gateway's own (channel.py): it reads one HTTP/1.1 request a connection
+    and answers in HTTP/1.0 with a Content-Length, then closes. So the answer is read to the
+    connection's end, bounded, with no HTTP library: http.client (with the email parser and
+    ssl it imports) was a sixth of the CPU a live case's runner took before its first call.
+    """
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    sock.sendall(head.encode("latin-1") + body)
+    data = bytearray()
+    limit = MAX_ANSWER_HEAD_BYTES
+    split = -1
+    declared: int | None = None
+    while True:
+        chunk = sock.recv(64 * 1024)
+        if not chunk:
+            break
+        data += chunk
+        if split < 0:
+            # Only where the head's end can be that was not looked at before.
+            split = data.find(b"\r\n\r\n", max(0, len(data) - len(chunk) - 3))
+            if (split < 0 and len(data) > MAX_ANSWER_HEAD_BYTES) or split > MAX_ANSWER_HEAD_BYTES:
+                raise GatewayHungUp(f"the answer's head is over {MAX_ANSWER_HEAD_BYTES} bytes")
+            if split < 0:
+                continue
+            status, declared = _answer_head(bytes(data[:split]))
+            if declared is not None and declared > wire.MAX_REPLY_BYTES:
+                return status, b"", True  # not read at all: the cap is on what the runner holds
+            limit = split + 4 + (wire.MAX_REPLY_BYTES + 1 if declared is None else declared)
+        if len(data) >= limit:
+            break
+    if split < 0:
+        raise GatewayHungUp("the gateway closed the connection without an answer")
+    reply = bytes(data[split + 4 : limit])
+    return status, reply, len(reply) > wire.MAX_REPLY_BYTES
+
+
+def _answer_head(head: bytes) -> tuple[int, int | None]:
+    """An answer head's status and its Content-Length (None: not given)."""
+    lines = head.decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    code = rest[:3]
+    if not version.startswith("HTTP/") or len(code) != 3 or not code.isdigit():
+        raise GatewayHungUp(f"the answer's status line is not HTTP: {lines[0][:80]!r}")
+    declared = None
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if colon and name.strip().lower() == "content-length":
+            value = value.strip()
+            if not value.isdigit():
+                raise GatewayHungUp(f"the answer's Content-Length is not a number: {value[:40]!r}")
+            declared = int(value)
+    return int(code), declared
 
 
 # How long the runner keeps trying to connect to a channel whose backlog is full.
@@ -809,32 +872,16 @@ class GatewayModel:
                 {"error_kind": "bad_request"},
             )
         wait = self.attempts * (self.timeout_s + GATEWAY_SLACK_SECONDS)
-        connection = _UnixHTTPConnection(self.channel.socket_path, timeout=wait)
         try:
-            connection.request(
-                "POST",
-                path,
-                body=body,
-                headers={
-                    "Authorization": f"Bearer {self.channel.token}",
-                    "Content-Type": "application/json",
-                },
-            )
-            response = connection.getresponse()
-            declared = response.getheader("Content-Length") or ""
-            if declared.isdigit() and int(declared) > wire.MAX_REPLY_BYTES:
-                data = b""  # not read at all: the cap is on what the runner holds
-                oversized = True
-            else:
-                data = response.read(wire.MAX_REPLY_BYTES + 1)
-                oversized = len(data) > wire.MAX_REPLY_BYTES
-            status = response.status
+            sock = _connect(self.channel.socket_path, wait)
+            try:
+                status, data, oversized = _post(sock, path, body, self.channel.token)
+            finally:
+                sock.close()
         except TimeoutError:
             raise self._unreachable(model, f"it did not answer within {wait:.0f} s") from None
-        except (OSError, http.client.HTTPException) as exc:
+        except OSError as exc:
             raise self._unreachable(model, f"{type(exc).__name__}: {exc}") from None
-        finally:
-            connection.close()
         if oversized:
             raise ModelCallError(
                 f"model call to {model} failed: the model gateway's reply is over "

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from gate_runner import gateway_wire as wire
 from gate_runner.contract import CaseResult, Span
 from gate_runner.invocations import Isolation
 from gate_runner.models import (
+    MAX_ANSWER_HEAD_BYTES,
     GatewayChannel,
     GatewayModel,
     LiveModel,
@@ -144,8 +147,86 @@ def test_a_gateway_that_hangs_up_without_answering_is_unreachable(
 ) -> None:
     fake_gateway.script = [None]
     model = GatewayModel(fake_gateway.channel, agent="a", attempts=1)
-    with pytest.raises(ModelCallError, match=r"model gateway is unreachable .*RemoteDisconnected"):
+    with pytest.raises(
+        ModelCallError,
+        match=r"model gateway is unreachable .*GatewayHungUp: the gateway closed the connection",
+    ):
         ask(model)
+
+
+class RawAnswers:
+    """A gateway that answers every connection with ``answer``'s bytes as they are, after
+    reading the request's head, then hangs up; ``in_pieces``: a byte a send."""
+
+    def __init__(self, path: Path, answer: bytes, *, in_pieces: bool = False) -> None:
+        self.path, self.answer, self.in_pieces = path, answer, in_pieces
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(str(path))
+        self.server.listen(4)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            with conn:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    head += chunk
+                if self.in_pieces:
+                    for i in range(len(self.answer)):
+                        conn.sendall(self.answer[i : i + 1])
+                else:
+                    conn.sendall(self.answer)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "GatewayHungUp: the answer's status line is not HTTP"),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 12abc\r\n\r\n{}", "is not a number"),
+        (
+            b"HTTP/1.0 200 OK\r\nX-Pad: " + b"a" * 20_000 + b"\r\n\r\n{}",
+            f"the answer's head is over {MAX_ANSWER_HEAD_BYTES} bytes",
+        ),
+        (b"HTTP/1.0 200 OK\r\nContent-Le", "closed the connection without an answer"),
+    ],
+    ids=["not-http", "bad-length", "head-too-long", "cut-head"],
+)
+def test_an_answer_that_is_not_the_gateways_is_unreachable(
+    tmp_path: Path, answer: bytes, why: str
+) -> None:
+    raw = RawAnswers(tmp_path / "model.sock", answer)
+    try:
+        model = GatewayModel(GatewayChannel(token="t", socket_path=str(raw.path)), agent="a")
+        with pytest.raises(ModelCallError, match="model gateway is unreachable") as caught:
+            ask(model)
+    finally:
+        raw.close()
+    assert why in str(caught.value)
+    assert caught.value.span_metadata["error_kind"] == "unreachable"
+
+
+def test_an_answer_read_in_pieces_is_whole(tmp_path: Path) -> None:
+    body = json.dumps(
+        {"content": "in pieces", "tool_calls": [], "usage": {}, "cost_usd": 0.0,
+         "latency_ms": 1, "request_hash": "h", "attempts": 1}
+    ).encode()  # fmt: skip
+    answer = b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    raw = RawAnswers(tmp_path / "model.sock", answer, in_pieces=True)
+    try:
+        model = GatewayModel(GatewayChannel(token="t", socket_path=str(raw.path)), agent="a")
+        assert ask(model).content == "in pieces"
+    finally:
+        raw.close()
 
 
 def ask(model: GatewayModel, content: str = "hi") -> ModelReply:
