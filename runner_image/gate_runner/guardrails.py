@@ -20,14 +20,16 @@ from .judge import JUDGED_TYPES, JudgeVerdict
 from .runtime_errors import AgentRunError
 
 # Deliberately simple, documented patterns: a gate must be predictable more than clever.
-PII_PATTERNS: dict[str, re.Pattern[str]] = {
-    "email": re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}"),
-    "phone": re.compile(r"(?<!\w)\+?\d[\d\s().-]{7,}\d(?!\w)"),
-    "ssn": re.compile(r"\b\d{3}-\d{2}-\d{4}\b"),
-    "credit_card": re.compile(r"\b(?:\d[ -]?){13,19}\b"),
-    "iban": re.compile(r"\b[A-Z]{2}\d{2}[A-Z0-9]{11,30}\b"),
-    "ip_address": re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b"),
-    "api_key": re.compile(r"\b(?:sk|pk|rk|cnc|ghp|xox[abp])[-_][A-Za-z0-9_-]{16,}\b"),
+# Compiled when a pii guardrail first runs (in re's own cache): most cases have none, and compiling
+# these at import was a millisecond or two of every case container's start.
+PII_PATTERNS: dict[str, str] = {
+    "email": r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}",
+    "phone": r"(?<!\w)\+?\d[\d\s().-]{7,}\d(?!\w)",
+    "ssn": r"\b\d{3}-\d{2}-\d{4}\b",
+    "credit_card": r"\b(?:\d[ -]?){13,19}\b",
+    "iban": r"\b[A-Z]{2}\d{2}[A-Z0-9]{11,30}\b",
+    "ip_address": r"\b(?:\d{1,3}\.){3}\d{1,3}\b",
+    "api_key": r"\b(?:sk|pk|rk|cnc|ghp|xox[abp])[-_][A-Za-z0-9_-]{16,}\b",
 }
 PII_INPUT_DEFAULT = tuple(PII_PATTERNS)
 PII_OUTPUT_DEFAULT = ("ssn", "credit_card", "api_key")  # pii_leakage's defaults
@@ -78,10 +80,9 @@ def _luhn(digits: str) -> bool:
 def pii_findings(text: str, entities: tuple[str, ...]) -> list[tuple[str, str]]:
     found = []
     for entity in entities:
-        pattern = PII_PATTERNS.get(entity)
-        if pattern is None:
+        if entity not in PII_PATTERNS:
             raise AgentRunError(f"pii guardrail: unknown entity {entity!r}")
-        for match in pattern.finditer(text):
+        for match in re.finditer(PII_PATTERNS[entity], text):
             value = match.group(0)
             if entity == "credit_card" and not _luhn(re.sub(r"\D", "", value)):
                 continue

@@ -13,11 +13,11 @@ from __future__ import annotations
 import copy
 import json
 import re
-import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from .ids import uuid4_text
 from .runtime_errors import AgentRunError
 
 MAX_IN = 1000
@@ -180,7 +180,7 @@ class DocumentStore:
             stamp = _now()
             stored = {
                 **copy.deepcopy(doc),
-                "_id": str(doc.get("_id") or uuid.uuid4()),
+                "_id": str(doc.get("_id") or uuid4_text()),
                 "_created_at": stamp,
                 "_updated_at": stamp,
             }
@@ -267,7 +267,7 @@ class RetrievalStore:
         namespace: str | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        entry_id = entry_id or str(uuid.uuid4())
+        entry_id = entry_id or uuid4_text()
         self.entries[entry_id] = {
             "entry_id": entry_id,
             "content": content,
@@ -277,7 +277,7 @@ class RetrievalStore:
         # Indexing is asynchronous on the platform; here it is immediate.
         return {
             "entry_id": entry_id,
-            "job_id": str(uuid.uuid4()),
+            "job_id": uuid4_text(),
             "status": "pending",
             "queued": True,
             "success": True,

@@ -9,7 +9,6 @@ import math
 import threading
 import time
 import traceback
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..approvals import Approvals, AwaitingApproval
 from ..guardrails import GuardrailBlocked
+from ..ids import uuid4_text
 from ..mocks import Mocks, StrictFlags, StrictViolation
 from ..predefined import Predefined, page_answer, web_read_page
 from ..runtime_errors import AgentNotFound, AgentRunError, InvocationTimedOut, ModelCallError
@@ -153,7 +153,7 @@ class Runtime:
         parent_run_id: str | None = None,
     ) -> RunOutcome:
         context: dict[str, Any] = {
-            "run_id": run_id or str(uuid.uuid4()),
+            "run_id": run_id or uuid4_text(),
             "agent_name": agent_name,
             # Decided (issue 19, item 11): the SDK's Middleware docstring says the context is
             # "pre-populated with system metadata (run_id, agent_name, connector_id,

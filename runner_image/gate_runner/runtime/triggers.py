@@ -6,11 +6,11 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from ..ids import uuid4_text
 from .payloads import as_payload, jsonable
 from .toolset import predefined_stubs
 
@@ -28,7 +28,7 @@ def trigger(
     """trigger_agent: waited children run here, in-process, with their own run."""
     rt.check_deadline()
     trace, parent, parent_context = rt.current_frame()
-    run_id = str(uuid.uuid4())
+    run_id = uuid4_text()
     span = trace.open(
         "child_agent",
         agent_name,
@@ -105,7 +105,7 @@ def trigger_at(
     """trigger_agent_at is always fire-and-forget in a gate: recorded, never run."""
     rt.check_deadline()
     trace, parent, _ = rt.current_frame()
-    run_id = str(uuid.uuid4())
+    run_id = uuid4_text()
     trace.open(
         "child_agent",
         agent_name,
