@@ -193,13 +193,22 @@ class RawAnswers:
     [
         (b"SSH-2.0-OpenSSH\r\n\r\n", "GatewayHungUp: the answer's status line is not HTTP"),
         (b"HTTP/1.0 200 OK\r\nContent-Length: 12abc\r\n\r\n{}", "is not a number"),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: \xb2\r\n\r\n{}", "is not a number"),
+        (b"HTTP/1.0 \xb2\xb2\xb2 OK\r\n\r\n{}", "status line is not HTTP"),
         (
             b"HTTP/1.0 200 OK\r\nX-Pad: " + b"a" * 20_000 + b"\r\n\r\n{}",
             f"the answer's head is over {MAX_ANSWER_HEAD_BYTES} bytes",
         ),
         (b"HTTP/1.0 200 OK\r\nContent-Le", "closed the connection without an answer"),
     ],
-    ids=["not-http", "bad-length", "head-too-long", "cut-head"],
+    ids=[
+        "not-http",
+        "bad-length",
+        "superscript-length",
+        "superscript-status",
+        "head-too-long",
+        "cut-head",
+    ],
 )
 def test_an_answer_that_is_not_the_gateways_is_unreachable(
     tmp_path: Path, answer: bytes, why: str
