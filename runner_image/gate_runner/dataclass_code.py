@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import functools
 import importlib.util
 import marshal
 from collections.abc import Iterator
@@ -64,16 +65,11 @@ def write(path: str, code: dict[str, CodeType]) -> None:
         file.write(MAGIC + marshal.dumps(code))
 
 
-_loaded: dict[str, CodeType] | None = None
-
-
+@functools.cache
 def _image_code() -> dict[str, CodeType]:
     """``load()`` of the image's file, read once: the runner lends it again for the modules
     a case imports later (the gateway client, the light path)."""
-    global _loaded
-    if _loaded is None:
-        _loaded = load()
-    return _loaded
+    return load()
 
 
 @contextmanager
