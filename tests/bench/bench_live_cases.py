@@ -16,10 +16,10 @@ What bounds the overlap is printed with the figures: the worker's container slot
 setting chose them), the gateway's concurrent calls per gate and per project, and its
 connections per worker process (each call in flight a thread); the smallest of these below a
 gate's case count is its bound, and the most calls the fake provider had in flight at once
-shows it. Then the CPU a case costs, its container's (from its cgroup, read while it runs)
-and `gate serve`'s, the engine's and Postgres's part (from /proc), and so the least time the
-machine's CPUs need for all of a gate's cases: where that is near the gate's time, the CPUs
-bound it, whatever the slots.
+shows it. Then the CPU a case costs: its container's (the containers' parent cgroup, read
+before and after each gate), and `gate serve`'s, the engine's and Postgres's part (from
+/proc), and so the least time the machine's CPUs need for all of a gate's cases: where that
+is near the gate's time, the CPUs bound it, whatever the slots.
 
 It also prints the CPU-seconds an invocation paid for its model client before the gateway
 (a fresh process importing LiteLLM, as each live invocation did) and now (the runner's
@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import docker
 import httpx
 
 from gate_service.client.api import GateClient
@@ -189,82 +188,54 @@ def the_bound(found: list[Bound], cases: int) -> str:
     return f"{binding[0].limit} at once: {binding[0].name}"
 
 
-# Where a case container's CPU use is, by cgroup layout: (path, seconds per unit).
-CGROUP_USAGE = (
-    ("/sys/fs/cgroup/cpuacct/docker/{id}/cpuacct.usage", 1e-9),  # v1, cgroupfs driver
-    ("/sys/fs/cgroup/cpuacct/system.slice/docker-{id}.scope/cpuacct.usage", 1e-9),  # v1, systemd
-    ("/sys/fs/cgroup/docker/{id}/cpu.stat", 1e-6),  # v2, cgroupfs driver
-    ("/sys/fs/cgroup/system.slice/docker-{id}.scope/cpu.stat", 1e-6),  # v2, systemd
+# Where the engine's containers' CPU use adds up, by cgroup layout (cgroupfs driver):
+# (path, seconds per unit). A parent cgroup's counter holds its children's use, and keeps
+# that of the children already gone (v1's cpuacct charges every ancestor as it runs; v2
+# folds a removed child's use into its parent), so reading it before and after a gate
+# gives all of its containers' CPU, to the end of each, with nothing polled in between.
+# Under the systemd driver the containers' parent (system.slice) holds the engine as well,
+# so no figure is printed.
+CONTAINERS_CGROUP = (
+    ("/sys/fs/cgroup/cpuacct/docker/cpuacct.usage", 1e-9),  # v1
+    ("/sys/fs/cgroup/docker/cpu.stat", 1e-6),  # v2: usage_usec, its first line
 )
-POLL_S = 0.02
 
 
-def cgroup_cpu_seconds(container_id: str) -> float | None:
-    """A running container's CPU-seconds so far, from its cgroup; None where none is found."""
-    for pattern, unit in CGROUP_USAGE:
+def containers_cpu_seconds() -> float | None:
+    """The CPU-seconds the engine's containers have used, gone ones with the rest; None where
+    their parent cgroup is not found."""
+    for path, unit in CONTAINERS_CGROUP:
         try:
-            text = Path(pattern.format(id=container_id)).read_text()
+            text = Path(path).read_text()
         except OSError:
             continue
-        if text.startswith("usage_usec"):  # v2's cpu.stat: its first line
+        if text.startswith("usage_usec"):
             text = text.split()[1]
         return int(text.split()[0]) * unit
     return None
 
 
 class ContainerCpu:
-    """CPU-seconds each case container used, per gate: the engine's start events name the
-    containers (and their gate, a label), and their cgroups are read every POLL_S while they
-    run (a container's cgroup goes with it: its last POLL_S or so may be missed). A container
-    whose cgroup is gone is read no more: reading every container ever seen, every POLL_S,
-    cost the bench itself more CPU the longer it ran, on the CPUs the gates it times use."""
+    """The CPU-seconds a gate's case containers used, summed over the gates timed: their
+    parent cgroup's counter, read on entering and on leaving (nothing else runs containers
+    on the engine meanwhile). Polling each container's own cgroup while it ran cost the bench
+    a few percent of a CPU, on the CPUs the gates it times use, and missed each container's
+    last poll interval."""
 
     def __init__(self) -> None:
-        self._engine = docker.from_env()
-        self._events = self._engine.events(
-            decode=True,
-            filters={"type": "container", "event": "start", "label": "gate.gate_id"},
-        )
-        self._lock = threading.Lock()
-        self._used: dict[str, tuple[str, float]] = {}  # container id -> (its gate, CPU-s)
-        self._gone: set[str] = set()  # its cgroup went with it (or was never found)
-        self._misses: dict[str, int] = {}
-        self._done = threading.Event()
-        threading.Thread(target=self._listen, daemon=True).start()
-        threading.Thread(target=self._poll, daemon=True).start()
+        self.used: float | None = 0.0
+        self._mark: float | None = None
 
-    def _listen(self) -> None:
-        try:
-            for event in self._events:
-                gate = event.get("Actor", {}).get("Attributes", {}).get("gate.gate_id", "")
-                with self._lock:
-                    self._used.setdefault(event["id"], (gate, 0.0))
-        except Exception:  # closed
-            pass
+    def __enter__(self) -> ContainerCpu:
+        self._mark = containers_cpu_seconds()
+        return self
 
-    def _poll(self) -> None:
-        while not self._done.wait(POLL_S):
-            with self._lock:
-                containers = [c for c in self._used.items() if c[0] not in self._gone]
-            for container, (gate, seen) in containers:
-                seconds = cgroup_cpu_seconds(container)
-                with self._lock:
-                    if seconds is not None:
-                        self._used[container] = (gate, seconds)
-                    else:
-                        misses = self._misses[container] = self._misses.get(container, 0) + 1
-                        if seen or misses * POLL_S > 2:
-                            self._gone.add(container)
-
-    def of(self, gate: str) -> list[float]:
-        """The CPU-seconds of each container of ``gate`` seen so far."""
-        with self._lock:
-            return [seconds for g, seconds in self._used.values() if g == gate]
-
-    def close(self) -> None:
-        self._done.set()
-        self._events.close()
-        self._engine.close()
+    def __exit__(self, *_: object) -> None:
+        now = containers_cpu_seconds()
+        if self.used is None or now is None or self._mark is None:
+            self.used = None
+        else:
+            self.used += now - self._mark
 
 
 def judge(client: GateClient, bundle: bytes, cases: int) -> tuple[float, str]:
@@ -312,8 +283,7 @@ def main() -> None:
     larges: list[float] = []
     peaks: dict[int, list[int]] = {CASES: [], MANY: []}
     meters = {CASES: CpuMeter(proc.pid), MANY: CpuMeter(proc.pid)}
-    containers = ContainerCpu()
-    container_cpu: dict[int, list[float]] = {CASES: [], MANY: []}
+    containers = {CASES: ContainerCpu(), MANY: ContainerCpu()}
     try:
         wait_ready(url, proc, log_path)
         with httpx.Client(base_url=url, headers=bearer(ADMIN_TOKEN), timeout=60) as admin:
@@ -334,10 +304,9 @@ def main() -> None:
             def timed(bundle: bytes, cases: int) -> float:
                 """One gate of ``cases``, POST to verdict, with its peak calls and CPU."""
                 in_flight.reset()
-                with meters[cases]:
-                    elapsed, gate = judge(client, bundle, cases)
+                with meters[cases], containers[cases]:
+                    elapsed, _ = judge(client, bundle, cases)
                 peaks[cases].append(in_flight.peak())
-                container_cpu[cases] += containers.of(gate)
                 return elapsed
 
             for _ in range(REPEATS):
@@ -347,7 +316,6 @@ def main() -> None:
                 larges.append(timed(large, MANY))
         finally:
             client.close()
-            containers.close()
     except Exception:
         print(f"gate serve's log, last lines:\n{log_path.read_text()[-4000:]}", file=sys.stderr)
         raise
@@ -397,13 +365,14 @@ def main() -> None:
     cores = os.cpu_count() or 1
     for cases, runs, gate_time in ((CASES, REPEATS, gate_s), (MANY, MANY_REPEATS, large_s)):
         used = {k: v / runs / cases for k, v in meters[cases].used.items()}
-        seen = container_cpu[cases]
-        container = statistics.mean(seen) if seen else float("nan")
+        seen = containers[cases].used
+        container = seen / runs / cases if seen is not None else float("nan")
         own = container + used["server"] + used["engine"] + used["postgres"]
         floor = cases * own / cores
         print(
-            f"  CPU-seconds per case of the {cases}-case gate: its container {container:.3f} "
-            f"({len(seen)} seen), `gate serve` and its worker {used['server']:.3f} (the "
+            f"  CPU-seconds per case of the {cases}-case gate: its container {container:.3f}"
+            f"{'' if seen is not None else ' (no cgroup of the containers found)'}, "
+            f"`gate serve` and its worker {used['server']:.3f} (the "
             f"gateway's calls among it), engine {used['engine']:.3f}, Postgres "
             f"{used['postgres']:.3f}: {own:.3f} in all; the machine {used['total']:.3f} (with "
             "whatever else runs)"
