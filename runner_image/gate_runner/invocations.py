@@ -41,6 +41,13 @@ KEPT_STREAM_BYTES = 1024 * 1024
 DEFAULT_OUTPUT_LIMIT_BYTES = 8 * 1024 * 1024
 SCRATCH_FULL_BELOW_BYTES = 64 * 1024
 SWEEP_SECONDS = 5.0
+# kill(-1) passes of the sweep's helper. One reaches every process of the uid: it walks the
+# task list under its lock, and a fork racing it fails once its parent has the SIGKILL. The
+# later passes are for safety, and /proc is read after them. A pass never reports that it
+# found nothing: the kernel counts the processes it may not signal (the runner), so
+# kill(-1) succeeds while the runner lives. A loop of 1000 "until none is left" ran all
+# 1000 passes, about 3.4 ms of every case's CPU.
+KILL_ALL_PASSES = 3
 # After a child is gone, what its pipes still hold is read up to this much: a detached
 # process that kept a write end and never stops writing must not hold the loop.
 DRAIN_CHUNKS = 64
@@ -384,10 +391,10 @@ def _kill_all_of(uid: int) -> None:
             # The runner's stdin still holds the nonce: gone before this becomes ``uid``.
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
             drop_privileges(uid)
-            for _ in range(1000):
+            for _ in range(KILL_ALL_PASSES):
                 os.kill(-1, signal.SIGKILL)  # everything of the uid but this helper
         except ProcessLookupError:
-            pass  # nothing left to signal
+            pass  # nothing else in the container (the runner counts, so never here)
         except BaseException:
             code = 70
         os._exit(code)

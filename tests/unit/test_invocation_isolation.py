@@ -235,3 +235,36 @@ def test_an_invocations_collections_leave_the_runners_heap_alone(tmp_path: Path)
     assert result.passed, result.failure_reason
     assert result.invocations[0].output >= len(held)
     assert gc.get_freeze_count() == 0  # this process's own collections still see them all
+
+
+def test_the_sweeps_helper_makes_a_bounded_number_of_kill_all_passes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kill(-1) succeeds while any process it may not signal is visible (the runner always
+    is), so the helper's loop never stops early: it must be short. A loop of 1000 passes
+    "until nothing is left" ran all 1000 in every case container. Here nothing is signalled:
+    the forked helper's kill and uid change are stand-ins that count the passes into a pipe.
+    """
+    from gate_runner import invocations
+
+    read_end, write_end = os.pipe()
+
+    def count_pass(pid: int, sig: int) -> None:
+        assert pid == -1, pid  # never a signal to anything here
+        os.write(write_end, b".")
+
+    class OsButKill:  # the module's own os only: no other code of this process sees it
+        kill = staticmethod(count_pass)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(os, name)
+
+    monkeypatch.setattr(invocations, "drop_privileges", lambda uid: None)
+    monkeypatch.setattr(invocations, "os", OsButKill())
+    invocations._kill_all_of(10001)
+    os.close(write_end)
+    passes = b""
+    while chunk := os.read(read_end, 4096):
+        passes += chunk
+    os.close(read_end)
+    assert len(passes) == 3, f"the helper made {len(passes)} kill(-1) passes"
