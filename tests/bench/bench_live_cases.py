@@ -30,6 +30,7 @@ only: nothing is asserted; they depend on the machine and what else runs on it.
 from __future__ import annotations
 
 import bisect
+import math
 import os
 import resource
 import shutil
@@ -188,58 +189,8 @@ def the_bound(found: list[Bound], cases: int) -> str:
     return f"{binding[0].limit} at once: {binding[0].name}"
 
 
-# Where the engine's containers' CPU use adds up, by cgroup layout (cgroupfs driver):
-# (path, seconds per unit). A parent cgroup's counter holds its children's use, and keeps
-# that of the children already gone (v1's cpuacct charges every ancestor as it runs; v2
-# folds a removed child's use into its parent), so reading it before and after a gate
-# gives all of its containers' CPU, to the end of each, with nothing polled in between.
-# Under the systemd driver the containers' parent (system.slice) holds the engine as well,
-# so no figure is printed.
-CONTAINERS_CGROUP = (
-    ("/sys/fs/cgroup/cpuacct/docker/cpuacct.usage", 1e-9),  # v1
-    ("/sys/fs/cgroup/docker/cpu.stat", 1e-6),  # v2: usage_usec, its first line
-)
-
-
-def containers_cpu_seconds() -> float | None:
-    """The CPU-seconds the engine's containers have used, gone ones with the rest; None where
-    their parent cgroup is not found."""
-    for path, unit in CONTAINERS_CGROUP:
-        try:
-            text = Path(path).read_text()
-        except OSError:
-            continue
-        if text.startswith("usage_usec"):
-            text = text.split()[1]
-        return int(text.split()[0]) * unit
-    return None
-
-
-class ContainerCpu:
-    """The CPU-seconds a gate's case containers used, summed over the gates timed: their
-    parent cgroup's counter, read on entering and on leaving (nothing else runs containers
-    on the engine meanwhile). Polling each container's own cgroup while it ran cost the bench
-    a few percent of a CPU, on the CPUs the gates it times use, and missed each container's
-    last poll interval."""
-
-    def __init__(self) -> None:
-        self.used: float | None = 0.0
-        self._mark: float | None = None
-
-    def __enter__(self) -> ContainerCpu:
-        self._mark = containers_cpu_seconds()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        now = containers_cpu_seconds()
-        if self.used is None or now is None or self._mark is None:
-            self.used = None
-        else:
-            self.used += now - self._mark
-
-
-def judge(client: GateClient, bundle: bytes, cases: int) -> tuple[float, str]:
-    """Seconds from POST to the verdict, and the gate's id."""
+def judge(client: GateClient, bundle: bytes, cases: int) -> float:
+    """Seconds from POST to the verdict."""
     started = time.monotonic()
     gate = client.submit(bundle)
     done = client.wait(gate["id"], timeout_s=900)
@@ -249,7 +200,7 @@ def judge(client: GateClient, bundle: bytes, cases: int) -> tuple[float, str]:
             c.get("failure_reason") for c in done.get("cases", []) if c.get("failure_reason")
         ][:3]
         raise RuntimeError(f"the gate did not pass all {cases} cases: {done['status']} {reasons}")
-    return elapsed, str(gate["id"])
+    return elapsed
 
 
 def import_cpu_seconds(statement: str) -> float:
@@ -283,7 +234,6 @@ def main() -> None:
     larges: list[float] = []
     peaks: dict[int, list[int]] = {CASES: [], MANY: []}
     meters = {CASES: CpuMeter(proc.pid), MANY: CpuMeter(proc.pid)}
-    containers = {CASES: ContainerCpu(), MANY: ContainerCpu()}
     try:
         wait_ready(url, proc, log_path)
         with httpx.Client(base_url=url, headers=bearer(ADMIN_TOKEN), timeout=60) as admin:
@@ -304,13 +254,13 @@ def main() -> None:
             def timed(bundle: bytes, cases: int) -> float:
                 """One gate of ``cases``, POST to verdict, with its peak calls and CPU."""
                 in_flight.reset()
-                with meters[cases], containers[cases]:
-                    elapsed, _ = judge(client, bundle, cases)
+                with meters[cases]:
+                    elapsed = judge(client, bundle, cases)
                 peaks[cases].append(in_flight.peak())
                 return elapsed
 
             for _ in range(REPEATS):
-                ones.append(judge(client, one, 1)[0])
+                ones.append(judge(client, one, 1))
                 gates.append(timed(many, CASES))
             for _ in range(MANY_REPEATS):
                 larges.append(timed(large, MANY))
@@ -368,13 +318,12 @@ def main() -> None:
         (MANY, MANY_REPEATS, large_s, larges),
     ):
         used = {k: v / runs / cases for k, v in meters[cases].used.items()}
-        seen = containers[cases].used
-        container = seen / runs / cases if seen is not None else float("nan")
+        container = used["containers"]  # NaN where no cgroup of the containers is found
         own = container + used["server"] + used["engine"] + used["postgres"]
         floor = cases * own / cores
         print(
             f"  CPU-seconds per case of the {cases}-case gate: its container {container:.3f}"
-            f"{'' if seen is not None else ' (no cgroup of the containers found)'}, "
+            f"{' (no cgroup of the containers found)' if math.isnan(container) else ''}, "
             f"`gate serve` and its worker {used['server']:.3f} (the "
             f"gateway's calls among it), engine {used['engine']:.3f}, Postgres "
             f"{used['postgres']:.3f}: {own:.3f} in all; the machine {used['total']:.3f} (with "
