@@ -11,6 +11,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -38,20 +39,21 @@ def test_no_route_is_built_on_a_request(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 # The race below, in a fresh interpreter with the test suite's warning filters (pyproject's
-# "error", and the ignore of the warning FastAPI hides): in the suite's own process a thread
-# left by an earlier test can swap the filters too, and one that entered catch_warnings()
-# while pytest was setting a test's filters up restores the list pytest had half built (its
-# "error" without the ignores after it). That failed this test once in CI, with nothing of
-# create_app's to do with it.
+# own, read and applied in order with pytest's parser, as pytest applies them): in the
+# suite's own process a thread left by an earlier test can swap the filters too, and one
+# that entered catch_warnings() while pytest was setting a test's filters up restores the
+# list pytest had half built (its "error" without the ignores after it). That failed this
+# test once in CI, with nothing of create_app's to do with it.
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 SWAPPING = """
-import threading, warnings
+import sys, threading, tomllib, warnings
 
-warnings.simplefilter("error")
-warnings.filterwarnings("ignore", category=DeprecationWarning)
-warnings.filterwarnings("ignore", category=ResourceWarning)
-from pydantic.warnings import UnsupportedFieldAttributeWarning
+from _pytest.config import parse_warning_filter
 
-warnings.filterwarnings("ignore", category=UnsupportedFieldAttributeWarning)
+with open(sys.argv[1], "rb") as file:
+    filters = tomllib.load(file)["tool"]["pytest"]["ini_options"]["filterwarnings"]
+for entry in filters:
+    warnings.filterwarnings(*parse_warning_filter(entry, escape=False))
 
 from gate_service.config import Settings
 from gate_service.main import create_app
@@ -86,7 +88,11 @@ def test_an_app_builds_while_another_thread_swaps_the_warning_filters() -> None:
     ignore that warning by category, so the build holds whatever the other thread does."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATE_")}
     done = subprocess.run(
-        [sys.executable, "-c", SWAPPING], capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, "-c", SWAPPING, str(PYPROJECT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.strip() == "built"
