@@ -284,14 +284,18 @@ class Worker:
         during the build). Runs at the worker's start and every REAP_EVERY_SECONDS.
         """
         now = time.time()
+        # One query per gate and owner in a pass, not one per container: a running gate's
+        # cases (up to the worker's container slots) all carry the same two labels.
+        kept: dict[tuple[str | None, str | None], bool] = {}
         with session_scope(self.ctx.sessions) as session:
 
             def keep(labels: Mapping[str, str]) -> bool:
                 if build_step_expired(labels, now):  # its worker died during the build
                     return False
-                return jobs.keeps_container(
-                    session, labels.get("gate.gate_id"), labels.get("gate.owner")
-                )
+                key = (labels.get("gate.gate_id"), labels.get("gate.owner"))
+                if key not in kept:
+                    kept[key] = jobs.keeps_container(session, *key)
+                return kept[key]
 
             self._reap({}, keep=keep)
 

@@ -9,6 +9,7 @@ produces them; tests/e2e/test_engine_restart.py does the same against a real, pr
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -16,23 +17,16 @@ from typing import Any
 
 import docker.errors
 import pytest
-import requests
-import requests.exceptions
 
 from gate_service.config import Settings
 from gate_service.sandbox import RunLimits, RunResult, SandboxError
 from gate_service.sandbox.docker import DockerSandbox
 from gate_service.sandbox.docker.wire import EngineCallError, EngineNotFound, EngineTimeout
+from gate_service.sandbox.port import LABEL
 
 LIMITS = RunLimits(
     memory_mb=64, cpus=1, pids=32, wall_seconds=2, tmpfs_mb=8, output_limit_bytes=10_000
 )
-
-
-def api_error(status: int, message: str) -> docker.errors.APIError:
-    response = requests.Response()
-    response.status_code = status
-    return docker.errors.APIError(message, response=response, explanation=message)
 
 
 CID = "c0ffee"
@@ -209,60 +203,70 @@ def test_the_runner_s_own_exit_codes_are_results(code: int) -> None:
     assert result.exit_code == code and not result.timed_out
 
 
-class ReapedContainer:
-    def __init__(self, labels: dict[str, str], fails_with: BaseException | None) -> None:
-        self.labels = labels
-        self.fails_with = fails_with
+class ReapWire:
+    """The engine's side of a reap: lists the containers it holds (id, labels) and answers
+    each removal with the error given for that container, if any."""
 
-    def remove(self, force: bool) -> None:
-        if self.fails_with is not None:
-            raise self.fails_with
+    def __init__(self, containers: dict[str, tuple[dict[str, str], EngineCallError | None]]):
+        self.containers = containers
+        self.calls: list[tuple[str, str, dict[str, Any]]] = []
 
-
-class ReapClient:
-    """Lists what the reaper asks for the way the SDK does with ignore_removed=True."""
-
-    def __init__(self, containers: list[ReapedContainer]) -> None:
-        self.listed: list[dict[str, Any]] = []
-        self._containers = containers
-
-        outer = self
-
-        class Containers:
-            def list(self, **kwargs: Any) -> list[ReapedContainer]:
-                outer.listed.append(kwargs)
-                return outer._containers
-
-        self.containers = Containers()
-
-    def ping(self) -> bool:
-        return True
+    def call(self, method: str, path: str, *, params: Any = None, **_: Any) -> Any:
+        self.calls.append((method, path, dict(params or {})))
+        if method == "GET" and path == "/containers/json":
+            return [{"Id": cid, "Labels": labels} for cid, (labels, _) in self.containers.items()]
+        assert method == "DELETE" and params == {"force": 1}, (method, path, params)
+        fails_with = self.containers[path.removeprefix("/containers/")][1]
+        if fails_with is not None:
+            raise fails_with
+        return None
 
     def close(self) -> None:
         pass
 
 
+def reaper(wire: ReapWire) -> DockerSandbox:
+    sandbox = DockerSandbox(Settings(), client=StubClient())  # type: ignore[arg-type]
+    sandbox.wire = wire  # type: ignore[assignment]
+    return sandbox
+
+
 def test_a_reap_racing_another_removal_is_not_an_engine_failure() -> None:
     # A container whose removal is already in progress (409) or done (404) is not ours to
     # count, and not an error: two reapers (a heartbeat and the orphan pass) may race.
-    client = ReapClient(
-        [
-            ReapedContainer({}, api_error(409, "removal of container c is already in progress")),
-            ReapedContainer({}, docker.errors.NotFound("No such container: c")),
-            ReapedContainer({}, None),
-        ]
+    wire = ReapWire(
+        {
+            "a": ({}, EngineCallError("removal of container a is already in progress", status=409)),
+            "b": ({}, EngineNotFound("No such container: b", status=404)),
+            "c": ({}, None),
+        }
     )
-    sandbox = DockerSandbox(Settings(), client=client)  # type: ignore[arg-type]
-    assert sandbox.reap({}) == 1
-    # and a container removed between the listing and its inspection is skipped by the SDK
-    assert client.listed[0]["ignore_removed"] is True
+    assert reaper(wire).reap({}) == 1
 
 
 def test_a_reap_still_reports_a_real_engine_error() -> None:
-    client = ReapClient([ReapedContainer({}, api_error(500, "driver failed"))])
-    sandbox = DockerSandbox(Settings(), client=client)  # type: ignore[arg-type]
+    wire = ReapWire({"a": ({}, EngineCallError("driver failed", status=500))})
     with pytest.raises(SandboxError):
-        sandbox.reap({})
+        reaper(wire).reap({})
+
+
+def test_a_reap_reads_labels_from_the_listing_and_inspects_no_container() -> None:
+    # The orphan pass runs every REAP_EVERY_SECONDS while gates run: docker-py's listing
+    # inspected each container it listed, an engine call per case container each time.
+    ours = {"gate.case_id": "1", "gate.gate_id": "g", "gate.owner": "w"}
+    wire = ReapWire({"a": (ours, None), "b": ({**ours, "gate.case_id": "2"}, None)})
+    seen: list[dict[str, str]] = []
+
+    def keep(labels: Any) -> bool:
+        seen.append(dict(labels))
+        return labels["gate.case_id"] == "1"
+
+    assert reaper(wire).reap({"gate.gate_id": "g"}, keep=keep) == 1
+    assert seen == [ours, {**ours, "gate.case_id": "2"}]
+    (listing,) = [c for c in wire.calls if c[0] == "GET"]
+    filters = json.loads(str(listing[2]["filters"]))
+    assert listing[2]["all"] == 1 and filters == {"label": [LABEL, "gate.gate_id=g"]}
+    assert [c[:2] for c in wire.calls[1:]] == [("DELETE", "/containers/b")]
 
 
 def test_a_run_returns_only_once_its_container_is_gone() -> None:

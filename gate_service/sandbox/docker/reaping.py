@@ -3,12 +3,12 @@ other reapers and the containers' own runs may be removing the same ones."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
-
-import docker.errors
 
 from ..port import LABEL
 from .engine import DockerEngine, docker_errors
+from .wire import EngineCallError, EngineNotFound, path_of
 
 
 class ContainerReaper(DockerEngine):
@@ -20,24 +20,27 @@ class ContainerReaper(DockerEngine):
         *,
         keep: Callable[[Mapping[str, str]], bool] | None = None,
     ) -> int:
-        filters: dict[str, str | list[str] | bool] = {
-            "label": [LABEL, *(f"{k}={v}" for k, v in labels.items())]
-        }
+        filters = {"label": [LABEL, *(f"{k}={v}" for k, v in labels.items())]}
         removed = 0
         with docker_errors("removing containers"):
-            # ignore_removed: a container removed between the listing and its inspection (its
-            # own run() ending, another reaper) is gone already, not an engine failure.
-            for container in self.client.containers.list(
-                all=True, filters=filters, ignore_removed=True
-            ):
-                if keep is not None and keep(container.labels or {}):
+            # The engine's listing holds each container's labels, all that ``keep`` reads.
+            # Not docker-py's containers.list(): it inspects every container it lists, an
+            # engine call per case container on each orphan pass (every REAP_EVERY_SECONDS
+            # while gates run), and one that failed for a container removed meanwhile.
+            listed = self.wire.call(
+                "GET", "/containers/json", params={"all": 1, "filters": json.dumps(filters)}
+            )
+            for container in listed or []:
+                if keep is not None and keep(container.get("Labels") or {}):
                     continue
                 try:
-                    container.remove(force=True)
-                except docker.errors.NotFound:
+                    self.wire.call(
+                        "DELETE", path_of("/containers/{0}", container["Id"]), params={"force": 1}
+                    )
+                except EngineNotFound:
                     continue  # gone already (its own run() removed it)
-                except docker.errors.APIError as exc:
-                    if exc.status_code == 409:
+                except EngineCallError as exc:
+                    if exc.status == 409:
                         continue  # "removal already in progress": someone else's removal
                     raise
                 removed += 1
