@@ -10,6 +10,7 @@ decide them together.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -142,6 +143,27 @@ def default_socket_root() -> Path:
     return Path(tempfile.gettempdir()) / "gate-gateway"
 
 
+# LiteLLM's loggers, as it names them.
+LITELLM_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy")
+
+
+def quiet_litellm_logs() -> None:
+    """LiteLLM's loggers keep their warnings and errors, in the service's log alone.
+
+    At import LiteLLM gives its loggers a stdout handler of its own, in its own format, and
+    leaves their level to the root's INFO: every call logged two INFO lines ("LiteLLM
+    completion() model= ...", "Wrapper: Completed Call, calling success_handler") on that
+    handler and again on the root's, in GATE_LOG_FORMAT, each through LiteLLM's filter that
+    scans the message for secrets to redact. Nothing of a call is in them that its record
+    does not hold.
+    """
+    for name in LITELLM_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.WARNING)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+
+
 class ModelGateway:
     """Opens channels for cases and forwards their calls through LiteLLM."""
 
@@ -184,6 +206,7 @@ class ModelGateway:
                 import openai
 
                 litellm.suppress_debug_info = True
+                quiet_litellm_logs()
                 # Every HTTP client LiteLLM makes for itself refuses redirects and refused
                 # addresses too: the per-call client (_client_for) is not taken by every
                 # provider's path.

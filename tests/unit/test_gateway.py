@@ -6,6 +6,7 @@ provider saw and by the error's kind."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -24,6 +25,7 @@ import pytest
 from gate_runner.gateway_wire import COMPLETE_PATH, MAX_REQUEST_BYTES, SOCKET_NAME
 from gate_runner.models import ReplayModel, request_key
 from gate_service.gateway import Budgets, Limits, ModelGateway, ModelRoute
+from gate_service.gateway.gateway import LITELLM_LOGGERS
 from gate_service.gateway.transport import RefusedAddress, guarded_client
 from tests.fixtures.fake_llm import FakeProvider
 from tests.fixtures.gateway import Gateways, ask, moderate, post, request
@@ -40,6 +42,24 @@ def openai(provider: FakeProvider, key: str = KEY_A) -> dict[str, str]:
 def error(answer: dict[str, Any]) -> dict[str, Any]:
     body: dict[str, Any] = answer["error"]
     return body
+
+
+def test_litellm_logs_no_lines_of_its_own_for_a_call_and_its_warnings_reach_the_service_log(
+    gateways: Gateways, fake_provider: FakeProvider, caplog: pytest.LogCaptureFixture
+) -> None:
+    # LiteLLM logged two INFO lines a call, on a stdout handler of its own and again on the
+    # service's: noise in the log that the call's record already says better.
+    channel = gateways.open(openai(fake_provider))
+    assert ask(channel, "hi")[0] == 200  # LiteLLM imported (its import logs at DEBUG)
+    with caplog.at_level(logging.DEBUG):
+        status, answer = ask(channel, "hello?")
+        assert status == 200, answer
+        assert [r.getMessage() for r in caplog.records if r.name.startswith("LiteLLM")] == []
+        assert all(logging.getLogger(name).handlers == [] for name in LITELLM_LOGGERS)
+        caplog.clear()
+        logging.getLogger("LiteLLM").warning("the provider is deprecating this model")
+    said = [(r.name, r.getMessage()) for r in caplog.records]
+    assert said == [("LiteLLM", "the provider is deprecating this model")]
 
 
 @pytest.mark.slow
