@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-import docker.errors
+import docker
 import pytest
 
 from gate_service.config import Settings

@@ -9,8 +9,8 @@ ms). At two cases at a time on two cores that is CPU the cases' containers wait 
 ``EngineWire`` speaks to the engines docker-py reaches through a local socket or plain TCP:
 ``unix://`` (the default) and ``tcp://`` without TLS. Anything else it does not speak (TLS,
 ssh, named pipes) goes through ``SdkWire``: the same calls, on docker-py's own session.
-Reaping lists and removes through it too (reaping.py). The rest of the backend (builds,
-images) stays on docker-py, where a call's cost does not matter.
+Reaping (reaping.py) lists and removes over whichever of the two the backend has. The rest
+of the backend (builds, images) stays on docker-py, where a call's cost does not matter.
 
 Both raise ``EngineCallError`` for every failure of a call (a status of 400 or more, a lost
 or refused connection) and its subclasses ``EngineNotFound`` (404) and ``EngineTimeout``
